@@ -1,0 +1,66 @@
+// Package policy chooses a worker for a request.
+//
+// A Policy sees the full membership of one role (so hash rings stay stable
+// when a worker is merely unhealthy) and must itself skip workers that are
+// not Available() or that the request excludes (a retry never lands on the
+// worker that just failed). Picks never block and never take a registry lock.
+package policy
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/switchyard-llm/switchyard/internal/worker"
+)
+
+// ErrNoWorker is returned when no candidate is available.
+var ErrNoWorker = errors.New("no available worker")
+
+// Candidates is the membership of one role at one registry generation. Gen
+// changes only when membership changes, so policies may cache derived
+// structures (rings) keyed by it.
+type Candidates struct {
+	Gen     uint64
+	Workers []*worker.Worker
+}
+
+// Request is what a policy may look at. Body is the client's raw JSON (it may
+// be invalid or not an object; policies must not fail on that).
+type Request struct {
+	Path    string
+	Headers http.Header
+	Body    []byte
+
+	// Exclude lists worker keys a retry must avoid.
+	Exclude map[string]bool
+
+	text    *string
+	hashKey *string
+}
+
+// Excluded reports whether w must not be picked for this request.
+func (r *Request) Excluded(w *worker.Worker) bool {
+	return r.Exclude != nil && r.Exclude[w.Key()]
+}
+
+// Usable reports whether w may be picked: available and not excluded.
+func (r *Request) Usable(w *worker.Worker) bool { return w.Available() && !r.Excluded(w) }
+
+// Choice is a policy's answer with a short reason for the route receipt.
+type Choice struct {
+	Worker *worker.Worker
+	Reason string // e.g. "cache match 0.82", "hash owner", "load 3<5"
+}
+
+// Policy picks one worker among candidates.
+type Policy interface {
+	Name() string
+	Pick(req *Request, c Candidates) (Choice, error)
+}
+
+// PairPolicy is implemented by policies that want to choose the prefill and
+// decode workers of a PD request together (e.g. a session kept on the same P
+// and D). The PD engine uses it when the prefill policy implements it.
+type PairPolicy interface {
+	PickPair(req *Request, prefill, decode Candidates) (p, d Choice, err error)
+}

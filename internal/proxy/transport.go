@@ -1,0 +1,71 @@
+// Package proxy forwards requests to workers: the one shared upstream
+// transport, the streaming relay that never drops or re-buffers a byte, the
+// error-to-status mapping and the regular-mode dispatcher with retries.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+)
+
+// TransportOptions tunes the shared upstream transport.
+type TransportOptions struct {
+	ConnectTimeout time.Duration // dial timeout (3 s default)
+	IdleTimeout    time.Duration // idle keep-alive connection lifetime (90 s)
+	MaxIdlePerHost int           // keep-alive pool per worker (4096)
+}
+
+// NewTransport returns the shared transport. There is no response-header
+// timeout (a non-streaming generation sends headers only when done) and no
+// global timeout: deadlines come from each request's context.
+func NewTransport(o TransportOptions) *http.Transport {
+	if o.ConnectTimeout <= 0 {
+		o.ConnectTimeout = 3 * time.Second
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = 90 * time.Second
+	}
+	if o.MaxIdlePerHost <= 0 {
+		o.MaxIdlePerHost = 4096
+	}
+	d := &net.Dialer{Timeout: o.ConnectTimeout, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		Proxy: nil, // never route worker traffic through an environment proxy
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, &DialError{Addr: addr, Err: err}
+			}
+			return c, nil
+		},
+		MaxIdleConns:          0, // no global cap
+		MaxIdleConnsPerHost:   o.MaxIdlePerHost,
+		MaxConnsPerHost:       0,
+		IdleConnTimeout:       o.IdleTimeout,
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     false,
+		ExpectContinueTimeout: 0,
+		WriteBufferSize:       32 << 10,
+		ReadBufferSize:        32 << 10,
+	}
+}
+
+// DialError marks a failure to connect: the request never reached the
+// worker, so it is always safe to retry elsewhere.
+type DialError struct {
+	Addr string
+	Err  error
+}
+
+func (e *DialError) Error() string { return fmt.Sprintf("connect to %s: %v", e.Addr, e.Err) }
+func (e *DialError) Unwrap() error { return e.Err }
+
+// IsDialError reports whether err is (or wraps) a DialError.
+func IsDialError(err error) bool {
+	var d *DialError
+	return errors.As(err, &d)
+}

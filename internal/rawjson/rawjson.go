@@ -1,0 +1,336 @@
+// Package rawjson edits the top level of a JSON object in place, byte for byte.
+//
+// The router forwards client JSON bodies faithfully: it never decodes a body
+// into a typed struct and re-encodes it (that drops unknown fields, adds
+// defaulted ones and reorders keys). Instead it locates the top-level members
+// of the object and rewrites only the members the protocol requires. Every
+// byte outside a touched member, including whitespace and key order, is kept.
+package rawjson
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+)
+
+// ErrNotObject is returned when the body is not a JSON object.
+var ErrNotObject = errors.New("request body must be a JSON object")
+
+// Member is one top-level member of an object: its decoded key and the raw
+// bytes of its value.
+type Member struct {
+	Key   string
+	Value []byte // raw JSON value, a sub-slice of the source
+	start int    // offset of the key's opening quote
+	end   int    // offset just past the value
+}
+
+// Object is a parsed view of a JSON object. It keeps a reference to the
+// source bytes; edits produce new byte slices and never modify the source.
+type Object struct {
+	src     []byte
+	open    int // offset of '{'
+	close   int // offset of the final '}'
+	members []Member
+}
+
+// Parse scans the top level of a JSON object. It validates the whole
+// document, so a nil error means src is valid JSON.
+func Parse(src []byte) (*Object, error) {
+	if !json.Valid(src) {
+		return nil, syntaxError(src)
+	}
+	s := scanner{b: src}
+	s.ws()
+	if s.i >= len(src) || src[s.i] != '{' {
+		return nil, ErrNotObject
+	}
+	o := &Object{src: src, open: s.i}
+	s.i++
+	for {
+		s.ws()
+		if src[s.i] == '}' {
+			o.close = s.i
+			return o, nil
+		}
+		if src[s.i] == ',' {
+			s.i++
+			s.ws()
+		}
+		start := s.i
+		keyEnd := s.skipString()
+		var key string
+		if err := json.Unmarshal(src[start:keyEnd], &key); err != nil {
+			return nil, fmt.Errorf("invalid key: %w", err)
+		}
+		s.ws()
+		s.i++ // ':'
+		s.ws()
+		vs := s.i
+		s.skipValue()
+		o.members = append(o.members, Member{Key: key, Value: src[vs:s.i], start: start, end: s.i})
+	}
+}
+
+func syntaxError(src []byte) error {
+	var v any
+	err := json.Unmarshal(src, &v)
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return fmt.Errorf("invalid JSON at offset %d: %s", se.Offset, se.Error())
+	}
+	if err == nil {
+		err = errors.New("invalid JSON")
+	}
+	return fmt.Errorf("invalid JSON: %w", err)
+}
+
+// Members returns the top-level members in source order.
+func (o *Object) Members() []Member { return o.members }
+
+// Source returns the bytes the object was parsed from.
+func (o *Object) Source() []byte { return o.src }
+
+// Get returns the raw value of key, or nil if absent. When a key repeats, the
+// last occurrence wins, as in encoding/json and Python's json module.
+func (o *Object) Get(key string) []byte {
+	for i := len(o.members) - 1; i >= 0; i-- {
+		if o.members[i].Key == key {
+			return o.members[i].Value
+		}
+	}
+	return nil
+}
+
+// Has reports whether key is present.
+func (o *Object) Has(key string) bool { return o.Get(key) != nil }
+
+// IsNull reports whether key is present with the literal value null.
+func (o *Object) IsNull(key string) bool {
+	v := o.Get(key)
+	return v != nil && string(v) == "null"
+}
+
+// Bool returns the value of key when it is a JSON boolean.
+func (o *Object) Bool(key string) (val, ok bool) {
+	switch string(o.Get(key)) {
+	case "true":
+		return true, true
+	case "false":
+		return false, true
+	}
+	return false, false
+}
+
+// String returns the value of key when it is a JSON string.
+func (o *Object) String(key string) (string, bool) {
+	v := o.Get(key)
+	if len(v) == 0 || v[0] != '"' {
+		return "", false
+	}
+	var s string
+	if json.Unmarshal(v, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// Int returns the value of key when it is a JSON number with an integral value.
+func (o *Object) Int(key string) (int64, bool) {
+	v := o.Get(key)
+	if len(v) == 0 {
+		return 0, false
+	}
+	if n, err := strconv.ParseInt(string(v), 10, 64); err == nil {
+		return n, true
+	}
+	f, err := strconv.ParseFloat(string(v), 64)
+	if err != nil || f != float64(int64(f)) {
+		return 0, false
+	}
+	return int64(f), true
+}
+
+// Edit is one change to apply with Apply.
+type Edit struct {
+	Key    string
+	Value  []byte // raw JSON; nil means delete the member
+	Delete bool
+}
+
+// Set returns an edit that sets key to the raw JSON value v.
+func Set(key string, v []byte) Edit { return Edit{Key: key, Value: v} }
+
+// SetJSON returns an edit that sets key to the JSON encoding of v.
+func SetJSON(key string, v any) Edit {
+	b, err := json.Marshal(v)
+	if err != nil {
+		// Only called with values the router builds itself.
+		b = []byte("null")
+	}
+	return Edit{Key: key, Value: b}
+}
+
+// Delete returns an edit that removes key if present.
+func Delete(key string) Edit { return Edit{Key: key, Delete: true} }
+
+// Apply returns a new document with the edits applied. Existing members are
+// replaced in place (every occurrence of a repeated key is rewritten, so the
+// result is unambiguous); new members are appended before the closing brace
+// in the order given. Untouched bytes are copied verbatim.
+func (o *Object) Apply(edits ...Edit) []byte {
+	if len(edits) == 0 {
+		return o.src
+	}
+	byKey := make(map[string]int, len(edits))
+	for i, e := range edits {
+		byKey[e.Key] = i
+	}
+	out := make([]byte, 0, len(o.src)+64*len(edits))
+	out = append(out, o.src[:o.open+1]...)
+	used := make([]bool, len(edits))
+	pos := o.open + 1
+	wrote := false // a member has been written to out
+	for _, m := range o.members {
+		idx, touched := byKey[m.Key]
+		if !touched {
+			// copy from the previous position (separators, whitespace) to the member end
+			seg := o.src[pos:m.end]
+			if !wrote {
+				seg = trimLeadingComma(seg)
+			}
+			out = append(out, seg...)
+			pos = m.end
+			wrote = true
+			continue
+		}
+		e := edits[idx]
+		used[idx] = true
+		if e.Delete {
+			pos = m.end
+			continue
+		}
+		// keep the whitespace/comma before the key, rewrite the value only
+		seg := o.src[pos:m.start]
+		if !wrote {
+			seg = trimLeadingComma(seg)
+		}
+		out = append(out, seg...)
+		valStart := m.end - len(m.Value)
+		out = append(out, o.src[m.start:valStart]...)
+		out = append(out, e.Value...)
+		pos = m.end
+		wrote = true
+	}
+	for i, e := range edits {
+		if used[i] || e.Delete {
+			continue
+		}
+		if wrote {
+			out = append(out, ',')
+		}
+		kb, _ := json.Marshal(e.Key)
+		out = append(out, kb...)
+		out = append(out, ':')
+		out = append(out, e.Value...)
+		wrote = true
+		used[i] = true
+	}
+	out = append(out, o.src[pos:]...)
+	return out
+}
+
+func trimLeadingComma(seg []byte) []byte {
+	i := 0
+	for i < len(seg) && isSpace(seg[i]) {
+		i++
+	}
+	if i < len(seg) && seg[i] == ',' {
+		return append(append([]byte{}, seg[:i]...), seg[i+1:]...)
+	}
+	return seg
+}
+
+// Patch parses src and applies edits in one step.
+func Patch(src []byte, edits ...Edit) ([]byte, error) {
+	o, err := Parse(src)
+	if err != nil {
+		return nil, err
+	}
+	return o.Apply(edits...), nil
+}
+
+// Compact returns v without insignificant whitespace (for logs and tests).
+func Compact(v []byte) []byte {
+	var b bytes.Buffer
+	if json.Compact(&b, v) != nil {
+		return v
+	}
+	return b.Bytes()
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+// scanner walks JSON that json.Valid has already accepted.
+type scanner struct {
+	b []byte
+	i int
+}
+
+func (s *scanner) ws() {
+	for s.i < len(s.b) && isSpace(s.b[s.i]) {
+		s.i++
+	}
+}
+
+// skipString moves past a string starting at s.i and returns the end offset.
+func (s *scanner) skipString() int {
+	s.i++ // opening quote
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case '\\':
+			s.i += 2
+		case '"':
+			s.i++
+			return s.i
+		default:
+			s.i++
+		}
+	}
+	return s.i
+}
+
+func (s *scanner) skipValue() {
+	switch s.b[s.i] {
+	case '"':
+		s.skipString()
+	case '{', '[':
+		depth := 0
+		for s.i < len(s.b) {
+			switch s.b[s.i] {
+			case '"':
+				s.skipString()
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					s.i++
+					return
+				}
+			}
+			s.i++
+		}
+	default:
+		for s.i < len(s.b) {
+			c := s.b[s.i]
+			if c == ',' || c == '}' || c == ']' || isSpace(c) {
+				return
+			}
+			s.i++
+		}
+	}
+}

@@ -1,0 +1,110 @@
+package rawjson
+
+import (
+	"encoding/json"
+	"unicode/utf8"
+	"testing"
+)
+
+func TestApply(t *testing.T) {
+	tests := []struct {
+		name  string
+		in    string
+		edits []Edit
+		want  string
+	}{
+		{"replace keeps order and spacing", `{"model": "m", "max_tokens": 100, "x":[1, 2]}`,
+			[]Edit{Set("max_tokens", []byte("1"))}, `{"model": "m", "max_tokens": 1, "x":[1, 2]}`},
+		{"append new key", `{"a":1}`, []Edit{Set("b", []byte(`{"c":null}`))}, `{"a":1,"b":{"c":null}}`},
+		{"append to empty", `{ }`, []Edit{Set("b", []byte(`2`))}, `{"b":2 }`},
+		{"delete middle", `{"a":1,"b":2,"c":3}`, []Edit{Delete("b")}, `{"a":1,"c":3}`},
+		{"delete first", `{"a":1, "b":2}`, []Edit{Delete("a")}, `{ "b":2}`},
+		{"delete last", `{"a":1,"b":2}`, []Edit{Delete("b")}, `{"a":1}`},
+		{"delete only", `{"a":1}`, []Edit{Delete("a")}, `{}`},
+		{"delete absent", `{"a":1}`, []Edit{Delete("zz")}, `{"a":1}`},
+		{"delete first then set new", `{"a":1}`, []Edit{Delete("a"), Set("n", []byte(`true`))}, `{"n":true}`},
+		{"unicode and escapes untouched", `{"p":"h\u00e9\"llo","stream":true}`, []Edit{Set("stream", []byte(`false`))}, `{"p":"h\u00e9\"llo","stream":false}`},
+		{"repeated key both rewritten", `{"a":1,"a":2}`, []Edit{Set("a", []byte(`3`))}, `{"a":3,"a":3}`},
+		{"nested untouched", `{"o":{"max_tokens":5},"max_tokens":7}`, []Edit{Set("max_tokens", []byte(`1`))}, `{"o":{"max_tokens":5},"max_tokens":1}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Patch([]byte(tt.in), tt.edits...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != tt.want {
+				t.Fatalf("got  %s\nwant %s", got, tt.want)
+			}
+			if !json.Valid(got) {
+				t.Fatalf("invalid output %s", got)
+			}
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	for _, in := range []string{``, `[1,2]`, `"s"`, `{"a":}`, `{"a":1`, `null`} {
+		if _, err := Parse([]byte(in)); err == nil {
+			t.Errorf("Parse(%q): want error", in)
+		}
+	}
+	if _, err := Parse([]byte(`[1]`)); err != ErrNotObject {
+		t.Errorf("array: got %v want ErrNotObject", err)
+	}
+}
+
+func TestGetters(t *testing.T) {
+	o, err := Parse([]byte(`{"s":"x","b":true,"n":12,"f":3.0,"g":2.5,"z":null}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := o.String("s"); !ok || v != "x" {
+		t.Errorf("String = %q %v", v, ok)
+	}
+	if v, ok := o.Bool("b"); !ok || !v {
+		t.Errorf("Bool = %v %v", v, ok)
+	}
+	if v, ok := o.Int("n"); !ok || v != 12 {
+		t.Errorf("Int n = %v %v", v, ok)
+	}
+	if v, ok := o.Int("f"); !ok || v != 3 {
+		t.Errorf("Int f = %v %v", v, ok)
+	}
+	if _, ok := o.Int("g"); ok {
+		t.Errorf("Int g should fail")
+	}
+	if !o.IsNull("z") || o.Has("missing") {
+		t.Errorf("IsNull/Has wrong")
+	}
+}
+
+func FuzzPatch(f *testing.F) {
+	f.Add([]byte(`{"a":1,"b":[1,{"c":"d"}],"e":"\"}"}`), "b")
+	f.Add([]byte(`{}`), "x")
+	f.Fuzz(func(t *testing.T, src []byte, key string) {
+		o, err := Parse(src)
+		if err != nil || !utf8.ValidString(key) {
+			return
+		}
+		for _, edits := range [][]Edit{{Set(key, []byte(`1`))}, {Delete(key)}, {Delete(key), Set("k2", []byte(`"v"`))}} {
+			out := o.Apply(edits...)
+			if !json.Valid(out) {
+				t.Fatalf("invalid output %q from %q edits %+v", out, src, edits)
+			}
+			var m map[string]any
+			if err := json.Unmarshal(out, &m); err != nil {
+				t.Fatalf("not an object: %q", out)
+			}
+			e := edits[len(edits)-1]
+			if !e.Delete && m[e.Key] == nil {
+				t.Fatalf("key %q missing after set: %q", e.Key, out)
+			}
+			if edits[0].Delete && len(edits) == 1 {
+				if _, ok := m[key]; ok {
+					t.Fatalf("key %q present after delete: %q", key, out)
+				}
+			}
+		}
+	})
+}

@@ -1,0 +1,178 @@
+package worker
+
+import (
+	"testing"
+	"time"
+)
+
+func TestParseZMQAddress(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    ZMQAddr
+		wantErr bool
+	}{
+		{"host:10.0.0.1,handshake:6301,notify:61005", ZMQAddr{Host: "10.0.0.1", Handshake: 6301, Notify: 61005}, false},
+		{"host:::1,handshake:6301,notify:61005", ZMQAddr{Host: "::1", Handshake: 6301, Notify: 61005}, false},
+		{"10.0.0.2:21001", ZMQAddr{Host: "10.0.0.2", Port: 21001}, false},
+		{"[::1]:21001", ZMQAddr{Host: "::1", Port: 21001}, false},
+		{"host:1.2.3.4,handshake:x,notify:1", ZMQAddr{}, true},
+		{"host:1.2.3.4,handshake:1", ZMQAddr{}, true},
+		{"", ZMQAddr{}, true},
+		{"nonsense", ZMQAddr{}, true},
+	}
+	for _, tt := range tests {
+		got, err := ParseZMQAddress(tt.in)
+		if (err != nil) != tt.wantErr {
+			t.Errorf("%q: err = %v", tt.in, err)
+			continue
+		}
+		if !tt.wantErr && got != tt.want {
+			t.Errorf("%q: got %+v want %+v", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestNormalizeURL(t *testing.T) {
+	tests := []struct {
+		in, base string
+		rank     int
+		wantErr  string
+	}{
+		{"http://h:8000/", "http://h:8000", -1, ""},
+		{"http://h:8000@3", "http://h:8000", 3, ""},
+		{"http://[::1]:8000@0", "http://[::1]:8000", 0, ""},
+		{"https://x.y", "https://x.y", -1, ""},
+		{"", "", -1, "URL cannot be empty"},
+		{"h:8000", "", -1, "URL must start with http:// or https://"},
+		{"http://", "", -1, "URL must have a valid host"},
+	}
+	for _, tt := range tests {
+		base, rank, err := NormalizeURL(tt.in)
+		if tt.wantErr != "" {
+			if err == nil || err.Error() != tt.wantErr {
+				t.Errorf("%q: err %v want %q", tt.in, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil || base != tt.base || rank != tt.rank {
+			t.Errorf("%q: got %q %d %v", tt.in, base, rank, err)
+		}
+	}
+}
+
+func TestRegistryUpsertKeepsState(t *testing.T) {
+	r := NewRegistry(BreakerConfig{})
+	var changes int
+	r.Subscribe(func(Change) { changes++ })
+	spec := Spec{URL: "http://a:1", Role: RolePrefill, DPRank: -1, ZMQAddress: "z1"}
+	ws, changed := r.Upsert("a:1", []Spec{spec}, time.Now())
+	if !changed || len(ws) != 1 {
+		t.Fatalf("first upsert: %v %v", ws, changed)
+	}
+	release := ws[0].Acquire()
+	ws2, changed := r.Upsert("a:1", []Spec{spec}, time.Now())
+	if changed || ws2[0] != ws[0] || ws2[0].Load() != 1 {
+		t.Fatalf("same spec must keep worker and load")
+	}
+	release()
+	release()
+	if ws[0].Load() != 0 {
+		t.Fatalf("release not idempotent: %d", ws[0].Load())
+	}
+	spec.ZMQAddress = "z2"
+	ws3, changed := r.Upsert("a:1", []Spec{spec}, time.Now())
+	if !changed || ws3[0] == ws[0] || r.Get(spec.Key()).ZMQAddress != "z2" {
+		t.Fatalf("new zmq address must replace the entry")
+	}
+	if got := len(r.Snapshot().Prefill); got != 1 {
+		t.Fatalf("prefill count %d", got)
+	}
+	// DP expansion: one instance, two ranks
+	ds := ExpandDP(Spec{URL: "http://d:2", Role: RoleDecode, DPRank: -1}, 2)
+	r.Upsert("d:2", ds, time.Now())
+	if got := len(r.Snapshot().Decode); got != 2 || r.Get("http://d:2@1") == nil {
+		t.Fatalf("decode ranks %d", got)
+	}
+	if n := len(r.RemoveInstance("d:2")); n != 2 {
+		t.Fatalf("removed %d", n)
+	}
+	if changes != 4 {
+		t.Fatalf("changes %d want 4", changes)
+	}
+	if _, err := r.Add(Spec{URL: "http://b:1", DPRank: -1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Add(Spec{URL: "http://b:1", DPRank: -1}); !IsExists(err) {
+		t.Fatalf("duplicate add: %v", err)
+	}
+}
+
+func TestBreaker(t *testing.T) {
+	now := time.Unix(0, 0)
+	var trans []string
+	b := NewBreaker(BreakerConfig{FailureThreshold: 3, SuccessThreshold: 2, OpenDuration: 10 * time.Second,
+		Window: 10 * time.Second, FailureRate: 0.5, MinRequests: 1000, HalfOpenMax: 1,
+		Now: func() time.Time { return now }, OnTransition: func(f, to BreakerState) { trans = append(trans, f.String()+">"+to.String()) }})
+	for range 2 {
+		b.Record(false)
+	}
+	if b.State() != BreakerClosed {
+		t.Fatal("opened too early")
+	}
+	b.Record(true) // resets consecutive
+	for range 3 {
+		b.Record(false)
+	}
+	if b.State() != BreakerOpen || b.Allow() {
+		t.Fatal("should be open")
+	}
+	now = now.Add(10 * time.Second)
+	if !b.Allow() || b.State() != BreakerHalfOpen {
+		t.Fatal("should be half-open")
+	}
+	done, ok := b.Start()
+	if !ok {
+		t.Fatal("first probe refused")
+	}
+	if _, ok := b.Start(); ok || b.Allow() {
+		t.Fatal("second concurrent probe must be refused")
+	}
+	done(true)
+	done2, _ := b.Start()
+	done2(true)
+	if b.State() != BreakerClosed {
+		t.Fatalf("should be closed, got %v", b.State())
+	}
+	want := []string{"closed>open", "open>half_open", "half_open>closed"}
+	if len(trans) != len(want) {
+		t.Fatalf("transitions %v", trans)
+	}
+	for i := range want {
+		if trans[i] != want[i] {
+			t.Fatalf("transitions %v", trans)
+		}
+	}
+}
+
+func TestBreakerFailureRate(t *testing.T) {
+	now := time.Unix(0, 0)
+	b := NewBreaker(BreakerConfig{FailureThreshold: 100, Window: 10 * time.Second, FailureRate: 0.5, MinRequests: 10,
+		Now: func() time.Time { return now }})
+	for i := range 10 {
+		b.Record(i%2 == 0) // alternating: 50% failures, never 2 consecutive
+	}
+	if b.State() != BreakerOpen {
+		t.Fatal("failure rate should open the breaker")
+	}
+	// an old window's failures age out
+	b2 := NewBreaker(BreakerConfig{FailureThreshold: 100, Window: 10 * time.Second, FailureRate: 0.5, MinRequests: 10,
+		Now: func() time.Time { return now }})
+	for range 9 {
+		b2.Record(false)
+	}
+	now = now.Add(11 * time.Second)
+	b2.Record(false)
+	if b2.State() != BreakerClosed {
+		t.Fatal("expired failures must not count")
+	}
+}
