@@ -411,26 +411,49 @@ func (c *Config) PrefillSelectorMap() map[string]string { return ParseSelector(c
 // DecodeSelectorMap is --decode-selector as a label map.
 func (c *Config) DecodeSelectorMap() map[string]string { return ParseSelector(c.DecodeSelector) }
 
-// Durations of the second/millisecond fields.
-
+// RequestTimeout is --request-timeout-secs.
 func (c *Config) RequestTimeout() time.Duration { return secondsU(c.RequestTimeoutSecs) }
-func (c *Config) WorkerStartupTimeout() time.Duration {
-	return secondsU(c.WorkerStartupTimeoutSecs)
-}
+
+// WorkerStartupTimeout is --worker-startup-timeout-secs.
+func (c *Config) WorkerStartupTimeout() time.Duration { return secondsU(c.WorkerStartupTimeoutSecs) }
+
+// WorkerStartupCheckInterval is --worker-startup-check-interval.
 func (c *Config) WorkerStartupCheckInterval() time.Duration {
 	return secondsU(c.WorkerStartupCheckIntervalSecs)
 }
-func (c *Config) EvictionInterval() time.Duration    { return secondsU(c.EvictionIntervalSecs) }
-func (c *Config) HealthCheckTimeout() time.Duration  { return secondsU(c.HealthCheckTimeoutSecs) }
+
+// EvictionInterval is --eviction-interval.
+func (c *Config) EvictionInterval() time.Duration { return secondsU(c.EvictionIntervalSecs) }
+
+// HealthCheckTimeout is --health-check-timeout-secs.
+func (c *Config) HealthCheckTimeout() time.Duration { return secondsU(c.HealthCheckTimeoutSecs) }
+
+// HealthCheckInterval is --health-check-interval-secs.
 func (c *Config) HealthCheckInterval() time.Duration { return secondsU(c.HealthCheckIntervalSecs) }
-func (c *Config) QueueTimeout() time.Duration        { return secondsU(c.QueueTimeoutSecs) }
-func (c *Config) ShutdownTimeout() time.Duration     { return secondsF(c.ShutdownTimeoutSecs) }
-func (c *Config) PrefillTimeout() time.Duration      { return secondsF(c.PrefillTimeoutSecs) }
-func (c *Config) KVWaitTimeout() time.Duration       { return secondsF(c.KVWaitTimeoutSecs) }
-func (c *Config) StreamIdleTimeout() time.Duration   { return secondsF(c.StreamIdleTimeoutSecs) }
-func (c *Config) ConnectTimeout() time.Duration      { return secondsF(c.ConnectTimeoutSecs) }
-func (c *Config) DiscoveryTTL() time.Duration        { return secondsF(c.DiscoveryTTLSecs) }
-func (c *Config) LoadPollInterval() time.Duration    { return secondsF(c.LoadPollIntervalSecs) }
+
+// QueueTimeout is --queue-timeout-secs.
+func (c *Config) QueueTimeout() time.Duration { return secondsU(c.QueueTimeoutSecs) }
+
+// ShutdownTimeout is --shutdown-timeout-secs.
+func (c *Config) ShutdownTimeout() time.Duration { return secondsF(c.ShutdownTimeoutSecs) }
+
+// PrefillTimeout is --prefill-timeout-secs (0 = only the overall deadline).
+func (c *Config) PrefillTimeout() time.Duration { return secondsF(c.PrefillTimeoutSecs) }
+
+// KVWaitTimeout is --kv-wait-timeout-secs (0 = none).
+func (c *Config) KVWaitTimeout() time.Duration { return secondsF(c.KVWaitTimeoutSecs) }
+
+// StreamIdleTimeout is --stream-idle-timeout-secs (0 = none).
+func (c *Config) StreamIdleTimeout() time.Duration { return secondsF(c.StreamIdleTimeoutSecs) }
+
+// ConnectTimeout is --connect-timeout-secs (0 = no dial timeout).
+func (c *Config) ConnectTimeout() time.Duration { return secondsF(c.ConnectTimeoutSecs) }
+
+// DiscoveryTTL is --discovery-ttl-secs.
+func (c *Config) DiscoveryTTL() time.Duration { return secondsF(c.DiscoveryTTLSecs) }
+
+// LoadPollInterval is --load-poll-interval-secs (0 = off).
+func (c *Config) LoadPollInterval() time.Duration { return secondsF(c.LoadPollIntervalSecs) }
 
 // secondsU converts whole seconds, saturating instead of overflowing.
 func secondsU(s uint64) time.Duration {

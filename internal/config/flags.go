@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -199,10 +200,10 @@ func ParseWith(args []string, opts Options) (*Config, error) {
 
 	occs, err := tokenize(rest, defs)
 	switch {
-	case err == ErrHelp:
+	case errors.Is(err, ErrHelp):
 		WriteUsage(opts.Stdout, opts.Version)
 		return nil, ErrHelp
-	case err == ErrVersion:
+	case errors.Is(err, ErrVersion):
 		fmt.Fprintf(opts.Stdout, "switchyard %s\n", opts.Version)
 		return nil, ErrVersion
 	case err != nil:
@@ -448,5 +449,5 @@ Options:
   -V, --version
       Print version
 `)
-	io.WriteString(w, b.String())
+	_, _ = io.WriteString(w, b.String())
 }

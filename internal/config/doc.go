@@ -1,0 +1,50 @@
+// Package config is Switchyard's single configuration struct and its
+// lifecycle. The command line is the Rust vllm-router's (REFERENCE §1), so
+// an existing vllm-router command line starts Switchyard unchanged.
+//
+// Lifecycle (STYLE §3.2 item 11, with the file before the flags):
+//
+//  1. main calls LoadDotEnv(".env") (dotenvy semantics: existing variables
+//     win, a missing file is fine).
+//  2. Parse / ParseWith: Default(), then the --config FILE (YAML or JSON,
+//     strict: an unknown key is an error naming it), then the flags (so
+//     flags override the file), then the API_KEY_VALIDATION_URLS fallback
+//     when no validation URL was given. --help / --version print and return
+//     ErrHelp / ErrVersion (exit 0). Syntax problems are one *Error of
+//     KindUsage, KindInvalidValue or KindConfigFile.
+//  3. Validate: every rule of REFERENCE §1.3/§1.4 in the Rust order with the
+//     Rust reason texts, then the Switchyard rules; all problems at once as
+//     errors.Join of *Error, each naming the flag
+//     ("invalid value for --cache-threshold: 1.5 - Must be between 0.0 and 1.0").
+//  4. The app uses IsSet/Explicit to refuse flags whose feature is not built
+//     yet, Warnings for non-fatal notes, and the Effective* helpers; the
+//     Config is read-only from then on.
+//
+// Command-line syntax: `--x v` and `--x=v`; booleans take no separate value
+// (`--forward-client-authorization=false` to turn a true default off);
+// multi-value flags (--worker-urls, --decode, --api-key-validation-urls,
+// --otel-excluded-paths, --selector, --prefill-selector, --decode-selector,
+// --request-id-headers, --cors-allowed-origins, --router-api-keys) consume
+// tokens until the next token that looks like a flag ("-" followed by
+// anything, as clap does), and repeated occurrences append. `--prefill URL
+// [PORT|none]` is hand-parsed before everything else exactly as the Rust
+// split_prefill_args_from_others.
+//
+// Deliberate differences from the Rust router:
+//   - Static --prefill/--decode together with --vllm-discovery-address are
+//     allowed and both are used (Rust silently drops the static ones).
+//   - --prefill=URL is accepted (Rust: "unexpected argument").
+//   - --decode takes several values like the other list flags (Rust: one
+//     per occurrence); a repeated scalar flag keeps the last value (clap
+//     errors).
+//   - --enable-igw is refused by Validate ("not supported: --enable-igw")
+//     instead of running a placeholder router.
+//   - --prometheus-host must be an IP address (Rust binds 0.0.0.0 for any
+//     other string); selector items without '=' are errors (Rust drops them).
+//   - --otel-sampling-ratio outside [0,1] is a validation error (Rust only
+//     fails OTel init and continues without tracing).
+//   - --kv-connector also accepts p2pnccl; the Switchyard flags are extras.
+//   - Validate reports every problem, not only the first, and names flags
+//     rather than Rust struct fields.
+//   - A config file exists at all (Rust has none, REFERENCE §1.7).
+package config
