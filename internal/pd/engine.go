@@ -1,0 +1,608 @@
+// Package pd is the prefill/decode (PD) disaggregation engine: it splits
+// each generation request into a prefill leg (P computes the prompt's KV
+// cache and one throw-away token) and a decode leg (D receives the KV cache
+// through the configured KV connector and streams the answer), following
+// the vLLM wire contract of PROTOCOL.md §8 for NIXL, Mooncake, MoRI-IO (READ
+// and WRITE) and P2P-NCCL.
+//
+// Lifecycle invariants (the same for every connector):
+//   - Both legs run under the client's request context: a client
+//     disconnect cancels both (their connections are closed, so vLLM aborts
+//     the requests and frees the KV blocks).
+//   - Sequential connectors never call D unless P answered 2xx with the
+//     kv_transfer_params D needs.
+//   - Concurrent connectors send D no later than P and keep watching P; a P
+//     failure before D's first body byte cancels D at once.
+//   - Nothing is committed to the client before D's status is known; a
+//     failure before any byte reached the client may fail over to another
+//     pair; a failure after that ends a stream with an SSE error event.
+//   - Request bodies are patched byte-faithfully through rawjson.
+package pd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/metrics"
+	"github.com/switchyard-llm/switchyard/internal/openai"
+	"github.com/switchyard-llm/switchyard/internal/policy"
+	"github.com/switchyard-llm/switchyard/internal/proxy"
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
+	"github.com/switchyard-llm/switchyard/internal/worker"
+)
+
+// Options configures an Engine. Zero durations disable the deadline.
+type Options struct {
+	Registry      *worker.Registry
+	PrefillPolicy policy.Policy // picks P; if it implements policy.PairPolicy, PickPair picks both
+	DecodePolicy  policy.Policy // picks D among the decodes compatible with P
+	Connector     string        // nixl (default) | mooncake | moriio | p2pnccl
+
+	// Client is the shared upstream client (proxy.NewTransport, no client
+	// Timeout: deadlines come from contexts). Nil = a client on a fresh
+	// proxy.NewTransport.
+	Client *http.Client
+
+	// APIKey, when set, is sent as "Authorization: Bearer <key>" on both
+	// legs. Otherwise the client's Authorization header is forwarded when
+	// ForwardClientAuth is true.
+	APIKey            string
+	ForwardClientAuth bool
+
+	// OutputLength is the decode-leg output-length policy: "exact" (default,
+	// body unchanged) or "toy-proxy" (limit decremented by one, never below 1).
+	OutputLength string
+
+	PrefillTimeout    time.Duration // P leg, from send to its complete response
+	KVWaitTimeout     time.Duration // streaming D: from send to its first body byte
+	RequestTimeout    time.Duration // whole request, both legs and the relay
+	StreamIdleTimeout time.Duration // D stream: max silence between chunks
+	MaxFailovers      int           // re-picks after a failure before any byte reached the client
+
+	// Profile enables per-request /start_profile and /stop_profile calls
+	// around each leg (REFERENCE §7.4; debugging only: concurrent requests
+	// toggle the same profiler). ProfileTimeout bounds each call (10 s).
+	Profile        bool
+	ProfileTimeout time.Duration
+
+	// Mooncake bootstrap servers: GET http://<P host>:<port>/query, port =
+	// the worker's BootstrapPort or MooncakeBootstrapPort (8998). Queries
+	// run in the background: first retry after BootstrapBackoff (1 s),
+	// doubling up to BootstrapMaxBackoff (10 s); answers refreshed every
+	// BootstrapRefresh (60 s); each query bounded by BootstrapTimeout (5 s).
+	MooncakeBootstrapPort int
+	BootstrapBackoff      time.Duration
+	BootstrapMaxBackoff   time.Duration
+	BootstrapRefresh      time.Duration
+	BootstrapTimeout      time.Duration
+
+	Metrics *metrics.Metrics // nil = no metrics
+	Logger  *slog.Logger     // nil = discard
+
+	Now   func() time.Time // nil = time.Now
+	NewID func() [16]byte  // random 16 bytes (nil = crypto/rand); v4 bits are set by the engine
+
+	// HashHeaders names the client headers policies may see (for header-based
+	// hashing); empty = every client header.
+	HashHeaders []string
+}
+
+// Engine is the PD dispatcher. It implements proxy.Dispatcher.
+type Engine struct {
+	o    Options
+	conn Connector
+	boot *bootstrapper
+	log  *slog.Logger
+	m    *metrics.Metrics
+	rr   atomic.Uint64
+	hash []string
+
+	bg     sync.WaitGroup
+	closed atomic.Bool
+}
+
+var _ proxy.Dispatcher = (*Engine)(nil)
+
+// New validates o and returns an engine. With the Mooncake connector it
+// starts background bootstrap queries; call Close to stop them.
+func New(o Options) (*Engine, error) {
+	if o.Registry == nil {
+		return nil, errors.New("pd: Options.Registry is required")
+	}
+	if o.PrefillPolicy == nil || o.DecodePolicy == nil {
+		return nil, errors.New("pd: Options.PrefillPolicy and Options.DecodePolicy are required")
+	}
+	switch o.OutputLength {
+	case "":
+		o.OutputLength = OutputExact
+	case OutputExact, OutputToyProxy:
+	default:
+		return nil, fmt.Errorf("pd: unknown output length policy %q (want exact or toy-proxy)", o.OutputLength)
+	}
+	if o.Client == nil {
+		o.Client = &http.Client{Transport: proxy.NewTransport(proxy.TransportOptions{})}
+	}
+	if o.MaxFailovers < 0 {
+		o.MaxFailovers = 0
+	}
+	if o.ProfileTimeout <= 0 {
+		o.ProfileTimeout = 10 * time.Second
+	}
+	if o.MooncakeBootstrapPort <= 0 {
+		o.MooncakeBootstrapPort = 8998
+	}
+	if o.BootstrapBackoff <= 0 {
+		o.BootstrapBackoff = time.Second
+	}
+	if o.BootstrapMaxBackoff <= 0 {
+		o.BootstrapMaxBackoff = 10 * time.Second
+	}
+	if o.BootstrapMaxBackoff < o.BootstrapBackoff {
+		o.BootstrapMaxBackoff = o.BootstrapBackoff
+	}
+	if o.BootstrapRefresh <= 0 {
+		o.BootstrapRefresh = 60 * time.Second
+	}
+	if o.BootstrapTimeout <= 0 {
+		o.BootstrapTimeout = 5 * time.Second
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.NewID == nil {
+		o.NewID = randomUUID
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	e := &Engine{o: o, log: log.With("component", "pd"), m: o.Metrics}
+	for _, h := range o.HashHeaders {
+		e.hash = append(e.hash, http.CanonicalHeaderKey(strings.TrimSpace(h)))
+	}
+	if strings.EqualFold(o.Connector, ConnectorMooncake) {
+		e.boot = newBootstrapper(&e.o, e.log)
+	}
+	conn, err := newConnector(o.Connector, e.boot)
+	if err != nil {
+		return nil, err
+	}
+	e.conn = conn
+	if e.boot != nil {
+		e.boot.start()
+	}
+	return e, nil
+}
+
+// Connector returns the engine's KV connector.
+func (e *Engine) Connector() Connector { return e.conn }
+
+// Close stops background work (Mooncake bootstrap queries, profile stops)
+// and waits for it. In-flight requests are not affected.
+func (e *Engine) Close() {
+	if e.closed.Swap(true) {
+		return
+	}
+	if e.boot != nil {
+		e.boot.close()
+	}
+	e.bg.Wait()
+}
+
+// Ready reports whether at least one routable prefill worker can be paired
+// with a routable, compatible decode worker, and why not otherwise.
+func (e *Engine) Ready() (bool, string) {
+	snap := e.o.Registry.Snapshot()
+	if len(snap.Prefill) == 0 {
+		return false, "no prefill workers registered"
+	}
+	if len(snap.Decode) == 0 {
+		return false, "no decode workers registered"
+	}
+	live := func(w *worker.Worker) bool { return w.Healthy() && w.Routable() }
+	var ps, ds []*worker.Worker
+	var pWhy, dWhy string
+	for _, w := range snap.Prefill {
+		if !live(w) {
+			continue
+		}
+		if err := e.conn.Eligible(w); err != nil {
+			if pWhy == "" {
+				pWhy = err.Error()
+			}
+			continue
+		}
+		ps = append(ps, w)
+	}
+	for _, w := range snap.Decode {
+		if !live(w) {
+			continue
+		}
+		if err := e.conn.Eligible(w); err != nil {
+			if dWhy == "" {
+				dWhy = err.Error()
+			}
+			continue
+		}
+		ds = append(ds, w)
+	}
+	if len(ps) == 0 {
+		if pWhy != "" {
+			return false, "no usable prefill worker: " + pWhy
+		}
+		return false, fmt.Sprintf("no healthy routable prefill worker (%d registered)", len(snap.Prefill))
+	}
+	if len(ds) == 0 {
+		if dWhy != "" {
+			return false, "no usable decode worker: " + dWhy
+		}
+		return false, fmt.Sprintf("no healthy routable decode worker (%d registered)", len(snap.Decode))
+	}
+	for _, p := range ps {
+		for _, d := range ds {
+			if e.conn.Compatible(p, d) {
+				return true, ""
+			}
+		}
+	}
+	return false, fmt.Sprintf("no decode worker compatible with the prefill workers' transfer modes (prefill: %s; decode: %s)",
+		modes(ps), modes(ds))
+}
+
+func modes(ws []*worker.Worker) string {
+	set := map[string]bool{}
+	for _, w := range ws {
+		m := strings.ToUpper(w.TransferMode)
+		if m == "" {
+			m = "none"
+		}
+		set[m] = true
+	}
+	var out []string
+	for m := range set {
+		out = append(out, m)
+	}
+	sort.Strings(out)
+	return strings.Join(out, ",")
+}
+
+// reqState is what every attempt of one client request shares.
+type reqState struct {
+	kind   routeKind
+	obj    *rawjson.Object
+	stream bool
+	merge  bool
+	path   string // upstream path (with query)
+	route  string // metrics label
+	auth   string // Authorization value for both legs ("" = none)
+	hdr    http.Header
+	start  time.Time
+	cli    context.Context // the client's own context (disconnect)
+}
+
+// Dispatch serves one PD generation request.
+func (e *Engine) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call) {
+	tw := &trackingWriter{ResponseWriter: w}
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			e.log.Error("pd dispatch panic", "panic", v, "stack", string(debug.Stack()))
+			if !tw.wrote {
+				openai.WriteError(tw, http.StatusInternalServerError, "internal error in the PD engine")
+			}
+		}
+	}()
+	if c == nil {
+		c = &proxy.Call{Path: r.URL.Path}
+	}
+	if c.Receipt == nil {
+		c.Receipt = &proxy.Receipt{}
+	}
+	rc := c.Receipt
+	rc.Mode = "pd"
+	rc.Policy = e.o.PrefillPolicy.Name() + "/" + e.o.DecodePolicy.Name()
+
+	st := &reqState{start: c.Start, hdr: r.Header, cli: r.Context()}
+	if st.start.IsZero() {
+		st.start = e.o.Now()
+	}
+	st.path = c.Path
+	if st.path == "" {
+		st.path = r.URL.Path
+	}
+	st.route = c.Route
+	if st.route == "" {
+		st.route = st.path
+	}
+	if q := r.URL.RawQuery; q != "" && !strings.Contains(st.path, "?") {
+		st.path += "?" + q
+	}
+	e.countRoute(st.route)
+
+	if r.Method != http.MethodPost {
+		e.fail(tw, st, "bad_request", http.StatusMethodNotAllowed, "only POST is supported on PD generation routes")
+		return
+	}
+	st.kind = classify(st.path)
+	if st.kind == routeNone {
+		e.fail(tw, st, "bad_request", http.StatusNotFound, fmt.Sprintf("route %s is not served in PD mode (PD serves /v1/completions, /v1/chat/completions, /v1/responses, /generate and /inference/v1/generate)", st.path))
+		return
+	}
+	st.obj = c.Obj
+	if st.obj == nil {
+		o, err := rawjson.Parse(c.Body)
+		if err != nil {
+			msg := err.Error()
+			if errors.Is(err, rawjson.ErrNotObject) {
+				msg = rawjson.ErrNotObject.Error()
+			}
+			e.fail(tw, st, "bad_request", http.StatusBadRequest, msg)
+			return
+		}
+		st.obj = o
+	}
+	if msg := validate(st.kind, st.obj); msg != "" {
+		e.fail(tw, st, "bad_request", http.StatusBadRequest, msg)
+		return
+	}
+	if s, ok := st.obj.Bool("stream"); ok {
+		st.stream = s
+	} else {
+		st.stream = c.Stream
+	}
+	st.merge = needsMerge(st.kind, st.obj, st.stream)
+	switch {
+	case e.o.APIKey != "":
+		st.auth = "Bearer " + e.o.APIKey
+	case e.o.ForwardClientAuth:
+		st.auth = r.Header.Get("Authorization")
+	}
+
+	ctx := r.Context()
+	if e.o.RequestTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, e.o.RequestTimeout)
+		defer cancel()
+	}
+
+	exclude := map[string]bool{}
+	var last *failure
+	for failovers := 0; ; {
+		pr, pf := e.pickPair(r, c, st, exclude)
+		if pf != nil {
+			if last != nil {
+				last.msg += fmt.Sprintf(" (no pair left to fail over to after %d attempt(s): %s)", rc.Attempts, pf.msg)
+				e.writeFailure(tw, st, last)
+				return
+			}
+			e.writeFailure(tw, st, pf)
+			return
+		}
+		rc.Attempts++
+		rc.Prefill, rc.Decode = pr.P.Key(), pr.D.Key()
+		rc.Reason = pr.reason
+		f := e.attempt(ctx, tw, st, &pr.Pair)
+		if f == nil {
+			return
+		}
+		last = f
+		if f.reason != "client_disconnect" {
+			e.log.Warn("pd attempt failed", "prefill", pr.P.Key(), "decode", pr.D.Key(), "leg", f.leg,
+				"reason", f.reason, "status", f.status, "err", f.msg, "retry", f.retry)
+		}
+		if !f.retry || failovers >= e.o.MaxFailovers || ctx.Err() != nil || f.w == nil {
+			e.writeFailure(tw, st, f)
+			return
+		}
+		failovers++
+		rc.Failovers = append(rc.Failovers, f.leg+" "+f.w.Key()+": "+f.reason)
+		exclude[f.w.Key()] = true
+		if e.m != nil {
+			e.m.PDFailovers.WithLabelValues(f.reason).Inc()
+		}
+	}
+}
+
+// pickedPair is a Pair plus the policies' reason.
+type pickedPair struct {
+	Pair
+	reason string
+}
+
+// pickPair chooses P, then D among the decodes compatible with P.
+func (e *Engine) pickPair(r *http.Request, c *proxy.Call, st *reqState, exclude map[string]bool) (*pickedPair, *failure) {
+	snap := e.o.Registry.Snapshot()
+	sel := func(msg string) *failure {
+		return &failure{status: http.StatusServiceUnavailable, msg: msg, errType: "server_selection"}
+	}
+	if len(snap.Prefill) == 0 {
+		return nil, sel("no prefill workers available (none registered)")
+	}
+	if len(snap.Decode) == 0 {
+		return nil, sel("no decode workers available (none registered)")
+	}
+	ex := make(map[string]bool, len(exclude)+4)
+	for k := range exclude {
+		ex[k] = true
+	}
+	var pWhy, dWhy string
+	for _, w := range snap.Prefill {
+		if err := e.conn.Eligible(w); err != nil {
+			ex[w.Key()] = true
+			if pWhy == "" {
+				pWhy = err.Error()
+			}
+		}
+	}
+	for _, w := range snap.Decode {
+		if err := e.conn.Eligible(w); err != nil {
+			ex[w.Key()] = true
+			if dWhy == "" {
+				dWhy = err.Error()
+			}
+		}
+	}
+	req := &policy.Request{Path: st.path, Headers: e.policyHeaders(r), Body: c.Body, Exclude: ex}
+	pc := policy.Candidates{Gen: snap.Gen, Workers: snap.Prefill}
+
+	if pp, ok := e.o.PrefillPolicy.(policy.PairPolicy); ok {
+		p, d, err := pp.PickPair(req, pc, policy.Candidates{Gen: snap.Gen, Workers: snap.Decode})
+		if err == nil && p.Worker != nil && d.Worker != nil && req.Usable(p.Worker) && req.Usable(d.Worker) &&
+			p.Worker.Role == worker.RolePrefill && d.Worker.Role == worker.RoleDecode && e.conn.Compatible(p.Worker, d.Worker) {
+			return e.newPair(p, d), nil
+		}
+	}
+	var modeMsg string
+	for range snap.Prefill {
+		p, err := e.o.PrefillPolicy.Pick(req, pc)
+		if err != nil || p.Worker == nil {
+			break
+		}
+		dc, tag := e.compatibleDecodes(snap, p.Worker)
+		if len(dc.Workers) == 0 {
+			modeMsg = fmt.Sprintf("no decode worker compatible with transfer mode %s", strings.ToUpper(p.Worker.TransferMode))
+			ex[p.Worker.Key()] = true
+			continue
+		}
+		d, err := e.o.DecodePolicy.Pick(req, dc)
+		if err != nil || d.Worker == nil {
+			if tag != 0 {
+				modeMsg = fmt.Sprintf("no decode worker available with transfer mode %s (%d compatible, all unhealthy, open-circuit or excluded)",
+					strings.ToUpper(p.Worker.TransferMode), len(dc.Workers))
+			} else {
+				modeMsg = describe("decode", snap.Decode, exclude, dWhy)
+			}
+			ex[p.Worker.Key()] = true
+			continue
+		}
+		return e.newPair(p, d), nil
+	}
+	if modeMsg != "" {
+		return nil, sel(modeMsg)
+	}
+	return nil, sel(describe("prefill", snap.Prefill, exclude, pWhy))
+}
+
+// describe explains why no worker of a role could be picked.
+func describe(role string, ws []*worker.Worker, exclude map[string]bool, why string) string {
+	var unhealthy, open, excluded int
+	for _, w := range ws {
+		switch {
+		case exclude[w.Key()]:
+			excluded++
+		case !w.Healthy() || !w.Routable():
+			unhealthy++
+		case !w.Breaker().Allow():
+			open++
+		}
+	}
+	msg := fmt.Sprintf("no %s workers available (%d registered", role, len(ws))
+	if unhealthy > 0 {
+		msg += fmt.Sprintf(", %d unhealthy or held", unhealthy)
+	}
+	if open > 0 {
+		msg += fmt.Sprintf(", %d with an open circuit breaker", open)
+	}
+	if excluded > 0 {
+		msg += fmt.Sprintf(", %d failed during this request", excluded)
+	}
+	msg += ")"
+	if why != "" {
+		msg += ": " + why
+	}
+	return msg
+}
+
+// compatibleDecodes returns the decode candidates compatible with p. When
+// filtering removed workers, Gen is tagged (high bits) so policies caching
+// per generation never confuse the subset with the full membership.
+func (e *Engine) compatibleDecodes(snap *worker.Snapshot, p *worker.Worker) (policy.Candidates, uint64) {
+	all := true
+	for _, d := range snap.Decode {
+		if !e.conn.Compatible(p, d) {
+			all = false
+			break
+		}
+	}
+	if all {
+		return policy.Candidates{Gen: snap.Gen, Workers: snap.Decode}, 0
+	}
+	out := make([]*worker.Worker, 0, len(snap.Decode))
+	for _, d := range snap.Decode {
+		if e.conn.Compatible(p, d) {
+			out = append(out, d)
+		}
+	}
+	var tag uint64 = 3
+	switch strings.ToUpper(p.TransferMode) {
+	case "READ":
+		tag = 1
+	case "WRITE":
+		tag = 2
+	}
+	return policy.Candidates{Gen: 1<<63 | tag<<60 | snap.Gen, Workers: out}, tag
+}
+
+func (e *Engine) newPair(p, d policy.Choice) *pickedPair {
+	pr := &pickedPair{Pair: Pair{P: p.Worker, D: d.Worker, PRank: e.rank(p.Worker), DRank: e.rank(d.Worker)}}
+	pr.RequestID = requestID(zmqAddr(p.Worker), zmqAddr(d.Worker), asV4(e.o.NewID()))
+	pr.TransferID = e.conn.TransferID(asV4(e.o.NewID()))
+	pr.reason = "prefill: " + p.Reason + "; decode: " + d.Reason
+	return pr
+}
+
+// rank is the data-parallel rank to pin w's leg to (-1 = no header).
+func (e *Engine) rank(w *worker.Worker) int {
+	if w.DPSize <= 1 {
+		return -1
+	}
+	if w.DPRank >= 0 && w.DPRank < w.DPSize {
+		return w.DPRank
+	}
+	return int(e.rr.Add(1) % uint64(w.DPSize))
+}
+
+func (e *Engine) policyHeaders(r *http.Request) http.Header {
+	if len(e.hash) == 0 {
+		return r.Header
+	}
+	h := make(http.Header, len(e.hash))
+	for _, k := range e.hash {
+		if v := r.Header.Values(k); len(v) > 0 {
+			h[k] = v
+		}
+	}
+	return h
+}
+
+// trackingWriter remembers whether anything was written (for the panic
+// guard) and keeps Flush/Unwrap reachable for http.ResponseController.
+type trackingWriter struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (t *trackingWriter) WriteHeader(code int) {
+	t.wrote = true
+	t.ResponseWriter.WriteHeader(code)
+}
+
+func (t *trackingWriter) Write(b []byte) (int, error) {
+	t.wrote = true
+	return t.ResponseWriter.Write(b)
+}
+
+func (t *trackingWriter) Flush() { _ = http.NewResponseController(t.ResponseWriter).Flush() }
+
+func (t *trackingWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
