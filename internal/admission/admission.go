@@ -1,0 +1,304 @@
+// Package admission bounds how much generation work the router accepts.
+//
+// Two independent mechanisms, unlike the Rust router's single token bucket
+// that mixed them (REFERENCE §6.6, §10.4 #27):
+//
+//   - A concurrency limiter: MaxConcurrent slots. A slot is held by the caller
+//     until it calls the release func, which the server does when the
+//     response body has been fully written (the end of an SSE stream), not
+//     when headers are sent. When every slot is busy, callers wait in a
+//     bounded FIFO queue (QueueSize) for at most QueueTimeout. A freed slot
+//     is handed directly to the oldest waiter, so order is strictly FIFO and
+//     a newcomer can never overtake the queue.
+//   - An optional token-bucket rate limit (RateLimitPerSecond, Burst) checked
+//     before the limiter; a request over the rate is rejected at once and
+//     never queued.
+//
+// Invariants: every successful Acquire returns a release func that frees the
+// slot exactly once however often it is called; a waiter that gives up
+// (timeout, client gone, shutdown) never holds a slot when Acquire returns,
+// even if the slot was granted in the same instant; Close fails every queued
+// waiter and all later Acquire calls with ErrClosed.
+package admission
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"math"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/metrics"
+)
+
+// Errors returned by Acquire. Status maps them to HTTP statuses.
+var (
+	ErrQueueFull    = errors.New("too many requests: the admission queue is full")
+	ErrQueueTimeout = errors.New("timed out waiting for a free request slot")
+	ErrRateLimited  = errors.New("rate limit exceeded")
+	ErrClosed       = errors.New("the router is shutting down")
+)
+
+// Config configures a Limiter.
+type Config struct {
+	// MaxConcurrent is the number of requests served at once; <= 0 means no
+	// concurrency limit (the rate limit still applies).
+	MaxConcurrent int
+	// QueueSize is how many requests may wait for a slot; 0 rejects at once
+	// with ErrQueueFull when every slot is busy.
+	QueueSize int
+	// QueueTimeout bounds the wait in the queue; <= 0 waits until the
+	// caller's context ends.
+	QueueTimeout time.Duration
+	// RateLimitPerSecond is the token refill rate; <= 0 disables the rate
+	// limit.
+	RateLimitPerSecond float64
+	// Burst is the bucket capacity; <= 0 means max(1, ceil(rate)).
+	Burst int
+	// Metrics, when set, receives QueueDepth, QueueWait and AdmissionReject.
+	Metrics *metrics.Metrics
+}
+
+// Limiter is a concurrency limiter with a FIFO queue plus an optional rate
+// limit. The zero value is not usable; build one with New.
+type Limiter struct {
+	max     int
+	qsize   int
+	timeout time.Duration
+	m       *metrics.Metrics
+	bucket  *bucket
+
+	mu     sync.Mutex
+	inUse  int
+	queue  list.List // of *waiter, oldest first
+	closed bool
+}
+
+type waiter struct {
+	ready   chan struct{} // closed when granted or failed (under Limiter.mu)
+	granted bool
+	err     error
+}
+
+// New builds a Limiter.
+func New(c Config) *Limiter {
+	l := &Limiter{max: c.MaxConcurrent, qsize: max(c.QueueSize, 0), timeout: c.QueueTimeout, m: c.Metrics}
+	if c.RateLimitPerSecond > 0 {
+		burst := c.Burst
+		if burst <= 0 {
+			burst = max(1, int(math.Ceil(c.RateLimitPerSecond)))
+		}
+		l.bucket = newBucket(c.RateLimitPerSecond, burst)
+	}
+	l.queue.Init()
+	return l
+}
+
+// Acquire admits one request. On success the caller must call release once
+// the response has been completely written; release is idempotent. On
+// failure it returns one of the package errors, or ctx.Err() when the
+// caller's context ended while it was queued.
+func (l *Limiter) Acquire(ctx context.Context) (release func(), err error) {
+	if l.bucket != nil && !l.bucket.take() {
+		l.reject("rate_limited")
+		return nil, ErrRateLimited
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		l.reject("shutting_down")
+		return nil, ErrClosed
+	}
+	if l.max <= 0 {
+		l.inUse++
+		l.mu.Unlock()
+		return l.releaser(), nil
+	}
+	if l.inUse < l.max && l.queue.Len() == 0 {
+		l.inUse++
+		l.mu.Unlock()
+		return l.releaser(), nil
+	}
+	if l.queue.Len() >= l.qsize {
+		l.mu.Unlock()
+		l.reject("queue_full")
+		return nil, ErrQueueFull
+	}
+	w := &waiter{ready: make(chan struct{})}
+	elem := l.queue.PushBack(w)
+	l.setDepth()
+	l.mu.Unlock()
+
+	start := time.Now()
+	var expired <-chan time.Time
+	if l.timeout > 0 {
+		t := time.NewTimer(l.timeout)
+		defer t.Stop()
+		expired = t.C
+	}
+	select {
+	case <-w.ready:
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-expired:
+		err = ErrQueueTimeout
+	}
+	l.mu.Lock()
+	if err != nil {
+		select {
+		case <-w.ready:
+			// Granted (or failed by Close) in the same instant: keep the
+			// earlier outcome's bookkeeping consistent below.
+		default:
+			l.queue.Remove(elem)
+			l.setDepth()
+		}
+	}
+	granted, werr := w.granted, w.err
+	l.mu.Unlock()
+	l.observeWait(time.Since(start))
+
+	switch {
+	case err == nil && werr == nil:
+		return l.releaser(), nil
+	case err == nil:
+		l.reject("shutting_down")
+		return nil, werr
+	}
+	if granted {
+		l.releaseSlot() // pass the slot we no longer want to the next waiter
+	}
+	if errors.Is(err, ErrQueueTimeout) {
+		l.reject("queue_timeout")
+	}
+	return nil, err
+}
+
+// releaser returns the idempotent release func of one granted slot.
+func (l *Limiter) releaser() func() {
+	var done atomic.Bool
+	return func() {
+		if done.CompareAndSwap(false, true) {
+			l.releaseSlot()
+		}
+	}
+}
+
+// releaseSlot frees one slot, handing it straight to the oldest waiter.
+func (l *Limiter) releaseSlot() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.max > 0 && !l.closed {
+		if front := l.queue.Front(); front != nil {
+			w := l.queue.Remove(front).(*waiter)
+			w.granted = true
+			close(w.ready)
+			l.setDepth()
+			return // the slot moves to w: inUse unchanged
+		}
+	}
+	l.inUse--
+}
+
+// Close fails every queued request and all later Acquire calls with
+// ErrClosed. Slots already granted stay valid until released.
+func (l *Limiter) Close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return
+	}
+	l.closed = true
+	for e := l.queue.Front(); e != nil; e = e.Next() {
+		w := e.Value.(*waiter)
+		w.err = ErrClosed
+		close(w.ready)
+	}
+	l.queue.Init()
+	l.setDepth()
+}
+
+// InUse returns the number of granted slots not yet released.
+func (l *Limiter) InUse() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.inUse
+}
+
+// Queued returns the number of waiting requests.
+func (l *Limiter) Queued() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.queue.Len()
+}
+
+// MaxConcurrent returns the configured slot count (<= 0 = unlimited).
+func (l *Limiter) MaxConcurrent() int { return l.max }
+
+// Status maps an Acquire error to the HTTP status the client gets:
+// 429 queue full or rate limited, 408 queue timeout, 503 shutting down,
+// 499 (client closed request, logged only) for a cancelled context.
+func Status(err error) int {
+	switch {
+	case errors.Is(err, ErrQueueFull), errors.Is(err, ErrRateLimited):
+		return http.StatusTooManyRequests
+	case errors.Is(err, ErrQueueTimeout):
+		return http.StatusRequestTimeout
+	case errors.Is(err, ErrClosed):
+		return http.StatusServiceUnavailable
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return 499
+	}
+	return http.StatusInternalServerError
+}
+
+// setDepth publishes the queue length; the caller holds mu.
+func (l *Limiter) setDepth() {
+	if l.m != nil {
+		l.m.QueueDepth.Set(float64(l.queue.Len()))
+	}
+}
+
+func (l *Limiter) observeWait(d time.Duration) {
+	if l.m != nil {
+		l.m.QueueWait.Observe(d.Seconds())
+	}
+}
+
+func (l *Limiter) reject(reason string) {
+	if l.m != nil {
+		l.m.AdmissionReject.WithLabelValues(reason).Inc()
+	}
+}
+
+// bucket is a token bucket refilled continuously at rate tokens per second.
+type bucket struct {
+	rate float64
+	cap  float64
+
+	mu     sync.Mutex
+	tokens float64
+	last   time.Time
+}
+
+func newBucket(rate float64, burst int) *bucket {
+	return &bucket{rate: rate, cap: float64(burst), tokens: float64(burst), last: time.Now()}
+}
+
+func (b *bucket) take() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := time.Now()
+	if el := now.Sub(b.last); el > 0 {
+		b.tokens = math.Min(b.cap, b.tokens+el.Seconds()*b.rate)
+		b.last = now
+	}
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}

@@ -1,0 +1,380 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/metrics"
+	"github.com/switchyard-llm/switchyard/internal/openai"
+	"github.com/switchyard-llm/switchyard/internal/proxy"
+)
+
+// reqState is the per-request record the middleware and handlers share.
+type reqState struct {
+	id      string
+	route   routeInfo
+	start   time.Time
+	call    *proxy.Call // generation requests only
+	errType string      // set when the router itself produced an error
+	logOnly int         // status for the log when nothing was written (499)
+}
+
+type stateKey struct{}
+
+func stateFrom(ctx context.Context) *reqState {
+	st, _ := ctx.Value(stateKey{}).(*reqState)
+	return st
+}
+
+// RequestID returns the request id the middleware assigned (or "" outside
+// the server's handler chain). Passthrough handlers may forward it.
+func RequestID(ctx context.Context) string {
+	if st := stateFrom(ctx); st != nil {
+		return st.id
+	}
+	return ""
+}
+
+// serveHTTP is the whole middleware chain, in order: recover → request id →
+// CORS → auth → access log/metrics → body limit → mux. Keeping it one
+// function means one ResponseWriter wrapper and one context per request.
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	st := &reqState{start: time.Now(), route: s.classify(r)}
+	rw := &respWriter{ResponseWriter: w, s: s, st: st}
+	s.active.inc()
+	defer s.active.dec()
+	defer s.recoverPanic(rw, r)
+
+	// request id
+	st.id = s.requestID(r)
+	w.Header().Set("X-Request-Id", st.id)
+
+	// CORS (answers preflights itself)
+	if s.cors.apply(w, r) {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+
+	ctx := context.WithValue(r.Context(), stateKey{}, st)
+	r = r.WithContext(ctx)
+
+	// auth and everything after it are logged and measured
+	mode := s.o.Mode
+	s.m.RequestsTotal.WithLabelValues(st.route.label).Inc()
+	s.m.InFlight.WithLabelValues(mode).Inc()
+	defer func(r *http.Request) {
+		v := recover()
+		defer s.finish(rw, r) // also when onPanic re-panics to abort the connection
+		if v != nil {
+			s.onPanic(rw, r, v)
+		}
+	}(r)
+
+	if !s.authorize(rw, r, st.route.access) {
+		return
+	}
+
+	// body limit
+	if r.ContentLength > s.o.MaxPayloadSize {
+		s.writeError(rw, r, http.StatusRequestEntityTooLarge, "payload_too_large", tooLargeMessage(s.o.MaxPayloadSize))
+		return
+	}
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = http.MaxBytesReader(w, r.Body, s.o.MaxPayloadSize)
+	}
+	s.mux.ServeHTTP(rw, r)
+}
+
+func tooLargeMessage(limit int64) string {
+	return fmt.Sprintf("Request body is too large: the limit is %d bytes", limit)
+}
+
+// recoverPanic is the outermost recover, for panics before the access-log
+// section of the chain.
+func (s *Server) recoverPanic(rw *respWriter, r *http.Request) {
+	if v := recover(); v != nil {
+		s.onPanic(rw, r, v)
+	}
+}
+
+// onPanic turns a handler panic into a 500 (when nothing was written yet)
+// or an aborted connection. http.ErrAbortHandler passes through.
+func (s *Server) onPanic(rw *respWriter, r *http.Request, v any) {
+	if v == http.ErrAbortHandler { //nolint:errorlint // sentinel value, not a wrapped error
+		panic(v)
+	}
+	s.log.Error("panic serving request", "request_id", rw.st.id, "method", r.Method, "path", r.URL.Path,
+		"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+	if rw.wroteHeader {
+		panic(http.ErrAbortHandler)
+	}
+	rw.st.errType = "panic"
+	openai.WriteError(rw, http.StatusInternalServerError, "internal server error")
+}
+
+// finish records the access log line and the end-of-request metrics. It
+// runs when the handler returns, i.e. after the last body byte.
+func (s *Server) finish(rw *respWriter, r *http.Request) {
+	st := rw.st
+	mode := s.o.Mode
+	s.m.InFlight.WithLabelValues(mode).Dec()
+	status := rw.status
+	switch {
+	case !rw.wroteHeader && st.logOnly != 0:
+		status = st.logOnly
+	case !rw.wroteHeader:
+		status = http.StatusOK // net/http sends 200 for an empty handler
+	}
+	dur := time.Since(st.start)
+	code := metrics.Status(status)
+	s.m.HTTPRequests.WithLabelValues(st.route.label, methodLabel(r.Method), code, mode).Inc()
+	s.m.RequestDuration.WithLabelValues(st.route.label, code, mode).Observe(dur.Seconds())
+	if st.errType != "" {
+		s.m.RequestErrors.WithLabelValues(st.route.label, st.errType).Inc()
+	}
+
+	level := slog.LevelInfo
+	if st.route.kind == kindProbe {
+		level = slog.LevelDebug // k8s probes every few seconds would drown the log
+	}
+	ctx := r.Context()
+	if !s.log.Enabled(ctx, level) {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 14)
+	attrs = append(attrs,
+		slog.String("request_id", st.id),
+		slog.String("method", r.Method),
+		slog.String("route", st.route.label),
+		slog.String("path", r.URL.Path),
+		slog.Int("status", status),
+		slog.Float64("duration_ms", ms(dur)),
+		slog.Int64("bytes", rw.bytes),
+	)
+	if c := st.call; c != nil {
+		if c.Stream && !rw.firstByte.IsZero() {
+			attrs = append(attrs, slog.Float64("ttft_ms", ms(rw.firstByte.Sub(st.start))))
+		}
+		if rc := c.Receipt; rc != nil {
+			if rc.Worker != "" {
+				attrs = append(attrs, slog.String("worker", rc.Worker))
+			}
+			if rc.Prefill != "" || rc.Decode != "" {
+				attrs = append(attrs, slog.String("prefill", rc.Prefill), slog.String("decode", rc.Decode))
+			}
+			if rc.Attempts > 0 {
+				attrs = append(attrs, slog.Int("attempts", rc.Attempts))
+			}
+		}
+	}
+	if st.errType != "" {
+		attrs = append(attrs, slog.String("error", st.errType))
+	}
+	s.log.LogAttrs(ctx, level, "request", attrs...)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// methodLabel bounds the method label to the standard methods.
+func methodLabel(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodOptions, http.MethodConnect, http.MethodTrace:
+		return m
+	}
+	return "OTHER"
+}
+
+// writeError writes an OpenAI-style error and records the error type.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, status int, errType, msg string) {
+	if st := stateFrom(r.Context()); st != nil {
+		st.errType = errType
+	}
+	openai.WriteError(w, status, msg)
+}
+
+// readBody reads the (already size-limited) body within BodyReadTimeout.
+// It writes the error response itself and returns ok=false on failure.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, true
+	}
+	rc := http.NewResponseController(w)
+	if s.o.BodyReadTimeout > 0 {
+		_ = rc.SetReadDeadline(time.Now().Add(s.o.BodyReadTimeout))
+		// Clear it: a deadline left on the connection would fire during a
+		// long stream and cancel the request.
+		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	}
+	var buf bytes.Buffer
+	if n := r.ContentLength; n > 0 && n <= s.o.MaxPayloadSize {
+		buf.Grow(int(n))
+	}
+	_, err := buf.ReadFrom(r.Body)
+	if err == nil {
+		return buf.Bytes(), true
+	}
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		s.writeError(w, r, http.StatusRequestEntityTooLarge, "payload_too_large", tooLargeMessage(tooBig.Limit))
+	case r.Context().Err() != nil:
+		stateFrom(r.Context()).logOnly = 499
+	case isTimeout(err):
+		s.writeError(w, r, http.StatusRequestTimeout, "body_read_timeout", "timed out reading the request body")
+	default:
+		s.writeError(w, r, http.StatusBadRequest, "body_read_error", "failed to read the request body: "+err.Error())
+	}
+	return nil, false
+}
+
+func isTimeout(err error) bool {
+	var te interface{ Timeout() bool }
+	return errors.As(err, &te) && te.Timeout()
+}
+
+// bufferUnsizedBody reads a chunked body (unknown length) into memory so the
+// size limit is enforced here with a 413 rather than surfacing as an upstream
+// error inside the proxy. Bodies with a Content-Length were checked already
+// and stream through.
+func (s *Server) bufferUnsizedBody(w http.ResponseWriter, r *http.Request) bool {
+	if r.ContentLength >= 0 || r.Body == nil || r.Body == http.NoBody {
+		return true
+	}
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return false
+	}
+	setBody(r, body)
+	return true
+}
+
+// setBody replaces r's body with b (replayable through GetBody).
+func setBody(r *http.Request, b []byte) {
+	r.Body = io.NopCloser(bytes.NewReader(b))
+	r.ContentLength = int64(len(b))
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
+	r.TransferEncoding = nil
+	r.Header.Set("Content-Length", strconv.Itoa(len(b)))
+}
+
+// respWriter records status, bytes and first-byte time, and stamps the
+// request id and route receipt headers when the status line is written.
+// It implements Flush and Unwrap so http.ResponseController (SSE flushes,
+// deadlines, hijack) reaches the real writer.
+type respWriter struct {
+	http.ResponseWriter
+	s           *Server
+	st          *reqState
+	status      int
+	wroteHeader bool
+	bytes       int64
+	firstByte   time.Time
+}
+
+func (w *respWriter) WriteHeader(code int) {
+	if w.wroteHeader {
+		return
+	}
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		w.ResponseWriter.WriteHeader(code) // informational; the final status follows
+		return
+	}
+	w.wroteHeader = true
+	w.status = code
+	h := w.ResponseWriter.Header()
+	h.Set("X-Request-Id", w.st.id) // upstream headers copied over ours must not win
+	if c := w.st.call; c != nil && c.Receipt != nil && w.s.o.RouteReceipt {
+		if v := receiptHeader(c.Receipt); v != "" {
+			h.Set("X-Switchyard-Route", v)
+		}
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *respWriter) Write(p []byte) (int, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	n, err := w.ResponseWriter.Write(p)
+	w.bytes += int64(n)
+	if n > 0 && w.firstByte.IsZero() {
+		w.firstByte = time.Now() // for the access log; the dispatchers own the TTFT metric
+	}
+	return n, err
+}
+
+// FlushError is what http.ResponseController.Flush calls.
+func (w *respWriter) FlushError() error {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *respWriter) Flush() { _ = w.FlushError() }
+
+func (w *respWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// receiptHeader renders a compact x-switchyard-route value.
+func receiptHeader(rc *proxy.Receipt) string {
+	var b strings.Builder
+	add := func(k, v string) {
+		if v == "" {
+			return
+		}
+		if b.Len() > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(k)
+		b.WriteByte('=')
+		b.WriteString(headerSafe(v))
+	}
+	add("mode", rc.Mode)
+	add("policy", rc.Policy)
+	add("worker", rc.Worker)
+	add("prefill", rc.Prefill)
+	add("decode", rc.Decode)
+	if rc.Attempts > 0 {
+		add("attempts", strconv.Itoa(rc.Attempts))
+	}
+	if len(rc.Failovers) > 0 {
+		add("failovers", strings.Join(rc.Failovers, ","))
+	}
+	add("reason", rc.Reason)
+	return b.String()
+}
+
+// headerSafe keeps a receipt value to printable ASCII without the ';'
+// separator.
+func headerSafe(v string) string {
+	ok := true
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < 0x20 || c > 0x7e || c == ';' {
+			ok = false
+			break
+		}
+	}
+	if ok {
+		return v
+	}
+	b := []byte(v)
+	for i, c := range b {
+		switch {
+		case c == ';':
+			b[i] = ','
+		case c < 0x20 || c > 0x7e:
+			b[i] = '?'
+		}
+	}
+	return string(b)
+}

@@ -1,0 +1,97 @@
+package server
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/switchyard-llm/switchyard/internal/admission"
+	"github.com/switchyard-llm/switchyard/internal/proxy"
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
+)
+
+// pdPassthroughRoutes are not disaggregated in PD mode: a prefill/decode
+// split means nothing for embeddings or rerank (no decode phase), so they go
+// to Passthrough, which the lead points at the prefill workers.
+var pdPassthroughRoutes = map[string]bool{"/v1/embeddings": true, "/v1/rerank": true, "/rerank": true}
+
+// handleGenerate reads and checks the JSON body, takes an admission slot,
+// and hands the request to the dispatcher. The slot is released when the
+// dispatcher returns, i.e. after the last byte of the (streamed) response.
+func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
+	st := stateFrom(r.Context())
+	route := st.route.label
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return
+	}
+	if len(body) == 0 {
+		s.writeError(w, r, http.StatusBadRequest, "invalid_json", "Request body is empty: expected a JSON object")
+		return
+	}
+	obj, err := rawjson.Parse(body)
+	if err != nil {
+		msg := "Invalid request body: " + err.Error() // names the problem and its byte offset
+		if errors.Is(err, rawjson.ErrNotObject) {
+			msg = "Invalid request body: expected a JSON object"
+		}
+		s.writeError(w, r, http.StatusBadRequest, "invalid_json", msg)
+		return
+	}
+
+	release, err := s.limiter.Acquire(r.Context())
+	if err != nil {
+		s.rejectAdmission(w, r, err)
+		return
+	}
+	defer release()
+
+	passthrough := s.o.Mode == ModePD && pdPassthroughRoutes[route]
+	if passthrough && s.o.Passthrough == nil {
+		s.writeError(w, r, http.StatusNotImplemented, "not_implemented", route+" is not available in PD mode")
+		return
+	}
+
+	stream, _ := obj.Bool("stream")
+	c := &proxy.Call{
+		Route:     route,
+		Path:      r.URL.Path,
+		Body:      body,
+		Obj:       obj,
+		Stream:    stream,
+		RequestID: st.id,
+		Start:     st.start,
+		Receipt:   &proxy.Receipt{Mode: s.o.Mode},
+	}
+	st.call = c
+	r = r.WithContext(proxy.WithCall(r.Context(), c))
+	if passthrough {
+		// The Call in the context gives the passthrough its route label and
+		// receipt; the body it streams is the one already read.
+		setBody(r, body)
+		s.o.Passthrough.ServeHTTP(w, r)
+		return
+	}
+	s.o.Generate.Dispatch(w, r, c)
+}
+
+func (s *Server) rejectAdmission(w http.ResponseWriter, r *http.Request, err error) {
+	status := admission.Status(err)
+	switch status {
+	case 499:
+		stateFrom(r.Context()).logOnly = 499 // client gone: nobody to answer
+	case http.StatusTooManyRequests:
+		errType := "queue_full"
+		if errors.Is(err, admission.ErrRateLimited) {
+			errType = "rate_limited"
+		}
+		w.Header().Set("Retry-After", "1")
+		s.writeError(w, r, status, errType, err.Error())
+	case http.StatusServiceUnavailable:
+		w.Header().Set("Connection", "close")
+		s.writeError(w, r, status, "shutting_down", err.Error())
+	case http.StatusRequestTimeout:
+		s.writeError(w, r, status, "queue_timeout", err.Error())
+	default:
+		s.writeError(w, r, status, "admission", err.Error())
+	}
+}

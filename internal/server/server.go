@@ -1,0 +1,325 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/admission"
+	"github.com/switchyard-llm/switchyard/internal/metrics"
+	"github.com/switchyard-llm/switchyard/internal/proxy"
+	"github.com/switchyard-llm/switchyard/internal/worker"
+)
+
+// Modes.
+const (
+	ModeRegular = "regular"
+	ModePD      = "pd"
+)
+
+// Defaults applied by New to zero Options fields.
+const (
+	DefaultMaxPayloadSize    = 512 << 20
+	DefaultMaxHeaderBytes    = 1 << 20
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultIdleTimeout       = 120 * time.Second
+	DefaultBodyReadTimeout   = 60 * time.Second
+	DefaultShutdownTimeout   = 30 * time.Second
+	DefaultUpstreamTimeout   = 10 * time.Second
+	DefaultFlushCachePath    = "/flush_cache"
+)
+
+// AddWorkerRequest is a parsed POST /workers body (or /add_worker query).
+type AddWorkerRequest struct {
+	URL           string
+	Role          worker.Role
+	ModelID       string
+	BootstrapPort *int
+	DPSize        int // 0 = not given
+}
+
+// Options configures a Server. Registry and Generate are required.
+type Options struct {
+	Mode     string           // ModeRegular (default) or ModePD
+	Registry *worker.Registry // every worker, whatever found it
+
+	// Generate serves the generation routes (regular proxy or PD engine).
+	Generate proxy.Dispatcher
+	// Passthrough serves /tokenize, /detokenize, the catch-all, and in PD
+	// mode /v1/embeddings and the rerank routes. nil → 404.
+	Passthrough http.Handler
+	// Ready reports PD readiness with a reason. nil → at least one healthy
+	// routable worker (regular) or prefill and decode (PD).
+	Ready func() (bool, string)
+	// Profile serves /start_profile and /stop_profile in PD mode (which is
+	// "start_profile" or "stop_profile", as pd.Engine.ServeProfile takes).
+	// nil in PD mode → 404. Regular mode fans out to every worker.
+	Profile func(w http.ResponseWriter, r *http.Request, which string)
+	// Upstream is the client for the router's own calls to workers
+	// (/v1/models, info GETs, fan-outs) and to API-key validation URLs.
+	// nil → a client on proxy.NewTransport owned (and closed) by Serve.
+	Upstream *http.Client
+
+	// AddWorker and RemoveWorker mutate the fleet (the lead implements them;
+	// the server owns HTTP handling). AddWorkerSpec, when set, is used
+	// instead of AddWorker so POST /workers can pass worker_type etc.
+	AddWorker     func(ctx context.Context, rawURL string) ([]*worker.Worker, error)
+	AddWorkerSpec func(ctx context.Context, req AddWorkerRequest) ([]*worker.Worker, error)
+	RemoveWorker  func(rawURL string) []*worker.Worker
+	// DiscoveryStatus is extra JSON-able detail for /get_server_info and
+	// /workers (e.g. ZMQ listener address, live instances, MoRI mode).
+	DiscoveryStatus func() any
+
+	Version  string            // router version for /get_server_info
+	Policies map[string]string // e.g. {"policy":"cache_aware","prefill":"random","decode":"power_of_two"}
+
+	MaxPayloadSize     int64 // request body limit (413 above); 0 → 512 MiB
+	MaxHeaderBytes     int   // 0 → 1 MiB
+	ReadHeaderTimeout  time.Duration
+	IdleTimeout        time.Duration
+	BodyReadTimeout    time.Duration // deadline for reading a buffered body; 0 → 60 s, < 0 → none
+	RequestIDHeaders   []string      // inbound id headers, in order; nil → x-request-id, x-correlation-id, x-trace-id, request-id
+	CORSAllowedOrigins []string      // empty → any origin
+
+	APIKeyValidationURLs []string // inbound bearer tokens are valid when one of these answers 200
+	RouterAPIKeys        []string // static inbound keys
+	AdminAPIKey          string   // when set, the only key accepted on admin endpoints
+
+	MaxConcurrent      int           // generation slots held until the body ends; <= 0 → unlimited
+	QueueSize          int           // requests waiting for a slot
+	QueueTimeout       time.Duration // max wait in the queue; <= 0 → until the client leaves
+	RateLimitPerSecond float64       // token bucket, 0 = off
+	RateLimitBurst     int           // 0 → ceil(rate)
+
+	RouteReceipt    bool          // set x-switchyard-route on generation responses
+	ShutdownTimeout time.Duration // drain deadline; 0 → 30 s, < 0 → cancel at once
+	UpstreamTimeout time.Duration // router's own worker calls; 0 → 10 s
+	FlushCachePath  string        // worker path POSTed by /flush_cache; "" → /flush_cache
+
+	Logger  *slog.Logger
+	Metrics *metrics.Metrics
+
+	// APIKey is the upstream key sent as Bearer on the router's own worker
+	// calls. When empty and ForwardClientAuthorization is set, the client's
+	// Authorization header is forwarded instead.
+	APIKey                     string
+	ForwardClientAuthorization bool
+}
+
+// Server is the router's HTTP front end.
+type Server struct {
+	o         Options
+	log       *slog.Logger
+	m         *metrics.Metrics
+	reg       *worker.Registry
+	limiter   *admission.Limiter
+	auth      *authenticator
+	cors      corsPolicy
+	idHeaders []string
+	client    *http.Client
+	ownClient bool
+	mux       *http.ServeMux
+	handler   http.Handler
+	allowed   map[string][]string  // route path → allowed methods (for 405)
+	info      map[string]routeInfo // mux pattern → route facts
+	started   time.Time
+
+	draining atomic.Bool
+	active   activeCounter
+}
+
+// New validates o and builds a Server.
+func New(o Options) (*Server, error) {
+	switch o.Mode {
+	case "":
+		o.Mode = ModeRegular
+	case ModeRegular, ModePD:
+	default:
+		return nil, fmt.Errorf("server: unknown mode %q (want %q or %q)", o.Mode, ModeRegular, ModePD)
+	}
+	if o.Registry == nil {
+		return nil, errors.New("server: Registry is required")
+	}
+	if o.Generate == nil {
+		return nil, errors.New("server: Generate dispatcher is required")
+	}
+	if o.MaxPayloadSize <= 0 {
+		o.MaxPayloadSize = DefaultMaxPayloadSize
+	}
+	if o.MaxHeaderBytes <= 0 {
+		o.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if o.ReadHeaderTimeout <= 0 {
+		o.ReadHeaderTimeout = DefaultReadHeaderTimeout
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = DefaultIdleTimeout
+	}
+	if o.BodyReadTimeout == 0 {
+		o.BodyReadTimeout = DefaultBodyReadTimeout
+	}
+	if o.ShutdownTimeout == 0 {
+		o.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if o.UpstreamTimeout <= 0 {
+		o.UpstreamTimeout = DefaultUpstreamTimeout
+	}
+	if o.FlushCachePath == "" {
+		o.FlushCachePath = DefaultFlushCachePath
+	}
+	s := &Server{o: o, log: o.Logger, m: o.Metrics, reg: o.Registry, started: time.Now()}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.m == nil {
+		s.m = metrics.NewForTest()
+	}
+	s.client = o.Upstream
+	if s.client == nil {
+		s.client = &http.Client{Transport: proxy.NewTransport(proxy.TransportOptions{})}
+		s.ownClient = true
+	}
+	var err error
+	if s.idHeaders, err = requestIDHeaders(o.RequestIDHeaders); err != nil {
+		return nil, err
+	}
+	if s.cors, err = newCORS(o.CORSAllowedOrigins); err != nil {
+		return nil, err
+	}
+	s.auth = newAuthenticator(o.RouterAPIKeys, o.AdminAPIKey, o.APIKeyValidationURLs, s.client, s.log)
+	s.limiter = admission.New(admission.Config{
+		MaxConcurrent:      o.MaxConcurrent,
+		QueueSize:          o.QueueSize,
+		QueueTimeout:       o.QueueTimeout,
+		RateLimitPerSecond: o.RateLimitPerSecond,
+		Burst:              o.RateLimitBurst,
+		Metrics:            s.m,
+	})
+	s.routes()
+	s.handler = http.HandlerFunc(s.serveHTTP)
+	return s, nil
+}
+
+// Handler returns the root handler: every route behind the full middleware
+// chain (recover → request id → CORS → auth → access log/metrics → body
+// limit), the catch-all included.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Limiter exposes the admission limiter (for status pages and tests).
+func (s *Server) Limiter() *admission.Limiter { return s.limiter }
+
+// Serve serves HTTP on ln until ctx is cancelled, then shuts down
+// gracefully: it stops accepting, rejects queued admissions, lets in-flight
+// requests (streams included) finish for up to ShutdownTimeout, then cancels
+// the contexts of those still running (dispatchers end their streams with an
+// SSE error event), waits briefly for their handlers, closes every
+// connection and returns. It returns nil after a ctx-initiated shutdown.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelBase()
+	hs := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: s.o.ReadHeaderTimeout,
+		IdleTimeout:       s.o.IdleTimeout,
+		MaxHeaderBytes:    s.o.MaxHeaderBytes,
+		// No WriteTimeout/ReadTimeout: a generation stream may last many
+		// minutes. Body reads get their own deadline (BodyReadTimeout).
+		BaseContext: func(net.Listener) context.Context { return base },
+		ErrorLog:    slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	if s.ownClient {
+		defer s.client.CloseIdleConnections()
+	}
+
+	select {
+	case err := <-errc:
+		s.limiter.Close()
+		return err
+	case <-ctx.Done():
+	}
+	s.draining.Store(true)
+	s.limiter.Close()
+	inflight := s.active.n()
+	s.log.Info("shutting down", "in_flight", inflight, "deadline", s.o.ShutdownTimeout)
+
+	drainCtx, cancelDrain := context.WithTimeout(context.Background(), max(s.o.ShutdownTimeout, 0))
+	err := hs.Shutdown(drainCtx)
+	cancelDrain()
+	if err != nil {
+		// Deadline passed with requests still running: cancel them so the
+		// dispatchers end their streams cleanly, give the handlers a moment
+		// to write the error event and return, then cut the connections.
+		left := s.active.n()
+		s.log.Warn("shutdown deadline reached, cancelling in-flight requests", "in_flight", left)
+		cancelBase()
+		grace := min(max(s.o.ShutdownTimeout/4, 100*time.Millisecond), 5*time.Second)
+		if !s.active.waitZero(grace) {
+			s.log.Warn("handlers still running after cancel; closing connections", "in_flight", s.active.n())
+		}
+		_ = hs.Close()
+	}
+	if serr := <-errc; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
+		return serr
+	}
+	s.log.Info("server stopped")
+	return nil
+}
+
+// activeCounter counts running handlers and lets shutdown wait for zero.
+type activeCounter struct {
+	mu     sync.Mutex
+	count  int
+	zeroCh chan struct{} // closed when count drops to 0 while someone waits
+}
+
+func (a *activeCounter) inc() {
+	a.mu.Lock()
+	a.count++
+	a.mu.Unlock()
+}
+
+func (a *activeCounter) dec() {
+	a.mu.Lock()
+	a.count--
+	if a.count == 0 && a.zeroCh != nil {
+		close(a.zeroCh)
+		a.zeroCh = nil
+	}
+	a.mu.Unlock()
+}
+
+func (a *activeCounter) n() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.count
+}
+
+// waitZero waits up to d for the count to reach zero.
+func (a *activeCounter) waitZero(d time.Duration) bool {
+	a.mu.Lock()
+	if a.count == 0 {
+		a.mu.Unlock()
+		return true
+	}
+	if a.zeroCh == nil {
+		a.zeroCh = make(chan struct{})
+	}
+	ch := a.zeroCh
+	a.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+		return false
+	}
+}
