@@ -1,0 +1,534 @@
+// Package app wires Switchyard together: configuration, the worker
+// registry, policies, discovery, health checking, the regular proxy or the
+// PD engine, the HTTP server and the metrics listener. It is the only
+// package that knows about all the others.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-llm/switchyard/internal/config"
+	"github.com/switchyard-llm/switchyard/internal/discovery/zmq"
+	"github.com/switchyard-llm/switchyard/internal/health"
+	"github.com/switchyard-llm/switchyard/internal/metrics"
+	"github.com/switchyard-llm/switchyard/internal/pd"
+	"github.com/switchyard-llm/switchyard/internal/policy"
+	"github.com/switchyard-llm/switchyard/internal/proxy"
+	"github.com/switchyard-llm/switchyard/internal/server"
+	"github.com/switchyard-llm/switchyard/internal/worker"
+)
+
+// Version is the router version reported by --version and /get_server_info.
+const Version = "0.1.0"
+
+// notImplemented lists flags whose feature is not built yet: setting one is
+// a startup error rather than a silently ignored flag.
+var notImplemented = map[string]string{
+	"enable-trace":                "OpenTelemetry tracing",
+	"otlp-traces-endpoint":        "OpenTelemetry tracing",
+	"otel-sampling-ratio":         "OpenTelemetry tracing",
+	"otel-excluded-paths":         "OpenTelemetry tracing",
+	"service-discovery":           "Kubernetes pod discovery",
+	"selector":                    "Kubernetes pod discovery",
+	"prefill-selector":            "Kubernetes pod discovery",
+	"decode-selector":             "Kubernetes pod discovery",
+	"service-discovery-port":      "Kubernetes pod discovery",
+	"service-discovery-namespace": "Kubernetes pod discovery",
+	"dp-size-annotation":          "Kubernetes pod discovery",
+	"history-backend":             "Responses API history storage (requests are proxied to workers)",
+}
+
+// Main runs the router until ctx is cancelled.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if err := config.LoadDotEnv(".env"); err != nil {
+		fmt.Fprintln(stderr, "warning: .env:", err)
+	}
+	cfg, err := config.ParseWith(args, config.Options{Stdout: stdout, Version: Version})
+	if errors.Is(err, config.ErrHelp) || errors.Is(err, config.ErrVersion) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var unimpl []string
+	for flag, what := range notImplemented {
+		if cfg.IsSet(flag) {
+			unimpl = append(unimpl, fmt.Sprintf("not implemented yet: --%s (%s)", flag, what))
+		}
+	}
+	if cfg.Backend == config.BackendOpenAI {
+		unimpl = append(unimpl, "not implemented yet: --backend openai (OpenAI upstream mode)")
+	}
+	if len(unimpl) > 0 {
+		return errors.New(strings.Join(sortStrings(unimpl), "; "))
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	log, closeLog, err := newLogger(cfg, stderr)
+	if err != nil {
+		return err
+	}
+	defer closeLog()
+	for _, w := range cfg.Warnings() {
+		log.Warn(w)
+	}
+	a, err := build(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	return a.run(ctx)
+}
+
+func sortStrings(s []string) []string {
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+	return s
+}
+
+func newLogger(cfg *config.Config, stderr io.Writer) (*slog.Logger, func(), error) {
+	var level slog.Level
+	switch strings.ToLower(cfg.LogLevel) {
+	case "debug":
+		level = slog.LevelDebug
+	case "warn", "warning":
+		level = slog.LevelWarn
+	case "error":
+		level = slog.LevelError
+	default:
+		level = slog.LevelInfo
+	}
+	out := stderr
+	closeFn := func() {}
+	if cfg.LogDir != "" {
+		if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
+			return nil, nil, fmt.Errorf("--log-dir: %w", err)
+		}
+		name := filepath.Join(cfg.LogDir, "switchyard."+time.Now().UTC().Format("2006-01-02"))
+		f, err := os.OpenFile(name, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--log-dir: %w", err)
+		}
+		out = io.MultiWriter(stderr, f)
+		closeFn = func() { _ = f.Close() }
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler
+	if cfg.LogFormat == config.LogFormatJSON {
+		h = slog.NewJSONHandler(out, opts)
+	} else {
+		h = slog.NewTextHandler(out, opts)
+	}
+	return slog.New(h), closeFn, nil
+}
+
+// app is the assembled router.
+type app struct {
+	cfg      *config.Config
+	log      *slog.Logger
+	m        *metrics.Metrics
+	reg      *worker.Registry
+	client   *http.Client
+	tr       *http.Transport
+	srv      *server.Server
+	apiLn    net.Listener
+	metricLn net.Listener
+	health   *health.Checker
+	zmq      *zmq.Listener
+	engine   *pd.Engine
+	closers  []func()
+}
+
+func build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*app, error) {
+	a := &app{cfg: cfg, log: log}
+	a.m = metrics.New(prometheus.NewRegistry())
+	bc := breakerConfig(cfg, a.m)
+	a.reg = worker.NewRegistry(bc)
+	a.tr = proxy.NewTransport(proxy.TransportOptions{ConnectTimeout: cfg.ConnectTimeout()})
+	a.client = &http.Client{Transport: a.tr}
+	a.closers = append(a.closers, a.tr.CloseIdleConnections)
+	a.reg.Subscribe(a.onRegistryChange)
+
+	// Listeners first: a busy port is a clear startup error, and the API
+	// answers /liveness (and 503 on /readiness) while workers come up.
+	apiAddr := net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+	ln, err := net.Listen("tcp", apiAddr)
+	if err != nil {
+		return nil, fmt.Errorf("cannot listen on --host %s --port %d: %w", cfg.Host, cfg.Port, err)
+	}
+	a.apiLn = ln
+	mAddr := net.JoinHostPort(cfg.PrometheusHost, strconv.Itoa(int(cfg.PrometheusPort)))
+	mln, err := net.Listen("tcp", mAddr)
+	if err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("cannot listen on --prometheus-host %s --prometheus-port %d: %w", cfg.PrometheusHost, cfg.PrometheusPort, err)
+	}
+	a.metricLn = mln
+
+	if err := a.addStaticWorkers(); err != nil {
+		a.closeListeners()
+		return nil, err
+	}
+	if err := a.buildServer(ctx); err != nil {
+		a.closeListeners()
+		a.closeAll()
+		return nil, err
+	}
+	return a, nil
+}
+
+func (a *app) closeListeners() {
+	if a.apiLn != nil {
+		a.apiLn.Close()
+	}
+	if a.metricLn != nil {
+		a.metricLn.Close()
+	}
+}
+
+func (a *app) closeAll() {
+	for i := len(a.closers) - 1; i >= 0; i-- {
+		a.closers[i]()
+	}
+}
+
+func breakerConfig(cfg *config.Config, m *metrics.Metrics) worker.BreakerConfig {
+	cb := cfg.EffectiveCircuitBreaker()
+	return worker.BreakerConfig{
+		Disabled:         cb.Disabled,
+		FailureThreshold: min(cb.FailureThreshold, 1<<30),
+		SuccessThreshold: cb.SuccessThreshold,
+		OpenDuration:     cb.OpenDuration,
+		Window:           cb.Window,
+		FailureRate:      cb.FailureRate,
+		MinRequests:      cb.MinRequests,
+		HalfOpenMax:      cb.HalfOpenMax,
+		OnTransitionFor: func(key string, from, to worker.BreakerState) {
+			m.CBState.WithLabelValues(key).Set(float64(to))
+			m.CBTransitions.WithLabelValues(key, from.String(), to.String()).Inc()
+		},
+	}
+}
+
+func (a *app) onRegistryChange(c worker.Change) {
+	for _, w := range c.Removed {
+		if a.reg.Get(w.Key()) == nil {
+			a.m.ForgetWorker(w.Key())
+		}
+	}
+	a.m.ActiveWorkers.Set(float64(len(c.Snap.All)))
+	counts := map[[2]string]int{}
+	for _, w := range c.Snap.All {
+		counts[[2]string{w.Role.String(), w.Source.String()}]++
+	}
+	a.m.Workers.Reset()
+	for k, n := range counts {
+		a.m.Workers.WithLabelValues(k[0], k[1]).Set(float64(n))
+	}
+}
+
+// addStaticWorkers registers --worker-urls (regular) or --prefill/--decode.
+func (a *app) addStaticWorkers() error {
+	cfg := a.cfg
+	dp := max(cfg.IntraNodeDataParallelSize, 1)
+	if cfg.Mode() != config.ModeVLLMPD {
+		for _, u := range cfg.WorkerURLs {
+			if _, err := a.addURL(u, worker.RoleRegular, nil, worker.SourceStatic, dp); err != nil {
+				return fmt.Errorf("--worker-urls %s: %w", u, err)
+			}
+		}
+		return nil
+	}
+	for _, p := range cfg.Prefill {
+		if _, err := a.addURL(p.URL, worker.RolePrefill, p.BootstrapPort, worker.SourceStatic, dp); err != nil {
+			return fmt.Errorf("--prefill %s: %w", p.URL, err)
+		}
+	}
+	for _, u := range cfg.Decode {
+		if _, err := a.addURL(u, worker.RoleDecode, nil, worker.SourceStatic, dp); err != nil {
+			return fmt.Errorf("--decode %s: %w", u, err)
+		}
+	}
+	return nil
+}
+
+func (a *app) addURL(raw string, role worker.Role, bootstrap *int, src worker.Source, dp int) ([]*worker.Worker, error) {
+	base, rank, err := worker.NormalizeURL(raw)
+	if err != nil {
+		return nil, err
+	}
+	spec := worker.Spec{URL: base, Role: role, DPRank: -1, Source: src}
+	if bootstrap != nil {
+		spec.BootstrapPort = *bootstrap
+	}
+	var specs []worker.Spec
+	if rank >= 0 {
+		spec.DPRank, spec.DPSize = rank, max(dp, rank+1)
+		specs = []worker.Spec{spec}
+	} else {
+		specs = worker.ExpandDP(spec, dp)
+	}
+	return a.reg.Add(specs...)
+}
+
+func (a *app) policyOptions() policy.Options {
+	cfg := a.cfg
+	o := policy.DefaultOptions()
+	o.CacheThreshold = cfg.CacheThreshold
+	o.BalanceAbsThreshold = cfg.BalanceAbsThreshold
+	o.BalanceRelThreshold = cfg.BalanceRelThreshold
+	o.EvictionInterval = cfg.EvictionInterval()
+	o.MaxTreeSize = cfg.MaxTreeSize
+	o.Metrics = a.m
+	o.Registry = a.reg
+	return o
+}
+
+func (a *app) newPolicy(name string) (policy.Policy, error) {
+	p, err := policy.New(name, a.policyOptions())
+	if err != nil {
+		return nil, err
+	}
+	a.closers = append(a.closers, func() { _ = policy.Close(p) })
+	return p, nil
+}
+
+func (a *app) buildServer(ctx context.Context) error {
+	cfg := a.cfg
+	retry := cfg.EffectiveRetry()
+	ropts := proxy.RegularOptions{
+		Registry:          a.reg,
+		Client:            a.client,
+		APIKey:            cfg.APIKey,
+		ForwardClientAuth: cfg.ForwardClientAuthorization,
+		Retry: proxy.RetryConfig{
+			MaxAttempts:    retry.MaxAttempts,
+			InitialBackoff: retry.InitialBackoff,
+			MaxBackoff:     retry.MaxBackoff,
+			Multiplier:     retry.BackoffMultiplier,
+			Jitter:         retry.JitterFactor,
+			BudgetRatio:    retry.BudgetRatio,
+		},
+		RequestTimeout:    cfg.RequestTimeout(),
+		StreamIdleTimeout: cfg.StreamIdleTimeout(),
+		Metrics:           a.m,
+		Logger:            a.log,
+	}
+	sopts := server.Options{
+		Registry:                   a.reg,
+		Upstream:                   a.client,
+		AddWorker:                  a.adminAdd,
+		RemoveWorker:               a.adminRemove,
+		Version:                    Version,
+		MaxPayloadSize:             int64(cfg.MaxPayloadSize),
+		MaxHeaderBytes:             cfg.MaxHeaderBytes,
+		RequestIDHeaders:           cfg.EffectiveRequestIDHeaders(),
+		CORSAllowedOrigins:         cfg.CORSAllowedOrigins,
+		APIKeyValidationURLs:       cfg.APIKeyValidationURLs,
+		RouterAPIKeys:              cfg.RouterAPIKeys,
+		AdminAPIKey:                cfg.AdminAPIKey,
+		MaxConcurrent:              cfg.MaxConcurrentRequests,
+		QueueSize:                  cfg.QueueSize,
+		QueueTimeout:               cfg.QueueTimeout(),
+		RateLimitPerSecond:         cfg.RateLimitTokensPerSecond,
+		RouteReceipt:               cfg.RouteReceipt,
+		ShutdownTimeout:            cfg.ShutdownTimeout(),
+		Logger:                     a.log,
+		Metrics:                    a.m,
+		APIKey:                     cfg.APIKey,
+		ForwardClientAuthorization: cfg.ForwardClientAuthorization,
+	}
+
+	if cfg.Mode() == config.ModeVLLMPD {
+		pp, err := a.newPolicy(cfg.EffectivePrefillPolicy())
+		if err != nil {
+			return fmt.Errorf("--prefill-policy: %w", err)
+		}
+		dp, err := a.newPolicy(cfg.EffectiveDecodePolicy())
+		if err != nil {
+			return fmt.Errorf("--decode-policy: %w", err)
+		}
+		eng, err := pd.New(pd.Options{
+			Registry:          a.reg,
+			PrefillPolicy:     pp,
+			DecodePolicy:      dp,
+			Connector:         cfg.KVConnector,
+			Client:            a.client,
+			APIKey:            cfg.APIKey,
+			ForwardClientAuth: cfg.ForwardClientAuthorization,
+			OutputLength:      cfg.DecodeOutputLength,
+			PrefillTimeout:    cfg.PrefillTimeout(),
+			KVWaitTimeout:     cfg.KVWaitTimeout(),
+			RequestTimeout:    cfg.RequestTimeout(),
+			StreamIdleTimeout: cfg.StreamIdleTimeout(),
+			MaxFailovers:      cfg.PDMaxFailovers,
+			Profile:           cfg.Profile,
+			Metrics:           a.m,
+			Logger:            a.log,
+		})
+		if err != nil {
+			return err
+		}
+		a.engine = eng
+		a.closers = append(a.closers, eng.Close)
+		// Non-generation endpoints (tokenize, embeddings, unknown paths)
+		// go to prefill workers, which serve plain requests like any vLLM.
+		ropts.Role = worker.RolePrefill
+		ropts.Policy = pp
+		pass := proxy.NewRegular(ropts)
+		sopts.Mode = server.ModePD
+		sopts.Generate = eng
+		sopts.Passthrough = http.HandlerFunc(pass.ServePassthrough)
+		sopts.Ready = eng.Ready
+		sopts.Profile = eng.ServeProfile
+		sopts.Policies = map[string]string{"policy": cfg.Policy, "prefill": cfg.EffectivePrefillPolicy(), "decode": cfg.EffectiveDecodePolicy()}
+		if cfg.VLLMDiscoveryAddress != "" {
+			l, err := zmq.New(zmq.Options{
+				Address:   cfg.VLLMDiscoveryAddress,
+				Registry:  a.reg,
+				Metrics:   a.m,
+				Logger:    a.log,
+				TTL:       cfg.DiscoveryTTL(),
+				Connector: cfg.KVConnector,
+			})
+			if err != nil {
+				return fmt.Errorf("--vllm-discovery-address %s: %w", cfg.VLLMDiscoveryAddress, err)
+			}
+			a.zmq = l
+			sopts.DiscoveryStatus = func() any { return l.Status() }
+		}
+	} else {
+		p, err := a.newPolicy(cfg.Policy)
+		if err != nil {
+			return fmt.Errorf("--policy: %w", err)
+		}
+		ropts.Role = worker.RoleRegular
+		ropts.Policy = p
+		reg := proxy.NewRegular(ropts)
+		sopts.Mode = server.ModeRegular
+		sopts.Generate = reg
+		sopts.Passthrough = http.HandlerFunc(reg.ServePassthrough)
+		sopts.Policies = map[string]string{"policy": cfg.Policy}
+	}
+
+	a.health = health.NewChecker(health.Options{
+		Registry:         a.reg,
+		Client:           a.client,
+		Interval:         a.cfg.HealthCheckInterval(),
+		Timeout:          a.cfg.HealthCheckTimeout(),
+		Endpoint:         a.cfg.HealthCheckEndpoint,
+		FailureThreshold: int(a.cfg.HealthFailureThreshold),
+		SuccessThreshold: int(a.cfg.HealthSuccessThreshold),
+		LoadPollInterval: a.cfg.LoadPollInterval(),
+		Metrics:          a.m,
+		Logger:           a.log,
+	})
+	srv, err := server.New(sopts)
+	if err != nil {
+		return err
+	}
+	a.srv = srv
+	return nil
+}
+
+// adminAdd implements /add_worker and POST /workers: the worker is added at
+// once (unhealthy until its first probe passes) so the call never blocks
+// for minutes; the probe runs within --worker-startup-timeout-secs.
+func (a *app) adminAdd(ctx context.Context, raw string) ([]*worker.Worker, error) {
+	role := worker.RoleRegular
+	if a.cfg.Mode() == config.ModeVLLMPD {
+		return nil, errors.New("PD mode: add prefill/decode workers with POST /workers {\"url\":..., \"worker_type\":\"prefill\"|\"decode\"}")
+	}
+	ws, err := a.addURL(raw, role, nil, worker.SourceAdmin, max(a.cfg.IntraNodeDataParallelSize, 1))
+	if err != nil {
+		return nil, err
+	}
+	timeout := a.cfg.WorkerStartupTimeout()
+	pctx, cancel := context.WithTimeout(ctx, min(timeout, 30*time.Second))
+	defer cancel()
+	if err := a.health.ProbeNow(pctx, ws[0]); err != nil {
+		for _, w := range ws {
+			w.SetHealthy(false)
+		}
+		a.log.Warn("added worker is not healthy yet; it will be routed once a health probe passes", "url", raw, "err", err)
+	}
+	return ws, nil
+}
+
+func (a *app) adminRemove(raw string) []*worker.Worker {
+	base, rank, err := worker.NormalizeURL(raw)
+	if err != nil {
+		return nil
+	}
+	if rank >= 0 {
+		return a.reg.Remove(base + "@" + strconv.Itoa(rank))
+	}
+	return a.reg.RemoveWhere(func(w *worker.Worker) bool { return w.URL == base })
+}
+
+// run serves until ctx is cancelled, then shuts everything down in order.
+func (a *app) run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer a.closeAll()
+
+	msrv := &http.Server{Handler: a.metricsMux(), ReadHeaderTimeout: 10 * time.Second}
+	wg.Go(func() {
+		if err := msrv.Serve(a.metricLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("metrics listener failed", "err", err)
+		}
+	})
+	wg.Go(func() { a.health.Run(ctx) })
+	if a.zmq != nil {
+		wg.Go(func() {
+			if err := a.zmq.Run(ctx); err != nil && ctx.Err() == nil {
+				a.log.Error("ZMQ discovery stopped", "err", err)
+			}
+		})
+	}
+	a.log.Info("switchyard started", "version", Version, "mode", string(a.cfg.Mode()), "listen", a.apiLn.Addr().String(),
+		"metrics", a.metricLn.Addr().String(), "policy", a.cfg.Policy, "kv_connector", a.cfg.KVConnector,
+		"discovery", a.cfg.VLLMDiscoveryAddress, "workers", len(a.reg.Snapshot().All))
+	err := a.srv.Serve(ctx, a.apiLn)
+	cancel()
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = msrv.Shutdown(sctx)
+	scancel()
+	wg.Wait()
+	a.log.Info("switchyard stopped")
+	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+func (a *app) metricsMux() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", a.m.Handler())
+	mux.HandleFunc("GET /", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = io.WriteString(w, "switchyard metrics: /metrics\n")
+	})
+	return mux
+}
