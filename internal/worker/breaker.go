@@ -2,6 +2,7 @@ package worker
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -38,6 +39,10 @@ type BreakerConfig struct {
 	HalfOpenMax      int           // concurrent probes allowed while half-open
 	Now              func() time.Time
 	OnTransition     func(from, to BreakerState)
+	// OnTransitionFor, when set, is bound to each worker's key by New and
+	// takes precedence over OnTransition. It is called with the breaker's
+	// lock held: it must only record (metrics, logs), never call back in.
+	OnTransitionFor func(key string, from, to BreakerState)
 }
 
 // DefaultBreakerConfig mirrors the vllm-router defaults plus our rate rule.
@@ -55,6 +60,9 @@ const breakerBuckets = 10
 // of probes through when half-open, and closes after consecutive successes.
 type Breaker struct {
 	cfg BreakerConfig
+
+	// fast mirrors state for the lock-free Allow fast path (closed).
+	fast atomic.Int32
 
 	mu          sync.Mutex
 	state       BreakerState
@@ -107,7 +115,7 @@ func (b *Breaker) State() BreakerState {
 
 // Allow reports, without side effects, whether a request may be sent now.
 func (b *Breaker) Allow() bool {
-	if b == nil || b.cfg.Disabled {
+	if b == nil || b.cfg.Disabled || BreakerState(b.fast.Load()) == BreakerClosed {
 		return true
 	}
 	b.mu.Lock()
@@ -222,6 +230,7 @@ func (b *Breaker) rateTripped() bool {
 // set changes state; the caller holds mu.
 func (b *Breaker) set(s BreakerState, now time.Time) {
 	b.state = s
+	b.fast.Store(int32(s))
 	b.changed = now
 	b.consecFail, b.consecOK = 0, 0
 	if s == BreakerClosed {

@@ -135,50 +135,7 @@ func (r *Registry) Add(specs ...Spec) ([]*Worker, error) {
 // state); changed ones are replaced; missing ones are removed. It returns
 // the resulting workers of the instance and whether membership changed.
 func (r *Registry) Upsert(instance string, specs []Spec, now time.Time) ([]*Worker, bool) {
-	r.mu.Lock()
-	want := make(map[string]Spec, len(specs))
-	for _, s := range specs {
-		s.Instance = instance
-		if s.DPSize < 1 {
-			s.DPSize = 1
-		}
-		if s.TPSize < 1 {
-			s.TPSize = 1
-		}
-		want[s.Key()] = s
-	}
-	var added, removed []*Worker
-	for k, w := range r.byKey {
-		if w.Instance != instance {
-			continue
-		}
-		if s, ok := want[k]; !ok || !sameSpec(s, w.Spec) {
-			delete(r.byKey, k)
-			removed = append(removed, w)
-		}
-	}
-	out := make([]*Worker, 0, len(specs))
-	for k, s := range want {
-		w, ok := r.byKey[k]
-		if !ok {
-			w = New(s, r.bc)
-			r.byKey[k] = w
-			added = append(added, w)
-		}
-		w.Touch(now)
-		out = append(out, w)
-	}
-	changed := len(added) > 0 || len(removed) > 0
-	var c Change
-	if changed {
-		c = r.publish(added, removed)
-	}
-	r.mu.Unlock()
-	if changed {
-		r.notify(c)
-	}
-	slices.SortFunc(out, func(a, b *Worker) int { return cmpKey(a.key, b.key) })
-	return out, changed
+	return r.UpsertWith(instance, specs, now, nil)
 }
 
 // Remove deletes the workers with the given keys and returns those removed.

@@ -248,6 +248,10 @@ func New(s Spec, bc BreakerConfig) *Worker {
 	if s.Instance == "" {
 		s.Instance = s.URL
 	}
+	if bc.OnTransitionFor != nil {
+		key, fn := s.Key(), bc.OnTransitionFor
+		bc.OnTransition = func(from, to BreakerState) { fn(key, from, to) }
+	}
 	w := &Worker{Spec: s, key: s.Key(), added: time.Now(), breaker: NewBreaker(bc)}
 	w.healthy.Store(true)
 	w.routable.Store(true)
