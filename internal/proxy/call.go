@@ -44,7 +44,9 @@ type Receipt struct {
 type ctxKey struct{}
 
 // WithCall stores c in ctx.
-func WithCall(ctx context.Context, c *Call) context.Context { return context.WithValue(ctx, ctxKey{}, c) }
+func WithCall(ctx context.Context, c *Call) context.Context {
+	return context.WithValue(ctx, ctxKey{}, c)
+}
 
 // CallFrom returns the Call stored in ctx, if any.
 func CallFrom(ctx context.Context) *Call {

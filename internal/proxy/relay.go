@@ -5,49 +5,23 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"strings"
+	"sync/atomic"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/openai"
 )
-
-// hopHeaders are removed from relayed responses (RFC 9110 §7.6.1).
-var hopHeaders = []string{
-	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
-}
-
-// CopyResponseHeaders copies upstream response headers to dst, dropping
-// hop-by-hop headers (and those named in Connection) and Content-Length
-// (the relay decides framing). Multi-value headers are kept whole.
-func CopyResponseHeaders(dst, src http.Header) {
-	drop := map[string]bool{"Content-Length": true}
-	for _, h := range hopHeaders {
-		drop[h] = true
-	}
-	for _, v := range src.Values("Connection") {
-		for _, f := range strings.Split(v, ",") {
-			if f = strings.TrimSpace(f); f != "" {
-				drop[http.CanonicalHeaderKey(f)] = true
-			}
-		}
-	}
-	for k, vs := range src {
-		if drop[k] {
-			continue
-		}
-		dst[k] = append([]string(nil), vs...)
-	}
-}
 
 // RelayOptions controls Relay.
 type RelayOptions struct {
 	// IdleTimeout aborts the relay when no upstream bytes arrive for this
-	// long (0 = none).
+	// long (0 = none). The body must be an io.Closer for the timeout to
+	// interrupt a blocked read (an upstream response body always is).
 	IdleTimeout time.Duration
 	// OnFirstByte is called once, when the first body byte has been written
 	// to the client.
 	OnFirstByte func()
-	// Observe, when set, sees every chunk written (e.g. a usage parser). It
-	// must not retain the slice.
+	// Observe, when set, sees every chunk before it is written (e.g. a usage
+	// parser). It must not retain or modify the slice.
 	Observe func([]byte)
 }
 
@@ -56,65 +30,66 @@ var ErrIdleTimeout = errors.New("upstream stream idle timeout")
 
 // RelayResult says how a relay ended.
 type RelayResult struct {
-	Bytes        int64
-	WroteAny     bool
-	UpstreamErr  error // reading the upstream body failed (nil on clean EOF)
-	DownstreamOK bool  // every write to the client succeeded
+	Bytes    int64
+	WroteAny bool
+	// UpstreamErr is nil on a clean EOF. Otherwise it is ErrIdleTimeout,
+	// the context's error (context.Canceled when the client went away,
+	// context.DeadlineExceeded when the request deadline passed), or the
+	// error reading the upstream body.
+	UpstreamErr error
+	// DownstreamOK is false when a write or flush to the client failed or
+	// the request context was canceled (the client is gone): nothing more
+	// can be written.
+	DownstreamOK bool
+	// AtEventBoundary is true when nothing was written or the bytes written
+	// end with a blank line, so an SSE event can be appended as is.
+	AtEventBoundary bool
 }
 
-// Relay copies body to w chunk by chunk, flushing after every read so SSE
-// events reach the client as soon as the worker produced them. It returns
-// when the body ends, the upstream fails, the client goes away (ctx) or the
-// idle timeout fires. The caller has already written the status line.
+// Relay copies body to w chunk by chunk, writing and flushing every read
+// before issuing the next, so SSE events reach the client as soon as the
+// worker produced them, in order and without loss. It returns when the body
+// ends, the upstream fails, the client goes away (ctx) or the idle timeout
+// fires. Bytes read together with an error are still written first. The
+// caller has already written the status line and closes the body.
 func Relay(ctx context.Context, w http.ResponseWriter, body io.Reader, o RelayOptions) RelayResult {
 	rc := http.NewResponseController(w)
-	buf := getBuf()
-	defer putBuf(buf)
-	var res RelayResult
-	res.DownstreamOK = true
+	bp := getBuf()
+	defer putBuf(bp)
+	buf := *bp
+	res := RelayResult{DownstreamOK: true, AtEventBoundary: true}
+	var tail uint32 // the last four bytes written, oldest in the high byte
 
-	type readResult struct {
-		n   int
-		err error
-	}
-	// Without an idle timeout, read inline: cancellation of ctx closes the
-	// upstream body (the request shares ctx), which unblocks Read.
-	var timer *time.Timer
+	var idle *idleWatch
 	if o.IdleTimeout > 0 {
-		timer = time.AfterFunc(o.IdleTimeout, func() {
-			if c, ok := body.(io.Closer); ok {
-				_ = c.Close()
-			}
-		})
-		defer timer.Stop()
-	}
-	idleFired := func() bool {
-		if timer == nil {
-			return false
+		if c, ok := body.(io.Closer); ok {
+			idle = startIdleWatch(o.IdleTimeout, c)
+			defer idle.stop()
 		}
-		// Stop reports false when the timer already fired.
-		if !timer.Stop() {
-			return true
-		}
-		timer.Reset(o.IdleTimeout)
-		return false
 	}
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
-			if idleFired() {
-				res.UpstreamErr = ErrIdleTimeout
-				return res
+			if idle != nil {
+				idle.touch()
 			}
+			p := buf[:n]
 			if o.Observe != nil {
-				o.Observe(buf[:n])
+				o.Observe(p)
 			}
-			if _, werr := w.Write(buf[:n]); werr != nil {
+			if _, werr := w.Write(p); werr != nil {
 				res.DownstreamOK = false
 				return res
 			}
-			_ = rc.Flush()
+			if ferr := rc.Flush(); ferr != nil && !errors.Is(ferr, http.ErrNotSupported) {
+				res.DownstreamOK = false
+				return res
+			}
 			res.Bytes += int64(n)
+			for _, b := range p[max(0, n-4):] {
+				tail = tail<<8 | uint32(b)
+			}
+			res.AtEventBoundary = tail&0xffff == 0x0a0a || tail == 0x0d0a0d0a // "\n\n" or "\r\n\r\n"
 			if !res.WroteAny {
 				res.WroteAny = true
 				if o.OnFirstByte != nil {
@@ -122,39 +97,96 @@ func Relay(ctx context.Context, w http.ResponseWriter, body io.Reader, o RelayOp
 				}
 			}
 		}
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return res
-			}
-			if timer != nil && !timer.Stop() {
-				res.UpstreamErr = ErrIdleTimeout
-				return res
-			}
-			if ctx.Err() != nil {
+		if err == nil {
+			continue
+		}
+		switch {
+		case errors.Is(err, io.EOF):
+			// clean end (an idle timeout that fires after the last byte is
+			// irrelevant)
+		case idle != nil && idle.fired.Load():
+			res.UpstreamErr = ErrIdleTimeout
+		case ctx.Err() != nil:
+			res.UpstreamErr = ctx.Err()
+			if !errors.Is(res.UpstreamErr, context.DeadlineExceeded) {
 				res.DownstreamOK = false
-				res.UpstreamErr = ctx.Err()
-				return res
 			}
+		default:
 			res.UpstreamErr = err
-			return res
+		}
+		return res
+	}
+}
+
+// idleWatch closes the body once no chunk has arrived for timeout. Instead
+// of stopping and resetting a timer per chunk, each chunk stores its arrival
+// time; when the timer fires early it re-arms itself for the remainder.
+type idleWatch struct {
+	timeout time.Duration
+	start   time.Time
+	last    atomic.Int64 // nanoseconds since start of the last chunk
+	fired   atomic.Bool
+	body    io.Closer
+	t       *time.Timer
+}
+
+func startIdleWatch(d time.Duration, body io.Closer) *idleWatch {
+	iw := &idleWatch{timeout: d, start: time.Now(), body: body}
+	iw.t = time.AfterFunc(time.Hour, iw.check)
+	iw.t.Stop()
+	iw.t.Reset(d)
+	return iw
+}
+
+func (iw *idleWatch) touch() { iw.last.Store(int64(time.Since(iw.start))) }
+
+func (iw *idleWatch) check() {
+	quiet := time.Since(iw.start) - time.Duration(iw.last.Load())
+	if quiet < iw.timeout {
+		iw.t.Reset(iw.timeout - quiet)
+		return
+	}
+	iw.fired.Store(true)
+	_ = iw.body.Close() // unblocks the pending Read
+}
+
+func (iw *idleWatch) stop() { iw.t.Stop() }
+
+// WriteSSEError appends an OpenAI error event and "data: [DONE]" to a
+// stream that broke after its headers were sent, starting a new event if the
+// stream stopped mid-event, and flushes. It never leaves a truncated stream
+// looking like a complete one.
+func WriteSSEError(w http.ResponseWriter, res RelayResult, status int, message string) error {
+	if !res.AtEventBoundary {
+		if _, err := io.WriteString(w, "\n\n"); err != nil {
+			return err
 		}
 	}
+	if _, err := w.Write(openai.SSEError(status, message)); err != nil {
+		return err
+	}
+	if err := http.NewResponseController(w).Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return err
+	}
+	return nil
 }
 
 const bufSize = 32 << 10
 
-var bufPool = make(chan []byte, 1024)
+// bufPool bounds the retained relay buffers (1024 × 32 KiB).
+var bufPool = make(chan *[]byte, 1024)
 
-func getBuf() []byte {
+func getBuf() *[]byte {
 	select {
 	case b := <-bufPool:
 		return b
 	default:
-		return make([]byte, bufSize)
+		b := make([]byte, bufSize)
+		return &b
 	}
 }
 
-func putBuf(b []byte) {
+func putBuf(b *[]byte) {
 	select {
 	case bufPool <- b:
 	default:

@@ -1,6 +1,3 @@
-// Package proxy forwards requests to workers: the one shared upstream
-// transport, the streaming relay that never drops or re-buffers a byte, the
-// error-to-status mapping and the regular-mode dispatcher with retries.
 package proxy
 
 import (
@@ -15,7 +12,7 @@ import (
 // TransportOptions tunes the shared upstream transport.
 type TransportOptions struct {
 	ConnectTimeout time.Duration // dial timeout (3 s default)
-	IdleTimeout    time.Duration // idle keep-alive connection lifetime (90 s)
+	IdleTimeout    time.Duration // idle keep-alive connection lifetime (4 s)
 	MaxIdlePerHost int           // keep-alive pool per worker (4096)
 }
 
@@ -27,7 +24,12 @@ func NewTransport(o TransportOptions) *http.Transport {
 		o.ConnectTimeout = 3 * time.Second
 	}
 	if o.IdleTimeout <= 0 {
-		o.IdleTimeout = 90 * time.Second
+		// Below uvicorn's 5 s keep-alive (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE
+		// default): the router closes an idle connection before the worker
+		// does, so a POST is never written onto a connection the worker is
+		// closing at that instant (net/http does not retry a POST then, and
+		// the client would see a spurious 502).
+		o.IdleTimeout = 4 * time.Second
 	}
 	if o.MaxIdlePerHost <= 0 {
 		o.MaxIdlePerHost = 4096

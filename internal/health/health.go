@@ -1,0 +1,427 @@
+// Package health runs the active health checks of every worker, whatever
+// found it (static flags, the admin API, ZMQ or Kubernetes discovery), with
+// one configuration, and optionally polls each worker's self-reported load.
+//
+// Invariants:
+//   - Probes are GET <base URL><Endpoint> only (default /health): a health
+//     check never runs a generation, on a decode worker or anywhere else.
+//   - All workers are probed concurrently each interval, at most
+//     Concurrency probes at a time, each bounded by Timeout, so a hanging
+//     worker never delays the others; a worker whose previous probe is
+//     still running is skipped, never probed twice at once.
+//   - One probe per base URL: the data-parallel ranks of an instance share
+//     one vLLM server, so the result applies to all of them.
+//   - Health changes only after FailureThreshold consecutive failures or
+//     SuccessThreshold consecutive successes, counted per base URL. A
+//     change made by someone else (the proxy's passive marking after a
+//     connect failure, an admin add) restarts the count. Each transition is
+//     logged once.
+//   - Newly added workers are probed at once, not after an interval. The
+//     checker never blocks startup: Run is started after the listener.
+package health
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/metrics"
+	"github.com/switchyard-llm/switchyard/internal/worker"
+)
+
+// Options configures a Checker. Zero values take the defaults noted.
+type Options struct {
+	Registry *worker.Registry
+	// Client performs the probes (the shared upstream client is fine: each
+	// probe carries its own Timeout).
+	Client           *http.Client
+	Interval         time.Duration // between probe rounds (60 s)
+	Timeout          time.Duration // per probe (5 s)
+	Endpoint         string        // probe path ("/health")
+	FailureThreshold int           // consecutive failures → unhealthy (3)
+	SuccessThreshold int           // consecutive successes → healthy (2)
+	Metrics          *metrics.Metrics
+	Logger           *slog.Logger
+	// LoadPollInterval polls GET <base>/load ({"server_load": N}) and
+	// records the per-rank share with Worker.SetPolledLoad (0 = off).
+	LoadPollInterval time.Duration
+	LoadEndpoint     string // ("/load")
+	Concurrency      int    // probes in flight at most (64)
+}
+
+// Checker probes workers. Build it with NewChecker and start Run once.
+type Checker struct {
+	o   Options
+	log *slog.Logger
+	sem chan struct{}
+
+	kick chan struct{}
+	wg   sync.WaitGroup
+
+	mu      sync.Mutex
+	state   map[string]*urlState // by base URL
+	pending map[string]bool      // base URLs to probe now (new workers)
+}
+
+// urlState is the threshold state of one base URL (all its ranks).
+type urlState struct {
+	probing, polling bool
+	known            bool // a probe result was applied
+	applied          bool // health set by the last applied result
+	okRun, failRun   int
+}
+
+// NewChecker builds a checker; it does nothing until Run.
+func NewChecker(o Options) *Checker {
+	if o.Interval <= 0 {
+		o.Interval = 60 * time.Second
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 5 * time.Second
+	}
+	if o.Endpoint == "" {
+		o.Endpoint = "/health"
+	}
+	if o.LoadEndpoint == "" {
+		o.LoadEndpoint = "/load"
+	}
+	if o.FailureThreshold <= 0 {
+		o.FailureThreshold = 3
+	}
+	if o.SuccessThreshold <= 0 {
+		o.SuccessThreshold = 2
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 64
+	}
+	if o.Client == nil {
+		o.Client = http.DefaultClient
+	}
+	c := &Checker{
+		o:       o,
+		log:     o.Logger,
+		sem:     make(chan struct{}, o.Concurrency),
+		kick:    make(chan struct{}, 1),
+		state:   map[string]*urlState{},
+		pending: map[string]bool{},
+	}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Run probes every worker now and then every Interval (and polls loads
+// every LoadPollInterval) until ctx ends; it returns once every probe it
+// started has finished.
+func (c *Checker) Run(ctx context.Context) {
+	unsubscribe := c.o.Registry.Subscribe(c.onChange)
+	defer unsubscribe()
+	defer c.wg.Wait()
+	tick := time.NewTicker(c.o.Interval)
+	defer tick.Stop()
+	var loadC <-chan time.Time
+	if c.o.LoadPollInterval > 0 {
+		lt := time.NewTicker(c.o.LoadPollInterval)
+		defer lt.Stop()
+		loadC = lt.C
+		c.pollLoads(ctx)
+	}
+	c.probeAll(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			c.probeAll(ctx)
+		case <-loadC:
+			c.pollLoads(ctx)
+		case <-c.kick:
+			c.probePending(ctx)
+		}
+	}
+}
+
+// onChange queues added workers for an immediate probe and forgets the
+// state of base URLs that left. It runs on the registry writer's goroutine
+// and never blocks.
+func (c *Checker) onChange(ch worker.Change) {
+	c.mu.Lock()
+	for _, w := range ch.Added {
+		c.pending[w.URL] = true
+	}
+	if len(ch.Removed) > 0 {
+		live := groupByURL(ch.Snap.All)
+		for _, w := range ch.Removed {
+			if st, ok := c.state[w.URL]; ok && live[w.URL] == nil && !st.probing && !st.polling {
+				delete(c.state, w.URL)
+			}
+		}
+	}
+	c.mu.Unlock()
+	if len(ch.Added) > 0 {
+		select {
+		case c.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func groupByURL(ws []*worker.Worker) map[string][]*worker.Worker {
+	g := make(map[string][]*worker.Worker, len(ws))
+	for _, w := range ws {
+		g[w.URL] = append(g[w.URL], w)
+	}
+	return g
+}
+
+// probeAll starts one probe per base URL in the registry.
+func (c *Checker) probeAll(ctx context.Context) {
+	groups := groupByURL(c.o.Registry.Snapshot().All)
+	c.mu.Lock()
+	for u := range c.state { // drop state of URLs that left
+		if groups[u] == nil && !c.state[u].probing && !c.state[u].polling {
+			delete(c.state, u)
+		}
+	}
+	clear(c.pending)
+	c.mu.Unlock()
+	for u := range groups {
+		c.launchProbe(ctx, u)
+	}
+}
+
+func (c *Checker) probePending(ctx context.Context) {
+	c.mu.Lock()
+	urls := make([]string, 0, len(c.pending))
+	for u := range c.pending {
+		urls = append(urls, u)
+	}
+	clear(c.pending)
+	c.mu.Unlock()
+	for _, u := range urls {
+		c.launchProbe(ctx, u)
+	}
+}
+
+// stateFor returns the state of u; the caller holds mu.
+func (c *Checker) stateFor(u string) *urlState {
+	st := c.state[u]
+	if st == nil {
+		st = &urlState{}
+		c.state[u] = st
+	}
+	return st
+}
+
+func (c *Checker) launchProbe(ctx context.Context, u string) {
+	c.mu.Lock()
+	st := c.stateFor(u)
+	if st.probing {
+		c.mu.Unlock()
+		return
+	}
+	st.probing = true
+	c.mu.Unlock()
+	c.wg.Go(func() {
+		err := c.withSlot(ctx, func() error { return c.probe(ctx, u) })
+		if ctx.Err() != nil { // shutting down: not the worker's fault
+			c.mu.Lock()
+			st.probing = false
+			c.mu.Unlock()
+			return
+		}
+		c.apply(u, st, err)
+	})
+}
+
+// withSlot runs fn holding one of the Concurrency slots.
+func (c *Checker) withSlot(ctx context.Context, fn func() error) error {
+	select {
+	case c.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-c.sem }()
+	return fn()
+}
+
+// probe sends one health request to base URL u.
+func (c *Checker) probe(ctx context.Context, u string) error {
+	ctx, cancel := context.WithTimeout(ctx, c.o.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u+c.o.Endpoint, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.o.Client.Do(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return fmt.Errorf("GET %s: status %d", c.o.Endpoint, resp.StatusCode)
+	}
+	return nil
+}
+
+// apply records one probe result of base URL u and sets the health of its
+// workers when a threshold is reached.
+func (c *Checker) apply(u string, st *urlState, err error) {
+	ws := groupByURL(c.o.Registry.Snapshot().All)[u]
+	c.mu.Lock()
+	st.probing = false
+	if len(ws) == 0 {
+		c.mu.Unlock()
+		return
+	}
+	cur := false
+	for _, w := range ws {
+		cur = cur || w.Healthy()
+	}
+	if st.known && cur != st.applied {
+		st.okRun, st.failRun = 0, 0 // changed elsewhere: count afresh
+	}
+	target := cur
+	if err == nil {
+		st.okRun++
+		st.failRun = 0
+		if st.okRun >= c.o.SuccessThreshold || !st.known {
+			target = true // a new worker's first passing probe is enough
+		}
+	} else {
+		st.failRun++
+		st.okRun = 0
+		if st.failRun >= c.o.FailureThreshold {
+			target = false
+		}
+	}
+	st.applied, st.known = target, true
+	fails, oks := st.failRun, st.okRun
+	c.mu.Unlock()
+
+	changed := false
+	for _, w := range ws {
+		if w.SetHealthy(target) {
+			changed = true
+		}
+		if c.o.Metrics != nil {
+			v := 0.0
+			if target {
+				v = 1
+			}
+			c.o.Metrics.WorkerHealth.WithLabelValues(w.Key()).Set(v)
+		}
+	}
+	switch {
+	case changed && !target:
+		c.log.Warn("worker unhealthy", "url", u, "ranks", len(ws), "consecutive_failures", fails, "err", err)
+	case changed && target:
+		c.log.Info("worker healthy", "url", u, "ranks", len(ws), "consecutive_successes", oks)
+	}
+}
+
+// ProbeNow waits until w's base URL answers its health endpoint with 2xx,
+// probing at once and then every second (or Interval if shorter), and
+// returns nil, or the last probe error when ctx ends first. It is meant for
+// /add_worker and does not change health state: the caller decides.
+func (c *Checker) ProbeNow(ctx context.Context, w *worker.Worker) error {
+	every := min(time.Second, c.o.Interval)
+	t := time.NewTimer(0)
+	defer t.Stop()
+	var last error
+	for {
+		select {
+		case <-ctx.Done():
+			if last == nil {
+				last = ctx.Err()
+			}
+			return fmt.Errorf("health check of %s: %w", w.URL, last)
+		case <-t.C:
+		}
+		if last = c.probe(ctx, w.URL); last == nil {
+			return nil
+		}
+		t.Reset(every)
+	}
+}
+
+// pollLoads starts one load poll per base URL.
+func (c *Checker) pollLoads(ctx context.Context) {
+	groups := groupByURL(c.o.Registry.Snapshot().All)
+	for u, ws := range groups {
+		c.mu.Lock()
+		st := c.stateFor(u)
+		if st.polling {
+			c.mu.Unlock()
+			continue
+		}
+		st.polling = true
+		c.mu.Unlock()
+		c.wg.Go(func() {
+			var n int64
+			err := c.withSlot(ctx, func() (err error) {
+				n, err = c.load(ctx, u)
+				return err
+			})
+			c.mu.Lock()
+			st.polling = false
+			c.mu.Unlock()
+			if ctx.Err() != nil {
+				return
+			}
+			share := int64(-1) // unknown: policies fall back to the router's own count
+			if err == nil {
+				share = (n + int64(len(ws)) - 1) / int64(len(ws))
+			} else {
+				c.log.Debug("load poll failed", "url", u, "err", err)
+			}
+			for _, w := range ws {
+				w.SetPolledLoad(share)
+			}
+		})
+	}
+}
+
+var errNoLoad = errors.New("no server_load in response")
+
+// load reads vLLM's GET /load ({"server_load": N}); SGLang-style
+// {"load": N} is accepted too.
+func (c *Checker) load(ctx context.Context, u string) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.o.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u+c.o.LoadEndpoint, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := c.o.Client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return 0, fmt.Errorf("GET %s: status %d", c.o.LoadEndpoint, resp.StatusCode)
+	}
+	var v struct {
+		ServerLoad *int64 `json:"server_load"`
+		Load       *int64 `json:"load"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&v); err != nil {
+		return 0, fmt.Errorf("GET %s: %w", c.o.LoadEndpoint, err)
+	}
+	switch {
+	case v.ServerLoad != nil && *v.ServerLoad >= 0:
+		return *v.ServerLoad, nil
+	case v.Load != nil && *v.Load >= 0:
+		return *v.Load, nil
+	}
+	return 0, errNoLoad
+}

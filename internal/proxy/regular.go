@@ -1,0 +1,660 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/metrics"
+	"github.com/switchyard-llm/switchyard/internal/openai"
+	"github.com/switchyard-llm/switchyard/internal/policy"
+	"github.com/switchyard-llm/switchyard/internal/worker"
+)
+
+// RegularOptions configures a Regular dispatcher.
+type RegularOptions struct {
+	Registry *worker.Registry
+	// Role selects the workers: worker.RoleRegular, or worker.RolePrefill
+	// for the pass-through routes of PD mode.
+	Role   worker.Role
+	Policy policy.Policy
+	// Client supplies the shared upstream transport (NewTransport); its
+	// Transport is used directly, so redirects are relayed, never followed.
+	// It must have no Timeout: deadlines come from RequestTimeout.
+	Client *http.Client
+	// APIKey, when set, is sent upstream as "Authorization: Bearer <key>".
+	APIKey string
+	// ForwardClientAuth forwards the client's Authorization header when
+	// APIKey is unset; otherwise it is dropped.
+	ForwardClientAuth bool
+	Retry             RetryConfig
+	// RequestTimeout is the overall per-request deadline, measured from
+	// Call.Start and covering retries, backoff and the streamed body
+	// (0 = none).
+	RequestTimeout time.Duration
+	// HeaderTimeout bounds the wait for response headers of a streaming
+	// request; when it passes the attempt is abandoned and retried
+	// elsewhere (0 = none). Non-streaming generations send headers only
+	// when done, so it never applies to them.
+	HeaderTimeout time.Duration
+	// StreamIdleTimeout aborts a streamed (SSE) response whose upstream
+	// sends nothing for this long (0 = none).
+	StreamIdleTimeout time.Duration
+	// HashHeaders, when non-empty, are the only request headers shown to
+	// the policy (policy.Request.Headers); otherwise it sees all of them.
+	HashHeaders []string
+	Metrics     *metrics.Metrics
+	Logger      *slog.Logger
+}
+
+// Regular is the regular-mode dispatcher: it routes each generation request
+// to one worker chosen by the policy, retrying on another worker before the
+// first byte reaches the client. It also serves the transparent pass-through
+// of every other route.
+type Regular struct {
+	o      RegularOptions
+	rt     http.RoundTripper
+	auth   []string // upstream Authorization value when APIKey is set
+	budget *retryBudget
+	rand   func() float64
+	log    *slog.Logger
+	m      *metrics.Metrics
+	role   string
+}
+
+var _ Dispatcher = (*Regular)(nil)
+
+// NewRegular builds a Regular dispatcher.
+func NewRegular(o RegularOptions) *Regular {
+	if o.Retry.MaxAttempts < 1 {
+		o.Retry.MaxAttempts = 1
+	}
+	p := &Regular{o: o, rand: defaultRand, m: o.Metrics, log: o.Logger, role: o.Role.String()}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	if o.Client != nil && o.Client.Transport != nil {
+		p.rt = o.Client.Transport
+	} else {
+		p.rt = http.DefaultTransport
+	}
+	if o.APIKey != "" {
+		p.auth = []string{"Bearer " + o.APIKey}
+	}
+	p.budget = newRetryBudget(o.Retry, nil)
+	return p
+}
+
+// reqSpec is what an attempt sends upstream.
+type reqSpec struct {
+	method    string
+	pathQuery string      // escaped path and "?query" if any
+	header    http.Header // filtered client headers (shared by attempt 1)
+	body      []byte      // replayable body (generation routes)
+	stream    *streamBody // or the client's body streamed (pass-through)
+	length    int64       // stream length, -1 unknown
+	sse       bool        // the client asked for a stream
+	gen       bool        // a generation route (Dispatch), not a pass-through
+	route     string      // metrics label
+	receipt   *Receipt
+	start     time.Time
+	preq      policy.Request
+}
+
+// replayable reports whether the body can be sent again.
+func (rs *reqSpec) replayable() bool { return rs.stream == nil || !rs.stream.used.Load() }
+
+// Dispatch serves one generation request. c.Body is forwarded byte for byte.
+func (p *Regular) Dispatch(w http.ResponseWriter, r *http.Request, c *Call) {
+	rs := &reqSpec{
+		method:    http.MethodPost,
+		pathQuery: c.Path,
+		header:    p.upstreamHeader(r.Header),
+		body:      c.Body,
+		sse:       c.Stream,
+		gen:       true,
+		route:     c.Route,
+		receipt:   c.Receipt,
+		start:     c.Start,
+	}
+	if r.URL.RawQuery != "" {
+		rs.pathQuery += "?" + r.URL.RawQuery
+	}
+	if _, ok := rs.header["Content-Type"]; !ok {
+		rs.header["Content-Type"] = []string{"application/json"}
+	}
+	rs.preq = policy.Request{Path: c.Path, Headers: p.policyHeaders(r.Header), Body: c.Body}
+	p.serve(r.Context(), w, rs)
+}
+
+// ServePassthrough forwards any other request (method, escaped path, query
+// and headers minus hop-by-hop ones) to a worker chosen by the policy and
+// relays the response. The body is streamed, never buffered (the server's
+// size limit is already applied to r.Body); a retry happens only after a
+// connect failure, which leaves the body unread.
+func (p *Regular) ServePassthrough(w http.ResponseWriter, r *http.Request) {
+	rs := &reqSpec{
+		method:    r.Method,
+		pathQuery: r.URL.EscapedPath(),
+		header:    p.upstreamHeader(r.Header),
+		route:     "fallback",
+		start:     time.Now(),
+	}
+	if c := CallFrom(r.Context()); c != nil {
+		rs.route, rs.receipt = c.Route, c.Receipt
+		if !c.Start.IsZero() {
+			rs.start = c.Start
+		}
+	}
+	if r.URL.RawQuery != "" {
+		rs.pathQuery += "?" + r.URL.RawQuery
+	}
+	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
+		rs.stream = &streamBody{r: r.Body}
+		rs.length = r.ContentLength
+	}
+	rs.preq = policy.Request{Path: r.URL.Path, Headers: p.policyHeaders(r.Header)}
+	p.serve(r.Context(), w, rs)
+}
+
+// streamBody hands the client's body to the upstream request without
+// letting the transport close it, and records whether any byte was read.
+type streamBody struct {
+	r    io.Reader
+	used atomic.Bool
+}
+
+func (b *streamBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if n > 0 {
+		b.used.Store(true)
+	}
+	return n, err
+}
+
+func (b *streamBody) Close() error { return nil } // the server owns r.Body
+
+// upstreamHeader builds the headers sent upstream from the client's.
+func (p *Regular) upstreamHeader(in http.Header) http.Header {
+	h := forwardRequestHeaders(in)
+	switch {
+	case p.auth != nil:
+		h["Authorization"] = p.auth
+	case p.o.ForwardClientAuth:
+		if v, ok := in["Authorization"]; ok {
+			h["Authorization"] = v
+		}
+	}
+	return h
+}
+
+func (p *Regular) policyHeaders(in http.Header) http.Header {
+	if len(p.o.HashHeaders) == 0 {
+		return in
+	}
+	h := make(http.Header, len(p.o.HashHeaders))
+	for _, k := range p.o.HashHeaders {
+		if v := in.Values(k); len(v) > 0 {
+			h[http.CanonicalHeaderKey(k)] = v
+		}
+	}
+	return h
+}
+
+// pick asks the policy for a worker among the role's current members.
+func (p *Regular) pick(req *policy.Request) (policy.Choice, error) {
+	snap := p.o.Registry.Snapshot()
+	ch, err := p.o.Policy.Pick(req, policy.Candidates{Gen: snap.Gen, Workers: snap.ByRole(p.o.Role)})
+	if err == nil && ch.Worker == nil {
+		err = policy.ErrNoWorker
+	}
+	if err != nil && !errors.Is(err, policy.ErrNoWorker) {
+		err = fmt.Errorf("%w: %w", policy.ErrNoWorker, err)
+	}
+	return ch, err
+}
+
+// exclude keeps later attempts of this request off w and its sibling DP
+// ranks (one vLLM server).
+func (p *Regular) exclude(req *policy.Request, w *worker.Worker) {
+	if req.Exclude == nil {
+		req.Exclude = make(map[string]bool, 4)
+	}
+	req.Exclude[w.Key()] = true
+	if w.DPSize > 1 {
+		for _, s := range p.o.Registry.Instance(w.Instance) {
+			req.Exclude[s.Key()] = true
+		}
+	}
+}
+
+// markDown is passive health: a worker that refused the connection is
+// marked unhealthy at once (all its ranks); the active prober restores it.
+func (p *Regular) markDown(w *worker.Worker, err error) {
+	ws := []*worker.Worker{w}
+	if w.DPSize > 1 {
+		ws = p.o.Registry.Instance(w.Instance)
+	}
+	for _, x := range ws {
+		if x.SetHealthy(false) {
+			p.log.Warn("worker marked unhealthy after connect failure", "worker", x.Key(), "err", err)
+			if p.m != nil {
+				p.m.WorkerHealth.WithLabelValues(x.Key()).Set(0)
+			}
+		}
+	}
+}
+
+// failure is a failed attempt that may be retried: a transport error or a
+// retryable status (with its bounded body, so the last one can be returned
+// to the client when no retry follows).
+type failure struct {
+	err    error
+	status int
+	header http.Header
+	body   []byte
+}
+
+const (
+	errBodyLimit = 64 << 10        // bytes of a failed attempt's body kept
+	drainTimeout = 2 * time.Second // to read them
+)
+
+// maxRefusals bounds re-picks after a breaker refused the chosen worker (a
+// policy that ignores Request.Exclude must not loop forever).
+const maxRefusals = 64
+
+func (p *Regular) serve(parent context.Context, w http.ResponseWriter, rs *reqSpec) {
+	if rs.start.IsZero() {
+		rs.start = time.Now()
+	}
+	ctx, cancel := parent, context.CancelFunc(nil)
+	if p.o.RequestTimeout > 0 {
+		ctx, cancel = context.WithDeadline(parent, rs.start.Add(p.o.RequestTimeout))
+		defer cancel()
+	}
+	rec := rs.receipt
+	if rec == nil {
+		rec = &Receipt{}
+	}
+	rec.Mode, rec.Policy = "regular", p.o.Policy.Name()
+	p.budget.request()
+
+	choice, err := p.pick(&rs.preq)
+	if err != nil {
+		p.fail(w, rs, rec, err)
+		return
+	}
+	var last *failure
+	refused := 0
+	for attempt := 1; ; attempt++ {
+		wk := choice.Worker
+		done, ok := wk.Breaker().Start()
+		if !ok { // lost a race with the breaker: not an attempt
+			p.exclude(&rs.preq, wk)
+			attempt--
+			if refused++; refused > maxRefusals {
+				err = policy.ErrNoWorker
+			} else {
+				choice, err = p.pick(&rs.preq)
+			}
+			if err != nil {
+				p.finishFailed(w, rs, rec, last, err)
+				return
+			}
+			continue
+		}
+		rec.Worker, rec.Reason, rec.Attempts = wk.Key(), choice.Reason, attempt
+		outcome := p.outcomeFunc(wk, done)
+		release := p.acquire(wk)
+
+		resp, actx, acancel, err := p.roundTrip(ctx, wk, rs, attempt)
+		if err != nil {
+			acancel()
+			release()
+			if ctx.Err() != nil { // client gone or request deadline
+				err = ctx.Err()
+				outcome(!errors.Is(err, context.DeadlineExceeded))
+				p.fail(w, rs, rec, err)
+				return
+			}
+			outcome(false)
+			if IsDialError(err) {
+				p.markDown(wk, err)
+			}
+			f := &failure{err: err}
+			if !(IsDialError(err) || errors.Is(err, ErrHeaderTimeout)) || !rs.replayable() {
+				p.fail(w, rs, rec, err)
+				return
+			}
+			next, delay, ok := p.nextAttempt(ctx, rs, wk, attempt)
+			rec.Failovers = append(rec.Failovers, wk.Key())
+			if !ok {
+				p.fail(w, rs, rec, err)
+				return
+			}
+			last = f
+			if err := p.sleep(ctx, rs, attempt, delay); err != nil {
+				p.fail(w, rs, rec, err)
+				return
+			}
+			choice = next
+			continue
+		}
+		if retryableStatus(resp.StatusCode) && rs.stream == nil {
+			if next, delay, ok := p.nextAttempt(ctx, rs, wk, attempt); ok {
+				f := p.drain(resp)
+				acancel()
+				outcome(resp.StatusCode < 500)
+				release()
+				rec.Failovers = append(rec.Failovers, wk.Key())
+				last = f
+				if err := p.sleep(ctx, rs, attempt, delay); err != nil {
+					p.fail(w, rs, rec, err)
+					return
+				}
+				choice = next
+				continue
+			}
+		}
+		p.relay(actx, w, rs, wk, resp, outcome, release)
+		acancel()
+		return
+	}
+}
+
+// roundTrip sends one attempt. The returned context governs the response
+// body; cancel must be called once the attempt is over.
+func (p *Regular) roundTrip(ctx context.Context, wk *worker.Worker, rs *reqSpec, attempt int) (*http.Response, context.Context, context.CancelFunc, error) {
+	actx, cancel := ctx, context.CancelFunc(noop)
+	var timer *time.Timer
+	if p.o.HeaderTimeout > 0 && rs.sse {
+		var cc context.CancelCauseFunc
+		actx, cc = context.WithCancelCause(ctx)
+		cancel = func() { cc(context.Canceled) }
+		timer = time.AfterFunc(p.o.HeaderTimeout, func() { cc(ErrHeaderTimeout) })
+	}
+	var body io.Reader
+	switch {
+	case rs.stream != nil:
+		body = rs.stream
+	case rs.body != nil:
+		body = bytes.NewReader(rs.body)
+	}
+	req, err := http.NewRequestWithContext(actx, rs.method, wk.URL+rs.pathQuery, body)
+	if err != nil {
+		return nil, actx, cancel, err
+	}
+	if rs.stream != nil {
+		req.ContentLength = rs.length
+	}
+	h := rs.header
+	if attempt > 1 {
+		h = h.Clone() // the previous attempt's request may still be being written
+	}
+	if wk.DPRank >= 0 {
+		h[dpRankHeader] = []string{strconv.Itoa(wk.DPRank)}
+	} else {
+		delete(h, dpRankHeader)
+	}
+	req.Header = h
+	resp, err := p.rt.RoundTrip(req)
+	if timer != nil && !timer.Stop() { // fired: the attempt's context is canceled
+		if resp != nil {
+			resp.Body.Close()
+			resp = nil
+		}
+		err = ErrHeaderTimeout
+	}
+	return resp, actx, cancel, err
+}
+
+func noop() {}
+
+// nextAttempt decides whether the failed attempt may be retried and picks
+// the worker for it: attempts left, another usable worker, retry budget and
+// a backoff that ends before the request deadline.
+func (p *Regular) nextAttempt(ctx context.Context, rs *reqSpec, failed *worker.Worker, attempt int) (policy.Choice, time.Duration, bool) {
+	if attempt >= p.o.Retry.MaxAttempts {
+		if p.m != nil && p.o.Retry.MaxAttempts > 1 {
+			p.m.RetriesExhausted.WithLabelValues(rs.route).Inc()
+		}
+		return policy.Choice{}, 0, false
+	}
+	p.exclude(&rs.preq, failed)
+	next, err := p.pick(&rs.preq)
+	if err != nil {
+		return policy.Choice{}, 0, false // no other worker: fail now, no backoff
+	}
+	delay := p.o.Retry.backoff(attempt, p.rand)
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= delay {
+		return policy.Choice{}, 0, false
+	}
+	if !p.budget.allow() {
+		p.log.Debug("retry budget exhausted", "route", rs.route, "worker", failed.Key())
+		return policy.Choice{}, 0, false
+	}
+	return next, delay, true
+}
+
+// sleep waits out the backoff before attempt+1, or until ctx ends.
+func (p *Regular) sleep(ctx context.Context, rs *reqSpec, attempt int, d time.Duration) error {
+	if p.m != nil {
+		p.m.Retries.WithLabelValues(rs.route).Inc()
+		p.m.RetryBackoff.WithLabelValues(strconv.Itoa(attempt + 1)).Observe(d.Seconds())
+	}
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// drain reads a failed response's body (bounded) and closes it, keeping
+// enough to return it if no retry follows.
+func (p *Regular) drain(resp *http.Response) *failure {
+	t := time.AfterFunc(drainTimeout, func() { resp.Body.Close() }) // a trickling error body
+	b, err := io.ReadAll(io.LimitReader(resp.Body, errBodyLimit+1))
+	t.Stop()
+	resp.Body.Close()
+	f := &failure{status: resp.StatusCode, header: resp.Header, body: b}
+	if err != nil || len(b) > errBodyLimit {
+		f.header = nil
+		f.body = openai.MarshalError(resp.StatusCode, fmt.Sprintf("upstream returned status %d", resp.StatusCode))
+	}
+	return f
+}
+
+// finishFailed ends a request whose last attempt failed and no further
+// worker could be picked: the last failure if there was one, else err.
+func (p *Regular) finishFailed(w http.ResponseWriter, rs *reqSpec, rec *Receipt, last *failure, err error) {
+	if last == nil {
+		p.fail(w, rs, rec, err)
+		return
+	}
+	if last.err != nil {
+		p.fail(w, rs, rec, last.err)
+		return
+	}
+	p.writeFailure(w, rs, last)
+}
+
+// writeFailure returns a buffered upstream error response.
+func (p *Regular) writeFailure(w http.ResponseWriter, rs *reqSpec, f *failure) {
+	h := w.Header()
+	if f.header != nil {
+		CopyResponseHeaders(h, f.header)
+	} else {
+		h.Set("Content-Type", "application/json")
+	}
+	h.Set("Content-Length", strconv.Itoa(len(f.body)))
+	if p.m != nil {
+		p.m.RequestErrors.WithLabelValues(rs.route, "upstream_status").Inc()
+	}
+	w.WriteHeader(f.status)
+	_, _ = w.Write(f.body)
+}
+
+// fail writes the error response for err (nothing when the client is gone).
+func (p *Regular) fail(w http.ResponseWriter, rs *reqSpec, rec *Receipt, err error) {
+	status := StatusFor(err)
+	if p.m != nil {
+		p.m.RequestErrors.WithLabelValues(rs.route, errorType(err)).Inc()
+	}
+	if status == StatusClientClosed {
+		p.log.Debug("client closed request", "route", rs.route, "worker", rec.Worker)
+		return
+	}
+	if status != http.StatusServiceUnavailable || rec.Attempts > 0 {
+		p.log.Warn("request failed", "route", rs.route, "worker", rec.Worker, "attempts", rec.Attempts, "status", status, "err", err)
+	}
+	openai.WriteError(w, status, messageFor(err))
+}
+
+// acquire counts the request in flight on w until release.
+func (p *Regular) acquire(w *worker.Worker) func() {
+	rel := w.Acquire()
+	if p.m == nil {
+		return rel
+	}
+	g := p.m.RunningRequests.WithLabelValues(w.Key())
+	r := p.m.WorkerInFlight.WithLabelValues(p.role)
+	g.Inc()
+	r.Inc()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			rel()
+			g.Dec()
+			r.Dec()
+		})
+	}
+}
+
+// outcomeFunc wraps the breaker's done with the outcome metric.
+func (p *Regular) outcomeFunc(w *worker.Worker, done func(bool)) func(bool) {
+	if p.m == nil {
+		return done
+	}
+	return func(ok bool) {
+		done(ok)
+		o := "failure"
+		if ok {
+			o = "success"
+		}
+		p.m.CBOutcomes.WithLabelValues(w.Key(), o).Inc()
+	}
+}
+
+// isSSE reports whether a response is an event stream.
+func isSSE(h http.Header) bool {
+	const sse = "text/event-stream"
+	ct := h.Get("Content-Type")
+	return len(ct) >= len(sse) && strings.EqualFold(ct[:len(sse)], sse) &&
+		(len(ct) == len(sse) || ct[len(sse)] == ';' || ct[len(sse)] == ' ')
+}
+
+var tailPool = sync.Pool{New: func() any { return new(usageTail) }}
+
+// relay writes the chosen response to the client and records its outcome.
+func (p *Regular) relay(ctx context.Context, w http.ResponseWriter, rs *reqSpec, wk *worker.Worker, resp *http.Response, outcome func(bool), release func()) {
+	defer release()
+	defer resp.Body.Close()
+	h := w.Header()
+	CopyResponseHeaders(h, resp.Header)
+	sse := isSSE(resp.Header)
+	streaming := sse || (rs.sse && resp.ContentLength < 0)
+	if !streaming && resp.ContentLength >= 0 && bodyAllowed(resp.StatusCode) {
+		h["Content-Length"] = []string{strconv.FormatInt(resp.ContentLength, 10)}
+	}
+	if p.m != nil && rs.gen {
+		p.m.GenerateDur.Observe(time.Since(rs.start).Seconds())
+	}
+	w.WriteHeader(resp.StatusCode)
+	if streaming {
+		_ = http.NewResponseController(w).Flush() // headers out before the first token
+	}
+
+	var ro RelayOptions
+	var tail *usageTail
+	if rs.gen && p.m != nil {
+		tail = tailPool.Get().(*usageTail)
+		tail.reset()
+		defer tailPool.Put(tail)
+		ro.Observe = tail.observe
+	}
+	if sse {
+		ro.IdleTimeout = p.o.StreamIdleTimeout
+	}
+	if streaming && rs.gen && p.m != nil {
+		ttft := p.m.TTFT.WithLabelValues(rs.route, "regular")
+		start := rs.start
+		ro.OnFirstByte = func() { ttft.Observe(time.Since(start).Seconds()) }
+	}
+	res := Relay(ctx, w, resp.Body, ro)
+
+	switch {
+	case res.UpstreamErr == nil:
+		outcome(resp.StatusCode < 500)
+		if tail != nil && resp.StatusCode < 300 {
+			if pt, ct, ok := parseUsage(tail.bytes()); ok {
+				p.m.TokensTotal.WithLabelValues("prompt").Add(float64(pt))
+				p.m.TokensTotal.WithLabelValues("completion").Add(float64(ct))
+			}
+		}
+	case !res.DownstreamOK: // the client went away: says nothing about the worker
+		outcome(true)
+		if p.m != nil {
+			p.m.RequestErrors.WithLabelValues(rs.route, "client_canceled").Inc()
+		}
+		p.log.Debug("client closed request mid-response", "route", rs.route, "worker", wk.Key(), "bytes", res.Bytes)
+	default: // the upstream broke after the headers were sent
+		outcome(false)
+		err := res.UpstreamErr
+		if p.m != nil {
+			p.m.RequestErrors.WithLabelValues(rs.route, "stream_broken").Inc()
+		}
+		p.log.Warn("upstream response broke mid-way", "route", rs.route, "worker", wk.Key(), "bytes", res.Bytes, "err", err)
+		status := StatusFor(err)
+		if status == StatusClientClosed {
+			status = http.StatusBadGateway
+		}
+		if sse {
+			_ = WriteSSEError(w, res, status, "upstream stream broken: "+err.Error())
+			return
+		}
+		if !streaming && resp.ContentLength >= 0 {
+			return // short of the declared Content-Length: the server drops the connection
+		}
+		abortConn(w)
+	}
+}
+
+// bodyAllowed reports whether a response with this status may carry a
+// body (and so a Content-Length).
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
+}
+
+// abortConn cuts the client connection so a chunked body that broke
+// upstream is not mistaken for a complete one.
+func abortConn(w http.ResponseWriter) {
+	if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+		_ = conn.Close()
+	}
+}

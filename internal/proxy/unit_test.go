@@ -1,0 +1,209 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/switchyard-llm/switchyard/internal/metrics"
+	"github.com/switchyard-llm/switchyard/internal/policy"
+	"github.com/switchyard-llm/switchyard/internal/worker"
+)
+
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
+
+var _ net.Error = timeoutErr{}
+
+func TestStatusFor(t *testing.T) {
+	refused := &DialError{Addr: "h:1", Err: &net.OpError{Op: "dial", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want int
+	}{
+		{"nil", nil, 200},
+		{"no worker", policy.ErrNoWorker, 503},
+		{"wrapped no worker", fmt.Errorf("pick: %w", policy.ErrNoWorker), 503},
+		{"client canceled", context.Canceled, 499},
+		{"dial canceled by client", &DialError{Addr: "h:1", Err: context.Canceled}, 499},
+		{"connection refused", refused, 502},
+		{"dial error inside url.Error", &url.Error{Op: "Post", URL: "http://h:1", Err: refused}, 502},
+		{"connect timeout", &DialError{Addr: "h:1", Err: timeoutErr{}}, 502},
+		{"deadline", context.DeadlineExceeded, 504},
+		{"wrapped deadline", &url.Error{Op: "Post", Err: context.DeadlineExceeded}, 504},
+		{"idle", ErrIdleTimeout, 504},
+		{"header timeout", ErrHeaderTimeout, 504},
+		{"net timeout", &url.Error{Op: "Post", Err: timeoutErr{}}, 504},
+		{"reset", errors.New("read: connection reset by peer"), 502},
+	} {
+		if got := StatusFor(tc.err); got != tc.want {
+			t.Errorf("%s: StatusFor = %d want %d", tc.name, got, tc.want)
+		}
+	}
+	if m := messageFor(refused); !strings.HasPrefix(m, "upstream connect failed: connect to h:1") {
+		t.Errorf("message %q", m)
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	c := RetryConfig{InitialBackoff: 100 * time.Millisecond, MaxBackoff: time.Second, Multiplier: 2}
+	var got []time.Duration
+	for k := 1; k <= 6; k++ {
+		got = append(got, c.backoff(k, rand.Float64))
+	}
+	want := []time.Duration{100e6, 200e6, 400e6, 800e6, 1e9, 1e9}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("backoff (-want +got):\n%s", diff)
+	}
+	c.Jitter = 0.5
+	if lo := c.backoff(1, func() float64 { return 0 }); lo != 50*time.Millisecond {
+		t.Errorf("low jitter %v", lo)
+	}
+	if hi := c.backoff(1, func() float64 { return 0.999999 }); hi < 149*time.Millisecond || hi > 150*time.Millisecond {
+		t.Errorf("high jitter %v", hi)
+	}
+	c.Jitter = 3 // d·(1-3) < 0 is clamped
+	if z := c.backoff(1, func() float64 { return 0 }); z != 0 {
+		t.Errorf("negative backoff %v", z)
+	}
+}
+
+func TestRetryableStatus(t *testing.T) {
+	for code := 100; code < 600; code++ {
+		want := code == 408 || code == 429 || code == 500 || code == 502 || code == 503 || code == 504
+		if retryableStatus(code) != want {
+			t.Errorf("%d", code)
+		}
+	}
+}
+
+func TestRetryBudget(t *testing.T) {
+	now := time.Unix(1000, 0)
+	b := newRetryBudget(RetryConfig{BudgetRatio: 0.5, BudgetMinPerSec: 1}, func() time.Time { return now })
+	for range 20 {
+		b.request()
+	}
+	n := 0
+	for b.allow() {
+		n++
+		if n > 100 {
+			break
+		}
+	}
+	if n != 20 { // 0.5·20 + 1/s·10 s
+		t.Fatalf("allowed %d retries, want 20", n)
+	}
+	now = now.Add(5 * time.Second) // still in the window
+	if b.allow() {
+		t.Fatal("budget refilled inside the window")
+	}
+	now = now.Add(11 * time.Second) // window passed
+	if !b.allow() {
+		t.Fatal("budget did not recover")
+	}
+	if newRetryBudget(RetryConfig{}, nil) != nil || !(*retryBudget)(nil).allow() {
+		t.Fatal("ratio 0 must disable the budget")
+	}
+}
+
+func TestParseUsage(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		p, c int64
+		ok   bool
+	}{
+		{`{"usage":{"prompt_tokens":10,"total_tokens":12,"completion_tokens":2}}`, 10, 2, true},
+		{`{"usage": { "completion_tokens" : 5, "prompt_tokens_details": {"cached_tokens": 3}, "prompt_tokens":7 }}`, 7, 5, true},
+		{"data: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}\n\ndata: {\"usage\":null}\n\ndata: [DONE]\n\n", 1, 1, true},
+		{"data: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}\n\ndata: {\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":9}}\n\n", 4, 9, true},
+		{`{"usage":null}`, 0, 0, false},
+		{`{"usage":{"prompt_tokens":3,"completion_to`, 0, 0, false},
+		{`ns":2}}`, 0, 0, false},
+		{`{"text":"the \"usage\": word"}`, 0, 0, false},
+		{``, 0, 0, false},
+	} {
+		p, c, ok := parseUsage([]byte(tc.in))
+		if p != tc.p || c != tc.c || ok != tc.ok {
+			t.Errorf("%q: got %d %d %v", tc.in, p, c, ok)
+		}
+	}
+}
+
+func TestUsageTailKeepsLastBytes(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	var all []byte
+	var tail usageTail
+	for i := range 3000 {
+		n := r.IntN(300)
+		if i%500 == 0 {
+			n = usageTailSize + r.IntN(100)
+		}
+		chunk := make([]byte, n)
+		for j := range chunk {
+			chunk[j] = byte('a' + r.IntN(26))
+		}
+		all = append(all, chunk...)
+		tail.observe(chunk)
+		want := all[max(0, len(all)-usageTailSize):]
+		if got := tail.bytes(); string(got) != string(want) {
+			t.Fatalf("step %d: tail mismatch (len %d vs %d)", i, len(got), len(want))
+		}
+	}
+}
+
+func TestCopyResponseHeaders(t *testing.T) {
+	src := http.Header{
+		"Content-Type":      {"text/event-stream"},
+		"Set-Cookie":        {"a=1", "b=2"},
+		"Connection":        {"keep-alive, X-Private"},
+		"X-Private":         {"p"},
+		"Keep-Alive":        {"timeout=5"},
+		"Transfer-Encoding": {"chunked"},
+		"Content-Length":    {"12"},
+		"Content-Encoding":  {"gzip"},
+		"X-Request-Id":      {"upstream"},
+	}
+	dst := http.Header{"X-Request-Id": {"router"}}
+	CopyResponseHeaders(dst, src)
+	want := http.Header{
+		"Content-Type":     {"text/event-stream"},
+		"Set-Cookie":       {"a=1", "b=2"},
+		"Content-Encoding": {"gzip"},
+		"X-Request-Id":     {"router"},
+	}
+	if diff := cmp.Diff(want, dst); diff != "" {
+		t.Fatalf("(-want +got):\n%s", diff)
+	}
+	dst["Set-Cookie"][0] = "changed"
+	if src["Set-Cookie"][0] != "a=1" {
+		t.Fatal("values aliased")
+	}
+}
+
+func TestBreakerMetricsHook(t *testing.T) {
+	BreakerMetricsHook(nil, "w")(worker.BreakerClosed, worker.BreakerOpen) // nil-safe
+	m := metrics.NewForTest()
+	h := BreakerMetricsHook(m, "http://w:1")
+	h(worker.BreakerClosed, worker.BreakerOpen)
+	if v := counterValue(t, m.CBState.WithLabelValues("http://w:1")); v != 1 {
+		t.Errorf("cb_state %v", v)
+	}
+	if v := counterValue(t, m.CBTransitions.WithLabelValues("http://w:1", "closed", "open")); v != 1 {
+		t.Errorf("transitions %v", v)
+	}
+}

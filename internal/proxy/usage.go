@@ -1,0 +1,144 @@
+package proxy
+
+import (
+	"bytes"
+)
+
+// usageTailSize bounds what the usage observer keeps: the usage object is at
+// the end of a response (non-streaming) or in the last chunk before
+// "data: [DONE]" (streaming with stream_options.include_usage).
+const usageTailSize = 4 << 10
+
+// usageTail keeps the last usageTailSize bytes of a response in a ring so
+// the token usage can be read once the body is complete.
+type usageTail struct {
+	buf  [usageTailSize]byte
+	pos  int // next write offset
+	full bool
+	lin  [usageTailSize]byte
+}
+
+// observe appends p (Relay's Observe hook).
+func (t *usageTail) observe(p []byte) {
+	if len(p) >= usageTailSize {
+		copy(t.buf[:], p[len(p)-usageTailSize:])
+		t.pos, t.full = 0, true
+		return
+	}
+	n := copy(t.buf[t.pos:], p)
+	if n < len(p) {
+		copy(t.buf[:], p[n:])
+		t.full = true
+	}
+	t.pos = (t.pos + len(p)) % usageTailSize
+	if t.pos == 0 && len(p) > 0 {
+		t.full = true
+	}
+}
+
+func (t *usageTail) reset() { t.pos, t.full = 0, false }
+
+// bytes returns the tail in order (valid until the next call).
+func (t *usageTail) bytes() []byte {
+	if !t.full {
+		return t.buf[:t.pos]
+	}
+	n := copy(t.lin[:], t.buf[t.pos:])
+	copy(t.lin[n:], t.buf[:t.pos])
+	return t.lin[:]
+}
+
+var (
+	usageKey      = []byte(`"usage"`)
+	promptKey     = []byte(`"prompt_tokens"`)
+	completionKey = []byte(`"completion_tokens"`)
+)
+
+// parseUsage finds the last "usage" object in b and returns its
+// prompt_tokens and completion_tokens. ok is false when there is none (or
+// it was cut off by the tail bound).
+func parseUsage(b []byte) (prompt, completion int64, ok bool) {
+	end := len(b)
+	for {
+		i := bytes.LastIndex(b[:end], usageKey)
+		if i < 0 {
+			return 0, 0, false
+		}
+		end = i
+		j := skipSpace(b, i+len(usageKey))
+		if j >= len(b) || b[j] != ':' {
+			continue
+		}
+		j = skipSpace(b, j+1)
+		if j >= len(b) || b[j] != '{' {
+			continue // "usage": null
+		}
+		k := objectEnd(b[j:])
+		if k < 0 {
+			return 0, 0, false // cut off
+		}
+		obj := b[j : j+k]
+		p, okP := intAfterKey(obj, promptKey)
+		c, okC := intAfterKey(obj, completionKey)
+		if !okP && !okC {
+			return 0, 0, false
+		}
+		return p, c, true
+	}
+}
+
+// objectEnd returns the length of the JSON object at the start of b
+// (which begins with '{'), or -1 if it does not end within b.
+func objectEnd(b []byte) int {
+	depth, inStr := 0, false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if inStr {
+			switch c {
+			case '\\':
+				i++
+			case '"':
+				inStr = false
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inStr = true
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		}
+	}
+	return -1
+}
+
+func intAfterKey(b, key []byte) (int64, bool) {
+	i := bytes.Index(b, key)
+	if i < 0 {
+		return 0, false
+	}
+	j := skipSpace(b, i+len(key))
+	if j >= len(b) || b[j] != ':' {
+		return 0, false
+	}
+	j = skipSpace(b, j+1)
+	var n int64
+	start := j
+	for j < len(b) && b[j] >= '0' && b[j] <= '9' && j-start < 18 {
+		n = n*10 + int64(b[j]-'0')
+		j++
+	}
+	return n, j > start
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
