@@ -161,7 +161,11 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*app, err
 	a.m = metrics.New(prometheus.NewRegistry())
 	bc := breakerConfig(cfg, a.m)
 	a.reg = worker.NewRegistry(bc)
-	a.tr = proxy.NewTransport(proxy.TransportOptions{ConnectTimeout: cfg.ConnectTimeout()})
+	ct := cfg.ConnectTimeout()
+	if ct == 0 {
+		ct = -1 // --connect-timeout-secs 0: no dial timeout
+	}
+	a.tr = proxy.NewTransport(proxy.TransportOptions{ConnectTimeout: ct})
 	a.client = &http.Client{Transport: a.tr}
 	a.closers = append(a.closers, a.tr.CloseIdleConnections)
 	a.reg.Subscribe(a.onRegistryChange)

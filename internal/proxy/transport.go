@@ -11,7 +11,7 @@ import (
 
 // TransportOptions tunes the shared upstream transport.
 type TransportOptions struct {
-	ConnectTimeout time.Duration // dial timeout (3 s default)
+	ConnectTimeout time.Duration // dial timeout (0 → 3 s default, < 0 → none)
 	IdleTimeout    time.Duration // idle keep-alive connection lifetime (4 s)
 	MaxIdlePerHost int           // keep-alive pool per worker (4096)
 }
@@ -20,8 +20,10 @@ type TransportOptions struct {
 // timeout (a non-streaming generation sends headers only when done) and no
 // global timeout: deadlines come from each request's context.
 func NewTransport(o TransportOptions) *http.Transport {
-	if o.ConnectTimeout <= 0 {
+	if o.ConnectTimeout == 0 {
 		o.ConnectTimeout = 3 * time.Second
+	} else if o.ConnectTimeout < 0 {
+		o.ConnectTimeout = 0 // net.Dialer: no timeout
 	}
 	if o.IdleTimeout <= 0 {
 		// Below uvicorn's 5 s keep-alive (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"unicode/utf8"
 )
 
 // ErrNotObject is returned when the body is not a JSON object.
@@ -61,9 +62,9 @@ func Parse(src []byte) (*Object, error) {
 		}
 		start := s.i
 		keyEnd := s.skipString()
-		var key string
-		if err := json.Unmarshal(src[start:keyEnd], &key); err != nil {
-			return nil, fmt.Errorf("invalid key: %w", err)
+		key, err := decodeKey(src[start:keyEnd])
+		if err != nil {
+			return nil, err
 		}
 		s.ws()
 		s.i++ // ':'
@@ -72,6 +73,20 @@ func Parse(src []byte) (*Object, error) {
 		s.skipValue()
 		o.members = append(o.members, Member{Key: key, Value: src[vs:s.i], start: start, end: s.i})
 	}
+}
+
+// decodeKey decodes a quoted JSON key; keys without escapes (nearly all)
+// are converted directly.
+func decodeKey(q []byte) (string, error) {
+	raw := q[1 : len(q)-1]
+	if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
+		return string(raw), nil
+	}
+	var key string
+	if err := json.Unmarshal(q, &key); err != nil {
+		return "", fmt.Errorf("invalid key: %w", err)
+	}
+	return key, nil
 }
 
 func syntaxError(src []byte) error {
