@@ -631,6 +631,7 @@ func (e *Engine) endAfterCommit(ctx context.Context, w http.ResponseWriter, res 
 		reason, status = "kv_wait_timeout", http.StatusGatewayTimeout
 		msg = fmt.Sprintf("decode worker %s produced no output within %s (KV cache from prefill worker %s never arrived?)", pr.D.Key(), e.o.KVWaitTimeout, pr.P.Key())
 		e.legFailed(dl, reason, nil)
+		st.pairFailed = true
 	case errors.Is(err, proxy.ErrIdleTimeout):
 		reason, status = "idle_timeout", http.StatusGatewayTimeout
 		msg = fmt.Sprintf("decode worker %s stream was idle for more than %s", pr.D.Key(), e.o.StreamIdleTimeout)

@@ -91,6 +91,12 @@ type Options struct {
 	Now   func() time.Time // nil = time.Now
 	NewID func() [16]byte  // random 16 bytes (nil = crypto/rand); v4 bits are set by the engine
 
+	// PairFailureThreshold consecutive KV-wait timeouts between one P and
+	// one D make the pair avoided for PairCooldown while another compatible
+	// decode exists (defaults 3 and 30 s).
+	PairFailureThreshold int
+	PairCooldown         time.Duration
+
 	// HashHeaders names the client headers policies may see (for header-based
 	// hashing); empty = every client header.
 	HashHeaders []string
@@ -101,6 +107,8 @@ type Engine struct {
 	o    Options
 	conn Connector
 	boot *bootstrapper
+	// pairs avoids P/D pairs whose transfers keep timing out.
+	pairs *pairHealth
 	log  *slog.Logger
 	m    *metrics.Metrics
 	rr   atomic.Uint64
@@ -166,6 +174,7 @@ func New(o Options) (*Engine, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	e := &Engine{o: o, log: log.With("component", "pd"), m: o.Metrics}
+	e.pairs = newPairHealth(o.PairFailureThreshold, o.PairCooldown, o.Now)
 	for _, h := range o.HashHeaders {
 		e.hash = append(e.hash, http.CanonicalHeaderKey(strings.TrimSpace(h)))
 	}
@@ -287,6 +296,8 @@ type reqState struct {
 	hdr    http.Header
 	start  time.Time
 	cli    context.Context // the client's own context (disconnect)
+
+	pairFailed bool // the KV transfer of the committed pair timed out
 }
 
 // Dispatch serves one PD generation request.
@@ -394,7 +405,11 @@ func (e *Engine) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call)
 		rc.Reason = pr.reason
 		f := e.attempt(ctx, tw, st, &pr.Pair)
 		if f == nil {
+			e.pairs.record(pr.P.Key(), pr.D.Key(), !st.pairFailed)
 			return
+		}
+		if f.reason == "kv_wait_timeout" {
+			e.pairs.record(pr.P.Key(), pr.D.Key(), false)
 		}
 		last = f
 		if f.reason != "client_disconnect" {
@@ -459,7 +474,8 @@ func (e *Engine) pickPair(r *http.Request, c *proxy.Call, st *reqState, exclude 
 	if pp, ok := e.o.PrefillPolicy.(policy.PairPolicy); ok {
 		p, d, err := pp.PickPair(req, pc, policy.Candidates{Gen: snap.Gen, Workers: snap.Decode})
 		if err == nil && p.Worker != nil && d.Worker != nil && req.Usable(p.Worker) && req.Usable(d.Worker) &&
-			p.Worker.Role == worker.RolePrefill && d.Worker.Role == worker.RoleDecode && e.conn.Compatible(p.Worker, d.Worker) {
+			p.Worker.Role == worker.RolePrefill && d.Worker.Role == worker.RoleDecode && e.conn.Compatible(p.Worker, d.Worker) &&
+			!e.pairs.suspects(p.Worker.Key(), []*worker.Worker{d.Worker})[d.Worker.Key()] {
 			return e.newPair(p, d), nil
 		}
 	}
@@ -475,7 +491,24 @@ func (e *Engine) pickPair(r *http.Request, c *proxy.Call, st *reqState, exclude 
 			ex[p.Worker.Key()] = true
 			continue
 		}
-		d, err := e.o.DecodePolicy.Pick(req, dc)
+		var d policy.Choice
+		err = nil
+		if sus := e.pairs.suspects(p.Worker.Key(), dc.Workers); len(sus) > 0 {
+			// avoid decodes whose transfers with this prefill keep failing,
+			// unless nothing else is left
+			alt := *req
+			alt.Exclude = make(map[string]bool, len(ex)+len(sus))
+			for k := range ex {
+				alt.Exclude[k] = true
+			}
+			for k := range sus {
+				alt.Exclude[k] = true
+			}
+			d, err = e.o.DecodePolicy.Pick(&alt, dc)
+		}
+		if d.Worker == nil {
+			d, err = e.o.DecodePolicy.Pick(req, dc)
+		}
 		if err != nil || d.Worker == nil {
 			if tag != 0 {
 				modeMsg = fmt.Sprintf("no decode worker available with transfer mode %s (%d compatible, all unhealthy, open-circuit or excluded)",
