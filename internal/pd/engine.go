@@ -109,10 +109,10 @@ type Engine struct {
 	boot *bootstrapper
 	// pairs avoids P/D pairs whose transfers keep timing out.
 	pairs *pairHealth
-	log  *slog.Logger
-	m    *metrics.Metrics
-	rr   atomic.Uint64
-	hash []string
+	log   *slog.Logger
+	m     *metrics.Metrics
+	rr    atomic.Uint64
+	hash  []string
 
 	bg     sync.WaitGroup
 	closed atomic.Bool
