@@ -16,6 +16,7 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
   echo "install-deps: apt-get install ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
+  dpkg --configure -a >/dev/null 2>&1 || true   # recover from an interrupted earlier install
   apt-get update -qq >/dev/null
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
