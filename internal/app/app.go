@@ -29,6 +29,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/policy"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
 	"github.com/switchyard-llm/switchyard/internal/server"
+	"github.com/switchyard-llm/switchyard/internal/tracing"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
@@ -38,10 +39,6 @@ const Version = "0.1.0"
 // notImplemented lists flags whose feature is not built yet: setting one is
 // a startup error rather than a silently ignored flag.
 var notImplemented = map[string]string{
-	"enable-trace":                "OpenTelemetry tracing",
-	"otlp-traces-endpoint":        "OpenTelemetry tracing",
-	"otel-sampling-ratio":         "OpenTelemetry tracing",
-	"otel-excluded-paths":         "OpenTelemetry tracing",
 	"service-discovery":           "Kubernetes pod discovery",
 	"selector":                    "Kubernetes pod discovery",
 	"prefill-selector":            "Kubernetes pod discovery",
@@ -153,6 +150,7 @@ type app struct {
 	health   *health.Checker
 	zmq      *zmq.Listener
 	engine   *pd.Engine
+	tracer   *tracing.Tracer // nil = tracing off
 	closers  []func()
 }
 
@@ -187,6 +185,10 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*app, err
 	a.metricLn = mln
 
 	if err := a.addStaticWorkers(); err != nil {
+		a.closeListeners()
+		return nil, err
+	}
+	if err := a.startTracing(ctx); err != nil {
 		a.closeListeners()
 		return nil, err
 	}
@@ -319,7 +321,7 @@ func (a *app) buildServer(ctx context.Context) error {
 	retry := cfg.EffectiveRetry()
 	ropts := proxy.RegularOptions{
 		Registry:          a.reg,
-		Client:            a.client,
+		Client:            a.proxyClient(),
 		APIKey:            cfg.APIKey,
 		ForwardClientAuth: cfg.ForwardClientAuthorization,
 		Retry: proxy.RetryConfig{
@@ -356,6 +358,7 @@ func (a *app) buildServer(ctx context.Context) error {
 		ShutdownTimeout:            cfg.ShutdownTimeout(),
 		Logger:                     a.log,
 		Metrics:                    a.m,
+		Tracer:                     a.tracer,
 		APIKey:                     cfg.APIKey,
 		ForwardClientAuthorization: cfg.ForwardClientAuthorization,
 	}
@@ -386,6 +389,7 @@ func (a *app) buildServer(ctx context.Context) error {
 			Profile:           cfg.Profile,
 			Metrics:           a.m,
 			Logger:            a.log,
+			Tracer:            a.tracer,
 		})
 		if err != nil {
 			return err
@@ -416,6 +420,7 @@ func (a *app) buildServer(ctx context.Context) error {
 				return fmt.Errorf("--vllm-discovery-address %s: %w", cfg.VLLMDiscoveryAddress, err)
 			}
 			a.zmq = l
+			a.closers = append(a.closers, func() { _ = l.Close() })
 			sopts.DiscoveryStatus = func() any { return l.Status() }
 		}
 	} else {
@@ -450,6 +455,53 @@ func (a *app) buildServer(ctx context.Context) error {
 	}
 	a.srv = srv
 	return nil
+}
+
+// startTracing starts OpenTelemetry tracing when --enable-trace is set; the
+// exporter is flushed and stopped by the last closer, after the server has
+// drained.
+func (a *app) startTracing(ctx context.Context) error {
+	cfg := a.cfg
+	if !cfg.EnableTrace {
+		return nil
+	}
+	t, err := tracing.New(ctx, tracing.Config{
+		Endpoint:       cfg.OTLPTracesEndpoint,
+		SamplingRatio:  cfg.OtelSamplingRatio,
+		ExcludedPaths:  cfg.EffectiveOtelExcludedPaths(),
+		ServiceVersion: Version,
+		Logger:         a.log,
+	})
+	if err != nil {
+		return fmt.Errorf("--enable-trace: %w", err)
+	}
+	a.tracer = t
+	a.closers = append(a.closers, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := t.Shutdown(sctx); err != nil {
+			a.log.Warn("flushing traces failed", "err", err)
+		}
+	})
+	a.log.Info("tracing enabled", "endpoint", tracing.ResolveEndpoint(cfg.OTLPTracesEndpoint),
+		"sampling_ratio", cfg.OtelSamplingRatio, "excluded_paths", cfg.EffectiveOtelExcludedPaths())
+	return nil
+}
+
+// proxyClient is the upstream client of the regular dispatcher (and the PD
+// pass-through): with tracing on, its transport gives every upstream
+// request an "inference" client span and injects the trace context.
+func (a *app) proxyClient() *http.Client {
+	if !a.tracer.Enabled() {
+		return a.client
+	}
+	rt := a.tracer.Transport(a.tr, tracing.TransportOptions{Route: func(r *http.Request) string {
+		if c := proxy.CallFrom(r.Context()); c != nil {
+			return c.Route
+		}
+		return ""
+	}})
+	return &http.Client{Transport: rt}
 }
 
 // adminAdd implements /add_worker and POST /workers: the worker is added at
