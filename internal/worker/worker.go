@@ -343,4 +343,3 @@ func ErrExists() error { return errExists }
 
 // IsExists reports whether err is the duplicate-worker error.
 func IsExists(err error) bool { return errors.Is(err, errExists) }
-

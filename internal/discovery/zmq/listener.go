@@ -1,0 +1,401 @@
+package zmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/switchyard-llm/switchyard/internal/discovery"
+	"github.com/switchyard-llm/switchyard/internal/metrics"
+	"github.com/switchyard-llm/switchyard/internal/worker"
+)
+
+// Connectors (the values of config.KVConnector*).
+const (
+	ConnectorMoRIIO   = "moriio"
+	ConnectorNIXL     = "nixl"
+	ConnectorMooncake = "mooncake"
+	ConnectorP2PNCCL  = "p2pnccl"
+)
+
+// Defaults.
+const (
+	DefaultTTL              = 9 * time.Second // three missed 3-second heartbeats
+	DefaultMaxMessageBytes  = 64 << 10
+	DefaultMaxInstances     = 4096
+	DefaultMaxConnections   = 4096
+	DefaultHandshakeTimeout = 5 * time.Second
+)
+
+// Options configure a Listener. Address, Registry and Connector are required.
+type Options struct {
+	// Address is host:port to bind (tcp://host:port is also accepted); an
+	// empty host or "*" binds every interface, port 0 picks a free port.
+	Address  string
+	Registry *worker.Registry
+	Metrics  *metrics.Metrics // nil: no metrics
+	Logger   *slog.Logger     // nil: discard
+	// TTL removes an instance this long after its last heartbeat.
+	TTL time.Duration
+	// Connector is the KV connector the fleet runs. moriio requires
+	// transfer_mode and the host:..,handshake:..,notify:.. zmq_address and
+	// gates routability on one transfer mode; p2pnccl requires an ip:port
+	// zmq_address; nixl and mooncake accept any valid registration.
+	Connector string
+	// MaxMessageBytes bounds one ZMTP message; larger ones close the
+	// sender's connection.
+	MaxMessageBytes int
+	// MaxInstances bounds distinct registered instances; further new
+	// instances are dropped (too_many_instances).
+	MaxInstances int
+	// MaxConnections bounds concurrent TCP connections to the socket.
+	MaxConnections int
+	// HandshakeTimeout bounds a new connection's ZMTP handshake.
+	HandshakeTimeout time.Duration
+	// Now is the clock (tests); nil means time.Now.
+	Now func() time.Time
+
+	// rawTCP bypasses the guarded transport (tests measure bare go-zeromq).
+	rawTCP bool
+}
+
+// Listener is the ZMQ self-registration source: a receive-only ROUTER socket
+// that turns vLLM heartbeats into registry entries.
+type Listener struct {
+	opts Options
+	log  *slog.Logger
+	now  func() time.Time
+	sock zmq4.Socket
+	g    *guard
+	f    *fleet
+	addr string
+
+	stopSock context.CancelFunc
+	kick     chan struct{}
+	closed   chan struct{}
+	stopOnce sync.Once
+	startMu  sync.Mutex // orders starting the receive goroutine against closed
+	running  atomic.Bool
+	recvWG   sync.WaitGroup
+
+	dropMu   sync.Mutex
+	dropSeen map[string]bool
+}
+
+var _ discovery.Source = (*Listener)(nil)
+
+// New validates opts and binds the socket, so a bad or busy address fails
+// the caller at startup. Run starts receiving; Close releases the socket.
+func New(opts Options) (*Listener, error) {
+	if opts.Registry == nil {
+		return nil, errors.New("zmq discovery: a registry is required")
+	}
+	switch opts.Connector {
+	case ConnectorMoRIIO, ConnectorNIXL, ConnectorMooncake, ConnectorP2PNCCL:
+	default:
+		return nil, fmt.Errorf("zmq discovery: unknown connector %q (want moriio, nixl, mooncake or p2pnccl)", opts.Connector)
+	}
+	if opts.TTL == 0 {
+		opts.TTL = DefaultTTL
+	}
+	if opts.MaxMessageBytes == 0 {
+		opts.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if opts.MaxInstances == 0 {
+		opts.MaxInstances = DefaultMaxInstances
+	}
+	if opts.MaxConnections == 0 {
+		opts.MaxConnections = DefaultMaxConnections
+	}
+	if opts.HandshakeTimeout == 0 {
+		opts.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	var errs []error
+	if opts.TTL < 0 {
+		errs = append(errs, fmt.Errorf("TTL %v must be positive", opts.TTL))
+	}
+	if opts.MaxMessageBytes < 512 {
+		errs = append(errs, fmt.Errorf("MaxMessageBytes %d is below 512", opts.MaxMessageBytes))
+	}
+	if opts.MaxInstances < 0 || opts.MaxConnections < 0 || opts.HandshakeTimeout < 0 {
+		errs = append(errs, errors.New("MaxInstances, MaxConnections and HandshakeTimeout must not be negative"))
+	}
+	hostPort := strings.TrimPrefix(opts.Address, "tcp://")
+	if _, _, err := net.SplitHostPort(hostPort); err != nil {
+		errs = append(errs, fmt.Errorf("address %q: want host:port: %w", opts.Address, err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("zmq discovery: %w", err)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+
+	l := &Listener{
+		opts: opts, log: log, now: opts.Now,
+		kick: make(chan struct{}, 1), closed: make(chan struct{}),
+		dropSeen: map[string]bool{},
+	}
+	l.f = newFleet(opts.Registry, opts.Metrics, log, opts.TTL, opts.Connector == ConnectorMoRIIO, opts.MaxInstances)
+
+	scheme := "tcp"
+	ctx := context.Background()
+	if !opts.rawTCP {
+		if err := registerTransport(); err != nil {
+			return nil, fmt.Errorf("zmq discovery: %w", err)
+		}
+		scheme = transportName
+		l.g = newGuard(opts.MaxMessageBytes, opts.MaxConnections, opts.HandshakeTimeout, l.drop)
+		ctx = context.WithValue(ctx, guardKey{}, l.g)
+	}
+	ctx, l.stopSock = context.WithCancel(ctx)
+	// No WithAutomaticReconnect: a bound ROUTER never dials, and the option
+	// races with Close. go-zeromq's own log lines go to debug.
+	l.sock = zmq4.NewRouter(ctx, zmq4.WithLogger(slog.NewLogLogger(log.Handler(), slog.LevelDebug)))
+	if err := l.sock.Listen(scheme + "://" + hostPort); err != nil {
+		_ = l.sock.Close()
+		l.stopSock()
+		return nil, fmt.Errorf("zmq discovery: bind %s: %w", opts.Address, err)
+	}
+	l.addr = l.sock.Addr().String()
+	log.Info("zmq discovery: listening", "address", l.addr, "connector", opts.Connector,
+		"ttl", opts.TTL.String(), "max_message_bytes", opts.MaxMessageBytes)
+	return l, nil
+}
+
+// Addr is the bound address (host:port), with the real port when the
+// configured one was 0.
+func (l *Listener) Addr() string { return l.addr }
+
+// FleetMode is the MoRI-IO transfer mode of the routable fleet: "READ",
+// "WRITE", or "" while no MoRI-IO instance is live (always "" for other
+// connectors).
+func (l *Listener) FleetMode() string { return l.f.FleetMode() }
+
+// Run receives registrations and expires silent instances until ctx is
+// cancelled or Close is called, then closes the socket and returns nil.
+// Registry entries are left in place. Run may be called once.
+func (l *Listener) Run(ctx context.Context) error {
+	if !l.running.CompareAndSwap(false, true) {
+		return errors.New("zmq discovery: Run called twice")
+	}
+	l.startMu.Lock()
+	select {
+	case <-l.closed:
+		l.startMu.Unlock()
+		return errors.New("zmq discovery: listener is closed")
+	default:
+	}
+	l.recvWG.Go(l.recvLoop)
+	l.startMu.Unlock()
+	defer l.shutdown()
+
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		if next, ok := l.f.nextExpiry(); ok {
+			// A timer to the next expiry, not a poll; at least 1 ms so an odd
+			// injected clock cannot spin the loop.
+			timer.Reset(max(next.Sub(l.now()), time.Millisecond))
+		} else {
+			timer.Stop()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-l.closed:
+			return nil
+		case <-l.kick:
+		case <-timer.C:
+			l.f.expire(l.now())
+		}
+	}
+}
+
+// Close stops Run (if running) and releases the socket. It is idempotent.
+func (l *Listener) Close() error {
+	l.shutdown()
+	return nil
+}
+
+// shutdown stops the receive goroutine, then drains go-zeromq's internal
+// queue until none of its reader goroutines is left blocked on it, then
+// closes the socket. The order matters: go-zeromq's Close also closes every
+// connection, which would hide from the guard which reader goroutines are
+// still holding a message (see guard.go).
+func (l *Listener) shutdown() {
+	l.stopOnce.Do(func() {
+		l.startMu.Lock() // no receive goroutine starts after this
+		close(l.closed)
+		l.startMu.Unlock()
+		l.stopSock() // cancels the socket's context: Recv returns
+		l.recvWG.Wait()
+		if l.g != nil {
+			l.g.closeAll()
+			deadline := time.Now().Add(2 * time.Second)
+			for l.g.pending.Load() > 0 && time.Now().Before(deadline) {
+				if _, err := l.sock.Recv(); err != nil {
+					time.Sleep(100 * time.Microsecond)
+				}
+			}
+			if n := l.g.pending.Load(); n > 0 {
+				l.log.Warn("zmq discovery: socket reader goroutines still blocked after close", "count", n)
+			}
+		}
+		_ = l.sock.Close()
+		l.log.Info("zmq discovery: stopped", "address", l.addr)
+	})
+}
+
+// recvLoop is the one goroutine that calls Recv.
+func (l *Listener) recvLoop() {
+	for {
+		msg, err := l.sock.Recv()
+		if err != nil {
+			select {
+			case <-l.closed:
+				return
+			default:
+			}
+			// go-zeromq only fails Recv when its socket is closed; if it ever
+			// does otherwise, do not spin.
+			l.log.Debug("zmq discovery: receive error", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		l.handle(msg)
+	}
+}
+
+// handle processes one message and never panics.
+func (l *Listener) handle(msg zmq4.Msg) {
+	defer func() {
+		if p := recover(); p != nil {
+			l.log.Error("zmq discovery: bug: message handler panicked; message dropped",
+				"panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			l.count(ReasonInternal)
+		}
+	}()
+	if msg.Type == zmq4.CmdMsg {
+		l.drop(ReasonCommand, "ZMTP command frame (a peer with ZMQ heartbeats?)")
+		return
+	}
+	if len(msg.Frames) != 2 {
+		l.drop(ReasonFrames, fmt.Sprintf("%d frames, want [identity, payload]", len(msg.Frames)))
+		return
+	}
+	identity, payload := clip(string(msg.Frames[0])), msg.Frames[1]
+	if len(payload) > l.opts.MaxMessageBytes {
+		l.drop(ReasonOversized, fmt.Sprintf("%d-byte payload from %q", len(payload), identity))
+		return
+	}
+	r, err := ParseRegistration(payload)
+	if err != nil {
+		l.drop(ReasonOf(err), fmt.Sprintf("%v (identity %q)", err, identity))
+		return
+	}
+	if reason, detail := l.checkConnector(r); reason != "" {
+		l.drop(reason, fmt.Sprintf("%s (http_address %q)", detail, r.HTTPAddress))
+		return
+	}
+	switch out, reason := l.f.observe(r, identity, l.now()); out {
+	case outAdded, outReplaced:
+		select {
+		case l.kick <- struct{}{}:
+		default:
+		}
+	case outDropped:
+		l.drop(reason, fmt.Sprintf("http_address %q", r.HTTPAddress))
+	}
+}
+
+// checkConnector applies what the configured connector needs from a
+// registration beyond ParseRegistration's checks.
+func (l *Listener) checkConnector(r Registration) (reason, detail string) {
+	switch l.opts.Connector {
+	case ConnectorMoRIIO:
+		if r.TransferMode == "" {
+			return ReasonMissingKey, "transfer_mode is required by the moriio connector"
+		}
+		if r.ZMQ.Handshake == 0 {
+			return ReasonConnector, fmt.Sprintf("zmq_address %q is not host:..,handshake:..,notify:.. as MoRI-IO needs", r.ZMQAddress)
+		}
+	case ConnectorP2PNCCL:
+		if r.ZMQ.Port == 0 {
+			return ReasonConnector, fmt.Sprintf("zmq_address %q is not ip:port as P2P-NCCL needs", r.ZMQAddress)
+		}
+	}
+	return "", ""
+}
+
+// drop counts a dropped message; the first drop of each reason is logged at
+// warn, later ones at debug (a misbehaving peer must not flood the log).
+func (l *Listener) drop(reason, detail string) {
+	l.count(reason)
+	l.dropMu.Lock()
+	first := !l.dropSeen[reason]
+	l.dropSeen[reason] = true
+	l.dropMu.Unlock()
+	if first && reason != ReasonHello {
+		l.log.Warn("zmq discovery: message dropped (further drops of this reason log at debug)", "reason", reason, "detail", detail)
+	} else if l.log.Enabled(context.Background(), slog.LevelDebug) {
+		l.log.Debug("zmq discovery: message dropped", "reason", reason, "detail", detail)
+	}
+}
+
+func (l *Listener) count(reason string) {
+	if l.opts.Metrics != nil {
+		l.opts.Metrics.DiscoveryDropped.WithLabelValues(reason).Inc()
+	}
+}
+
+// Status is a snapshot for /workers and /get_server_info.
+type Status struct {
+	Address    string           `json:"address"`
+	Connector  string           `json:"connector"`
+	FleetMode  string           `json:"fleet_transfer_mode"`
+	TTLSeconds float64          `json:"ttl_secs"`
+	Instances  []InstanceStatus `json:"instances"`
+}
+
+// InstanceStatus describes one registered instance (all its DP ranks).
+type InstanceStatus struct {
+	HTTPAddress  string    `json:"http_address"`
+	URL          string    `json:"url"`
+	Role         string    `json:"role"`
+	ZMQAddress   string    `json:"zmq_address"`
+	DPSize       int       `json:"dp_size"`
+	TPSize       int       `json:"tp_size"`
+	TransferMode string    `json:"transfer_mode,omitempty"`
+	Format       string    `json:"format"`
+	Held         bool      `json:"held"`
+	Note         string    `json:"note,omitempty"`
+	FirstSeen    time.Time `json:"first_seen"`
+	LastSeen     time.Time `json:"last_seen"`
+}
+
+// Status returns the current instances (sorted by role, then address)
+// without taking the discovery lock, so it is safe from registry callbacks.
+func (l *Listener) Status() Status {
+	return Status{
+		Address:    l.addr,
+		Connector:  l.opts.Connector,
+		FleetMode:  l.FleetMode(),
+		TTLSeconds: l.opts.TTL.Seconds(),
+		Instances:  l.f.Status(),
+	}
+}
