@@ -1,0 +1,649 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/sim/engine"
+	"github.com/switchyard-llm/switchyard/internal/sim/sidechan"
+)
+
+// moriio is the MoRI-IO connector (PROTOCOL §2): WRITE (D allocates, sends
+// remote_blocks to P's notify port, P writes layer by layer during its
+// forward and sends write_done) or READ (P pins its blocks and returns
+// them; D reads over the side channel and sends release).
+type moriio struct {
+	in    *Instance
+	read  bool
+	ranks []*moriRank
+	rpcID atomic.Uint64
+}
+
+// moriRank is the connector state of one DP rank (one vLLM worker).
+type moriRank struct {
+	mu      sync.Mutex
+	xfers   map[string]*pXfer    // P: pinned transfers by transfer_id
+	early   map[string]*earlyMsg // messages that arrived before their request
+	waiters map[string]*job      // D (WRITE): requests waiting for write_done
+	dead    bool                 // P: notify listener killed by an empty block list
+}
+
+type earlyMsg struct {
+	msg   sidechan.Any
+	timer *time.Timer
+}
+
+// pXfer is one prefill-side transfer: pinned blocks plus (WRITE) the
+// layer-wise writes towards D.
+type pXfer struct {
+	id         string
+	j          *job
+	rank       int
+	dst        moriAddr
+	hasDst     bool
+	decodeRank int
+	rbArrived  bool
+	linkAdded  bool
+	finished   bool
+	acks       int
+	acksNeeded int
+	timer      *time.Timer
+	done       bool
+}
+
+func newMoRIIO(in *Instance) *moriio {
+	m := &moriio{in: in, read: in.cfg.readMode()}
+	for range in.cfg.DPSize {
+		m.ranks = append(m.ranks, &moriRank{
+			xfers:   make(map[string]*pXfer),
+			early:   make(map[string]*earlyMsg),
+			waiters: make(map[string]*job),
+		})
+	}
+	return m
+}
+
+func (m *moriio) pending() int {
+	n := 0
+	for _, r := range m.ranks {
+		r.mu.Lock()
+		n += len(r.xfers) + len(r.waiters)
+		r.mu.Unlock()
+	}
+	return n
+}
+
+func (m *moriio) nextRPC() string {
+	return "rpc-" + strconv.FormatUint(m.rpcID.Add(1), 10)
+}
+
+// ---------------------------------------------------------------- prefill
+
+func (m *moriio) prefill(j *job) *apiError {
+	in := m.in
+	j.local()
+	p := j.g.kv
+	if p == nil || !p.boolean("do_remote_decode") {
+		return nil // plain request: served like normal vLLM
+	}
+	tid, ok := p.str("transfer_id")
+	if !ok || tid == "" {
+		if in.cfg.Strict {
+			return &apiError{status: 400, typ: "BadRequestError", param: "kv_transfer_params",
+				message: "kv_transfer_params.transfer_id is required on a MoRI-IO prefill (vLLM raises KeyError)"}
+		}
+		tid = "sidecar-" + j.g.requestID
+		in.log.Warn("prefill without transfer_id; synthesized one as the newest connector does", "transfer_id", tid)
+	}
+	x := &pXfer{id: tid, j: j, rank: j.rank, acksNeeded: 1}
+	if dtp, ok := p.int("remote_tp_size"); ok && dtp > in.cfg.TPSize {
+		x.acksNeeded = (dtp + in.cfg.TPSize - 1) / in.cfg.TPSize
+	}
+	if !m.read {
+		dst, ok := moriPeerFromID(j.g.xRequestID, false)
+		if !ok {
+			dst, ok = moriPeerFromParams(p)
+		}
+		if !ok {
+			if in.cfg.Strict {
+				return &apiError{status: 400, typ: "BadRequestError", param: "kv_transfer_params",
+					message: "WRITE-mode prefill cannot find the decode's address: X-Request-Id has no ___decode_addr_ part and kv_transfer_params has no remote_host/remote_handshake_port/remote_notify_port"}
+			}
+			in.log.Warn("WRITE prefill has no decode address; write_done cannot be delivered", "request_id", j.g.requestID)
+		} else {
+			x.dst, x.hasDst = dst, true
+			dDP, ok := p.int("remote_dp_size")
+			if !ok || dDP < 1 {
+				dDP = 1
+			}
+			eps := make([]string, 0, dDP)
+			for r := range dDP {
+				eps = append(eps, sidechan.Endpoint(dst.host, dst.handshake+r))
+			}
+			st := in.hs.ensure(fmt.Sprintf("moriio:%s:%d", dst.host, dst.handshake), eps)
+			j.req.ForwardNotBefore = st.readyAt
+		}
+		j.req.OnForward = func(h *engine.Handle, start time.Time, compute time.Duration) { m.onForward(x, h, start, compute) }
+	}
+	j.kind = "prefill"
+	j.req.KeepBlocks = true
+	r := m.ranks[j.rank]
+	r.mu.Lock()
+	if old := r.xfers[tid]; old != nil {
+		in.log.Warn("transfer_id reused while a previous transfer is pinned; dropping the old one", "transfer_id", tid)
+		r.mu.Unlock()
+		m.finishXfer(old, false, "replaced")
+		r.mu.Lock()
+	}
+	r.xfers[tid] = x
+	if e := r.early[tid]; e != nil && e.msg.Type == sidechan.TypeRemoteBlocks {
+		e.timer.Stop()
+		delete(r.early, tid)
+		x.rbArrived = true
+		x.decodeRank = e.msg.DecodeRank
+	}
+	r.mu.Unlock()
+	j.onFinish = func(pr engine.Progress) { m.prefillFinished(x, pr) }
+	j.onAbort = func(bool) { m.finishXfer(x, false, "prefill aborted") }
+	j.responseKV = func() any { return m.prefillParams(x) }
+	return nil
+}
+
+// onForward queues the layer writes of x as its last prefill chunk runs.
+func (m *moriio) onForward(x *pXfer, h *engine.Handle, start time.Time, compute time.Duration) {
+	r := m.ranks[x.rank]
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if x.done || x.linkAdded {
+		return
+	}
+	x.linkAdded = true
+	n := len(x.j.g.promptIDs)
+	times := layerReadyTimes(start, compute, m.in.params.NumLayers)
+	m.in.links[x.rank].Add(x.id, times, m.in.params.LayerTransferTime(n), !x.rbArrived, func(time.Time) { m.writesDone(x) })
+}
+
+// writesDone runs when every layer write of x completed: send write_done
+// to D.notify_base + decode_rank + P tp rank, then free P's blocks.
+func (m *moriio) writesDone(x *pXfer) {
+	r := m.ranks[x.rank]
+	r.mu.Lock()
+	if x.done {
+		r.mu.Unlock()
+		return
+	}
+	x.done = true
+	delete(r.xfers, x.id)
+	if x.timer != nil {
+		x.timer.Stop()
+	}
+	r.mu.Unlock()
+	in := m.in
+	switch {
+	case in.faults.dropWrites():
+		in.ctr.writeDoneDropped.Add(1)
+		in.log.Info("drop-write-done: not sending write_done", "transfer_id", x.id)
+	case !x.hasDst:
+		in.ctr.writeDoneDropped.Add(1)
+	default:
+		msg := sidechan.Encode(sidechan.WriteDone{
+			Type: sidechan.TypeWriteDone, TransferID: x.id,
+			SimDigest: sidechan.FormatDigest(x.j.g.digest), SimNumTokens: len(x.j.g.promptIDs),
+		})
+		for t := range in.cfg.TPSize {
+			in.pool.Send(sidechan.Endpoint(x.dst.host, x.dst.notify+x.decodeRank+t), "", msg)
+			in.ctr.writeDoneSent.Add(1)
+		}
+	}
+	in.ctr.transfersCompleted.Add(1)
+	x.j.handle().Release()
+}
+
+func (m *moriio) prefillFinished(x *pXfer, p engine.Progress) {
+	if p.Reason != engine.FinishLength {
+		// EOS on the first token: vLLM returns kv_transfer_params null and
+		// hands nothing off.
+		m.finishXfer(x, false, "prefill finished with "+p.Reason.String())
+		return
+	}
+	r := m.ranks[x.rank]
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if x.done {
+		return
+	}
+	x.finished = true
+	if m.read || !x.rbArrived {
+		// READ: pinned until release; WRITE: until the remote blocks arrive.
+		x.timer = m.in.deferTimer(func() { m.finishXfer(x, false, "defer timeout") })
+	}
+}
+
+// finishXfer ends x without a successful handoff (or, ok, after READ's
+// release) and frees P's blocks.
+func (m *moriio) finishXfer(x *pXfer, ok bool, why string) {
+	r := m.ranks[x.rank]
+	r.mu.Lock()
+	if x.done {
+		r.mu.Unlock()
+		return
+	}
+	x.done = true
+	if r.xfers[x.id] == x {
+		delete(r.xfers, x.id)
+	}
+	if x.timer != nil {
+		x.timer.Stop()
+	}
+	r.mu.Unlock()
+	m.in.links[x.rank].Cancel(x.id)
+	if ok {
+		m.in.ctr.transfersCompleted.Add(1)
+	} else {
+		if why == "defer timeout" {
+			m.in.ctr.deferExpired.Add(1)
+		}
+		if x.finished {
+			m.in.ctr.transfersFailed.Add(1)
+		}
+		m.in.log.Debug("transfer ended", "transfer_id", x.id, "reason", why)
+	}
+	if h := x.j.handle(); h != nil {
+		h.Release()
+	}
+}
+
+// prefillParams is the kv_transfer_params of P's response.
+func (m *moriio) prefillParams(x *pXfer) any {
+	in := m.in
+	blocks := x.j.handle().Blocks()
+	var ids any = blocks
+	out := map[string]any{
+		"do_remote_prefill":     true,
+		"do_remote_decode":      false,
+		"remote_engine_id":      in.engineID(),
+		"remote_host":           in.cfg.AdvertiseHost,
+		"remote_handshake_port": in.hsBase,
+		"remote_notify_port":    in.notifyBase,
+		"remote_dp_size":        in.cfg.DPSize,
+		"tp_size":               in.cfg.TPSize,
+		"transfer_id":           x.id,
+		"remote_dp_rank":        x.rank,
+	}
+	if in.cfg.NestedBlockIDs {
+		ids = [][]int{blocks}
+		out["remote_dp_rank_override"] = true
+		out["remote_dp_size_local"] = in.cfg.DPSize
+	}
+	out["remote_block_ids"] = ids
+	return out
+}
+
+// ----------------------------------------------------------------- decode
+
+func (m *moriio) decode(j *job) *apiError {
+	in := m.in
+	p := j.g.kv
+	if p == nil || !p.boolean("do_remote_prefill") {
+		if in.cfg.Strict {
+			return &apiError{status: 400, typ: "BadRequestError", param: "kv_transfer_params",
+				message: "MoRI-IO decode needs kv_transfer_params with do_remote_prefill=true (vLLM treats every request on a decode as remote-prefilled: WRITE hangs, READ produces garbage)"}
+		}
+		if m.read {
+			j.garbage("plain request on a READ-mode decode")
+		} else {
+			in.log.Warn("plain request on a WRITE-mode decode: it will wait for KV that never comes (vLLM behaviour)", "request_id", j.g.requestID)
+			j.remote()
+		}
+		return nil
+	}
+	tid, _ := p.str("transfer_id")
+	pRank, ok := p.int("remote_dp_rank")
+	if !ok {
+		if n, _ := p.int("remote_dp_size"); n > 1 {
+			in.log.Warn("remote_dp_size > 1 without remote_dp_rank: falling back to P rank 0 (the request may hang)", "request_id", j.g.requestID)
+		}
+		pRank = 0
+	}
+	pTP, ok := p.int("tp_size")
+	if !ok {
+		pTP, _ = p.int("remote_tp_size")
+	}
+	pTP = max(pTP, 1)
+	if m.read {
+		return m.decodeRead(j, p, tid, pRank, pTP)
+	}
+	return m.decodeWrite(j, p, tid, pRank)
+}
+
+func (m *moriio) decodeWrite(j *job, p kvParams, tid string, pRank int) *apiError {
+	in := m.in
+	// 512a877: the request id first, params as fallback.
+	src, ok := moriPeerFromID(j.g.xRequestID, true)
+	if !ok {
+		src, ok = moriPeerFromParams(p)
+	}
+	if in.cfg.Strict {
+		if tid == "" {
+			return &apiError{status: 400, typ: "BadRequestError", param: "kv_transfer_params",
+				message: "kv_transfer_params.transfer_id is required (vLLM raises KeyError in update_state_after_alloc)"}
+		}
+		if !ok {
+			return &apiError{status: 400, typ: "BadRequestError", param: "kv_transfer_params",
+				message: "WRITE-mode decode cannot find the prefill's address: X-Request-Id has no ___prefill_addr_ part and kv_transfer_params has no remote_host/remote_handshake_port/remote_notify_port"}
+		}
+	}
+	j.remote()
+	if tid == "" || !ok {
+		in.log.Warn("WRITE decode cannot notify its prefill; it will wait forever", "request_id", j.g.requestID, "transfer_id", tid)
+		return nil
+	}
+	r := m.ranks[j.rank]
+	r.mu.Lock()
+	r.waiters[tid] = j
+	early := r.early[tid]
+	if early != nil {
+		early.timer.Stop()
+		delete(r.early, tid)
+		delete(r.waiters, tid)
+	}
+	r.mu.Unlock()
+	if early != nil {
+		j.afterSubmit = func() { m.deliverWriteDone(j, early.msg) }
+	}
+	j.req.OnAdmit = func(h *engine.Handle) {
+		blocks := h.Blocks()
+		msg := sidechan.Encode(sidechan.RemoteBlocks{
+			Type: sidechan.TypeRemoteBlocks, ReqID: j.g.requestID, TransferID: tid,
+			BlockNotifyList: blocks, DecodeRank: j.rank,
+		})
+		for t := range in.cfg.TPSize {
+			in.pool.Send(sidechan.Endpoint(src.host, src.notify+pRank+t), "", msg)
+			in.ctr.remoteBlocksSent.Add(1)
+		}
+	}
+	forget := func() {
+		r.mu.Lock()
+		if r.waiters[tid] == j {
+			delete(r.waiters, tid)
+		}
+		r.mu.Unlock()
+	}
+	j.onFinish = func(engine.Progress) { forget() }
+	j.onAbort = func(admitted bool) {
+		forget()
+		if !admitted {
+			// vLLM: aborted before allocation, request_finished sends
+			// release so P frees its blocks.
+			m.sendRelease(src, pRank, 1, tid)
+		}
+	}
+	return nil
+}
+
+func (m *moriio) deliverWriteDone(j *job, msg sidechan.Any) {
+	d, ok := sidechan.ParseDigest(msg.SimDigest)
+	if !ok {
+		m.in.ctr.kvGarbage.Add(1)
+		d = j.g.digest ^ 0xbadbadbadbadbad // bare-string write_done carries no KV
+	}
+	n := msg.SimNumTokens
+	if !ok {
+		n = len(j.g.promptIDs)
+	}
+	j.kvDelivered(d, n, 0, false)
+}
+
+func (m *moriio) decodeRead(j *job, p kvParams, tid string, pRank, pTP int) *apiError {
+	in := m.in
+	blocks, okBlocks := p.ints("remote_block_ids")
+	engineID, okEngine := p.str("remote_engine_id")
+	src, okSrc := moriPeerFromParams(p)
+	if !okSrc {
+		src, okSrc = moriPeerFromID(j.g.xRequestID, true)
+	}
+	var missing string
+	switch {
+	case !okBlocks || len(blocks) == 0:
+		missing = "remote_block_ids"
+	case !okEngine || engineID == "":
+		missing = "remote_engine_id"
+	case tid == "":
+		missing = "transfer_id"
+	case !okSrc:
+		missing = "remote_host/remote_handshake_port/remote_notify_port (or an X-Request-Id with ___prefill_addr_)"
+	}
+	if missing != "" {
+		if in.cfg.Strict {
+			return &apiError{status: 400, typ: "BadRequestError", param: "kv_transfer_params",
+				message: "READ-mode decode needs " + missing + " in kv_transfer_params (vLLM logs \"Got invalid KVTransferParams\" and decodes garbage)"}
+		}
+		j.garbage("missing " + missing)
+		return nil
+	}
+	j.remote()
+	var readDone, released atomic.Bool
+	release := func() {
+		if released.CompareAndSwap(false, true) {
+			m.sendRelease(src, pRank, pTP, tid)
+		}
+	}
+	j.req.OnAdmit = func(h *engine.Handle) {
+		in.goBackground(func(ictx context.Context) {
+			ctx, cancel := context.WithCancel(j.ctx)
+			defer cancel()
+			stop := context.AfterFunc(ictx, cancel)
+			defer stop()
+			ok := m.readKV(ctx, j, src, pRank, engineID, tid, blocks)
+			readDone.Store(true)
+			if !ok && ctx.Err() == nil {
+				release() // a failed read still releases, then D recomputes
+				j.kvDelivered(0, 0, 0, true)
+			}
+		})
+	}
+	j.onFirstToken = release
+	j.onAbort = func(bool) {
+		if !readDone.Load() {
+			release() // vLLM issues an empty read so P gets notified
+		}
+	}
+	return nil
+}
+
+// readKV performs the handshake (first contact) and the read RPC; on
+// success it delivers the KV with the layer-wise read duration.
+func (m *moriio) readKV(ctx context.Context, j *job, src moriAddr, pRank int, engineID, tid string, blocks []int) bool {
+	in := m.in
+	ep := sidechan.Endpoint(src.host, src.handshake+pRank)
+	st := in.hs.ensure(fmt.Sprintf("moriio:%s_dp%d", engineID, pRank), []string{ep})
+	if err := st.wait(ctx); err != nil {
+		return false
+	}
+	c, err := in.clients.Get(ep)
+	if err != nil {
+		in.ctr.readsFailed.Add(1)
+		in.ctr.transfersFailed.Add(1)
+		in.log.Warn("READ: cannot reach prefill", "endpoint", ep, "err", err)
+		return false
+	}
+	rctx, cancel := context.WithTimeout(ctx, in.cfg.TransferTime)
+	defer cancel()
+	id := m.nextRPC()
+	reply, err := c.Call(rctx, id, sidechan.Encode(sidechan.ReadRequest{Type: sidechan.TypeRead, RPCID: id, TransferID: tid, BlockIDs: blocks}))
+	if err != nil || !reply.OK {
+		if ctx.Err() != nil {
+			return false
+		}
+		in.ctr.readsFailed.Add(1)
+		in.ctr.transfersFailed.Add(1)
+		in.log.Warn("READ failed; recomputing locally", "transfer_id", tid, "err", err, "reply_error", reply.Error)
+		return false
+	}
+	in.ctr.readsDone.Add(1)
+	d, _ := sidechan.ParseDigest(reply.SimDigest)
+	j.kvDelivered(d, reply.SimNumTokens, in.params.TransferTime(reply.SimNumTokens), false)
+	return true
+}
+
+func (m *moriio) sendRelease(src moriAddr, pRank, pTP int, tid string) {
+	in := m.in
+	msg := sidechan.Encode(sidechan.Release{Type: sidechan.TypeRelease, TransferID: tid, ConsumerTPSize: in.cfg.TPSize})
+	for t := range in.cfg.TPSize {
+		in.pool.Send(sidechan.Endpoint(src.host, src.notify+pRank+t%max(pTP, 1)), "", msg)
+		in.ctr.releaseSent.Add(1)
+	}
+}
+
+// ----------------------------------------------------------- side channel
+
+func (m *moriio) onNotifySocket(offset int, payload []byte) {
+	in := m.in
+	msg, err := sidechan.Decode(payload)
+	if err != nil {
+		in.log.Warn("notify: undecodable message", "err", err)
+		return
+	}
+	r := m.ranks[in.cfg.rankForOffset(offset)]
+	port := in.notifyBase + offset
+	if msg.Bare != "" {
+		// Older format: a bare transfer id means "done" on both sides.
+		msg.TransferID = msg.Bare
+		if in.cfg.Role == RoleDecode {
+			msg.Type = sidechan.TypeWriteDone
+		} else {
+			msg.Type = sidechan.TypeRelease
+		}
+	}
+	in.ctr.notePort(msg.Type, port)
+	switch {
+	case msg.Type == sidechan.TypeRemoteBlocks && in.cfg.Role == RolePrefill:
+		in.ctr.remoteBlocksRecv.Add(1)
+		m.onRemoteBlocks(r, msg)
+	case msg.Type == sidechan.TypeRelease && in.cfg.Role == RolePrefill:
+		in.ctr.releaseReceived.Add(1)
+		m.onRelease(r, msg)
+	case msg.Type == sidechan.TypeWriteDone && in.cfg.Role == RoleDecode:
+		in.ctr.writeDoneReceived.Add(1)
+		m.onWriteDone(r, msg)
+	default:
+		in.log.Warn("notify: unexpected message", "type", msg.Type, "role", in.cfg.Role, "port", port)
+	}
+}
+
+func (m *moriio) onRemoteBlocks(r *moriRank, msg sidechan.Any) {
+	r.mu.Lock()
+	if r.dead {
+		r.mu.Unlock()
+		m.in.log.Debug("notify listener is dead; message ignored", "transfer_id", msg.TransferID)
+		return
+	}
+	if len(msg.BlockNotifyList) == 0 {
+		// vLLM raises MoRIIOError in the listener thread, which dies.
+		r.dead = true
+		r.mu.Unlock()
+		m.in.log.Error("remote_blocks with an empty block_notify_list: the notify listener died (vLLM behaviour); later WRITE transfers on this rank stall", "transfer_id", msg.TransferID)
+		return
+	}
+	x := r.xfers[msg.TransferID]
+	if x == nil {
+		m.stashEarly(r, msg)
+		r.mu.Unlock()
+		return
+	}
+	if x.rbArrived || x.done {
+		r.mu.Unlock()
+		return // duplicate (one per D TP rank)
+	}
+	x.rbArrived = true
+	x.decodeRank = msg.DecodeRank
+	if x.timer != nil {
+		x.timer.Stop()
+		x.timer = nil
+	}
+	if x.linkAdded {
+		m.in.links[x.rank].Open(x.id, time.Now())
+	}
+	r.mu.Unlock()
+}
+
+func (m *moriio) onRelease(r *moriRank, msg sidechan.Any) {
+	r.mu.Lock()
+	x := r.xfers[msg.TransferID]
+	if x == nil {
+		r.mu.Unlock()
+		return
+	}
+	x.acks++
+	enough := x.acks >= x.acksNeeded
+	r.mu.Unlock()
+	if !enough {
+		return
+	}
+	if m.read {
+		m.finishXfer(x, true, "released")
+	} else {
+		m.finishXfer(x, false, "decode aborted before allocation")
+	}
+}
+
+func (m *moriio) onWriteDone(r *moriRank, msg sidechan.Any) {
+	r.mu.Lock()
+	j := r.waiters[msg.TransferID]
+	if j == nil {
+		m.stashEarly(r, msg)
+		r.mu.Unlock()
+		return
+	}
+	delete(r.waiters, msg.TransferID)
+	r.mu.Unlock()
+	m.deliverWriteDone(j, msg)
+}
+
+// stashEarly keeps a message whose request is not known yet (r.mu held),
+// as vLLM buffers ids that arrive before the mapping exists.
+func (m *moriio) stashEarly(r *moriRank, msg sidechan.Any) {
+	if old := r.early[msg.TransferID]; old != nil {
+		old.timer.Stop()
+	}
+	e := &earlyMsg{msg: msg}
+	tid := msg.TransferID
+	e.timer = m.in.deferTimer(func() {
+		r.mu.Lock()
+		if r.early[tid] == e {
+			delete(r.early, tid)
+		}
+		r.mu.Unlock()
+	})
+	r.early[tid] = e
+}
+
+func (m *moriio) onHandshakeSocket(offset int, payload []byte, reply func([]byte) error) {
+	in := m.in
+	msg, err := sidechan.Decode(payload)
+	if err != nil || msg.Type != sidechan.TypeRead {
+		in.log.Warn("handshake socket: unexpected message", "type", msg.Type, "err", err)
+		return
+	}
+	in.ctr.notePort(msg.Type, in.hsBase+offset)
+	r := m.ranks[in.cfg.rankForOffset(offset)]
+	r.mu.Lock()
+	x := r.xfers[msg.TransferID]
+	ok := x != nil && x.finished && !x.done
+	r.mu.Unlock()
+	rep := sidechan.Reply{Type: sidechan.TypeReadReply, RPCID: msg.RPCID, OK: ok}
+	if ok {
+		in.ctr.readsServed.Add(1)
+		rep.SimDigest = sidechan.FormatDigest(x.j.g.digest)
+		rep.SimNumTokens = len(x.j.g.promptIDs)
+	} else {
+		rep.Error = "unknown or unpinned transfer_id " + msg.TransferID
+	}
+	_ = reply(sidechan.Encode(rep))
+}
+
+func (m *moriio) onKVSocket(int, []byte) {}

@@ -1,0 +1,256 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/sim/engine"
+	"github.com/switchyard-llm/switchyard/internal/sim/sidechan"
+)
+
+// nixl is the NIXL connector (PROTOCOL §4.2): sequential. P pins its blocks
+// and returns {remote_engine_id, remote_block_ids, remote_host, remote_port
+// (its side-channel port), remote_request_id, tp_size}; D must receive them
+// verbatim, reads from P over the side channel and notifies P to free.
+type nixl struct {
+	in    *Instance
+	ranks []*nixlRank
+	rpcID atomic.Uint64
+}
+
+type nixlRank struct {
+	mu    sync.Mutex
+	xfers map[string]*nixlXfer // by remote_request_id
+}
+
+type nixlXfer struct {
+	id    string
+	j     *job
+	rank  int
+	timer *time.Timer
+	done  bool
+}
+
+func newNIXL(in *Instance) *nixl {
+	n := &nixl{in: in}
+	for range in.cfg.DPSize {
+		n.ranks = append(n.ranks, &nixlRank{xfers: make(map[string]*nixlXfer)})
+	}
+	return n
+}
+
+func (n *nixl) pending() int {
+	c := 0
+	for _, r := range n.ranks {
+		r.mu.Lock()
+		c += len(r.xfers)
+		r.mu.Unlock()
+	}
+	return c
+}
+
+// nixlEngineID names one P DP engine.
+func (n *nixl) engineID(rank int) string {
+	return fmt.Sprintf("nixl-%s-%d-dp%d", n.in.cfg.AdvertiseHost, n.in.hsBase, rank)
+}
+
+func (n *nixl) prefill(j *job) *apiError {
+	j.local()
+	p := j.g.kv
+	if p == nil || !p.boolean("do_remote_decode") {
+		return nil
+	}
+	j.kind = "prefill"
+	j.req.KeepBlocks = true
+	x := &nixlXfer{id: j.g.requestID, j: j, rank: j.rank}
+	j.onFinish = func(pr engine.Progress) {
+		if pr.Reason != engine.FinishLength {
+			if h := j.handle(); h != nil {
+				h.Release()
+			}
+			return
+		}
+		r := n.ranks[x.rank]
+		r.mu.Lock()
+		if old := r.xfers[x.id]; old != nil {
+			r.mu.Unlock()
+			n.finish(old, false)
+			r.mu.Lock()
+		}
+		r.xfers[x.id] = x
+		x.timer = n.in.deferTimer(func() { n.in.ctr.deferExpired.Add(1); n.finish(x, false) })
+		r.mu.Unlock()
+	}
+	j.responseKV = func() any {
+		return map[string]any{
+			"do_remote_prefill": true,
+			"do_remote_decode":  false,
+			"remote_block_ids":  j.handle().Blocks(),
+			"remote_engine_id":  n.engineID(x.rank),
+			"remote_request_id": x.id,
+			"remote_host":       n.in.cfg.AdvertiseHost,
+			"remote_port":       n.in.hsBase + x.rank,
+			"tp_size":           n.in.cfg.TPSize,
+		}
+	}
+	return nil
+}
+
+func (n *nixl) finish(x *nixlXfer, ok bool) {
+	r := n.ranks[x.rank]
+	r.mu.Lock()
+	if x.done {
+		r.mu.Unlock()
+		return
+	}
+	x.done = true
+	if r.xfers[x.id] == x {
+		delete(r.xfers, x.id)
+	}
+	if x.timer != nil {
+		x.timer.Stop()
+	}
+	r.mu.Unlock()
+	if ok {
+		n.in.ctr.transfersCompleted.Add(1)
+	} else {
+		n.in.ctr.transfersFailed.Add(1)
+	}
+	x.j.handle().Release()
+}
+
+func (n *nixl) decode(j *job) *apiError {
+	in := n.in
+	p := j.g.kv
+	if p == nil || !p.boolean("do_remote_prefill") {
+		j.local() // NIXL checks do_remote_prefill: a plain request is computed locally
+		return nil
+	}
+	blocks, okB := p.ints("remote_block_ids")
+	engineID, okE := p.str("remote_engine_id")
+	host, okH := p.str("remote_host")
+	port, okP := p.int("remote_port")
+	reqID, okR := p.str("remote_request_id")
+	var missing string
+	switch {
+	case !okB || len(blocks) == 0:
+		missing = "remote_block_ids"
+	case !okE || engineID == "":
+		missing = "remote_engine_id"
+	case !okH || host == "":
+		missing = "remote_host"
+	case !okP || port <= 0:
+		missing = "remote_port"
+	case !okR || reqID == "":
+		missing = "remote_request_id"
+	}
+	if missing != "" {
+		if in.cfg.Strict {
+			return &apiError{status: 400, typ: "BadRequestError", param: "kv_transfer_params",
+				message: "NIXL decode needs " + missing + " in kv_transfer_params (forward the prefill's kv_transfer_params verbatim)"}
+		}
+		j.garbage("missing " + missing)
+		return nil
+	}
+	j.remote()
+	ep := sidechan.Endpoint(host, port)
+	var readDone, released atomic.Bool
+	release := func() {
+		if !released.CompareAndSwap(false, true) {
+			return
+		}
+		if c, err := in.clients.Get(ep); err == nil {
+			if c.Send(sidechan.Encode(sidechan.Release{Type: sidechan.TypeRelease, TransferID: reqID, ConsumerTPSize: in.cfg.TPSize})) == nil {
+				in.ctr.releaseSent.Add(1)
+			}
+		}
+	}
+	j.req.OnAdmit = func(*engine.Handle) {
+		in.goBackground(func(context.Context) {
+			ok := n.read(j.ctx, j, ep, engineID, reqID, blocks)
+			readDone.Store(true)
+			if !ok && j.ctx.Err() == nil {
+				release()
+				j.kvDelivered(0, 0, 0, true)
+			}
+		})
+	}
+	j.onFirstToken = release
+	j.onAbort = func(bool) {
+		if !readDone.Load() {
+			release()
+		}
+	}
+	return nil
+}
+
+func (n *nixl) read(ctx context.Context, j *job, ep, engineID, reqID string, blocks []int) bool {
+	in := n.in
+	st := in.hs.ensure("nixl:"+engineID, []string{ep})
+	if err := st.wait(ctx); err != nil {
+		return false
+	}
+	c, err := in.clients.Get(ep)
+	if err != nil {
+		in.ctr.readsFailed.Add(1)
+		in.ctr.transfersFailed.Add(1)
+		return false
+	}
+	rctx, cancel := context.WithTimeout(ctx, in.cfg.TransferTime)
+	defer cancel()
+	id := "nixl-" + strconv.FormatUint(n.rpcID.Add(1), 10)
+	reply, err := c.Call(rctx, id, sidechan.Encode(sidechan.ReadRequest{Type: sidechan.TypeRead, RPCID: id, TransferID: reqID, BlockIDs: blocks}))
+	if err != nil || !reply.OK {
+		if ctx.Err() != nil {
+			return false
+		}
+		in.ctr.readsFailed.Add(1)
+		in.ctr.transfersFailed.Add(1)
+		in.log.Warn("NIXL read failed; recomputing locally", "remote_request_id", reqID, "err", err, "reply_error", reply.Error)
+		return false
+	}
+	in.ctr.readsDone.Add(1)
+	d, _ := sidechan.ParseDigest(reply.SimDigest)
+	j.kvDelivered(d, reply.SimNumTokens, in.params.TransferTime(reply.SimNumTokens), false)
+	return true
+}
+
+func (n *nixl) onHandshakeSocket(offset int, payload []byte, reply func([]byte) error) {
+	in := n.in
+	msg, err := sidechan.Decode(payload)
+	if err != nil {
+		return
+	}
+	in.ctr.notePort(msg.Type, in.hsBase+offset)
+	r := n.ranks[in.cfg.rankForOffset(offset)]
+	switch msg.Type {
+	case sidechan.TypeRead:
+		r.mu.Lock()
+		x := r.xfers[msg.TransferID]
+		r.mu.Unlock()
+		rep := sidechan.Reply{Type: sidechan.TypeReadReply, RPCID: msg.RPCID, OK: x != nil}
+		if x != nil {
+			in.ctr.readsServed.Add(1)
+			rep.SimDigest = sidechan.FormatDigest(x.j.g.digest)
+			rep.SimNumTokens = len(x.j.g.promptIDs)
+		} else {
+			rep.Error = "unknown remote_request_id " + msg.TransferID
+		}
+		_ = reply(sidechan.Encode(rep))
+	case sidechan.TypeRelease:
+		in.ctr.releaseReceived.Add(1)
+		r.mu.Lock()
+		x := r.xfers[msg.TransferID]
+		r.mu.Unlock()
+		if x != nil {
+			n.finish(x, true)
+		}
+	}
+}
+
+func (n *nixl) onNotifySocket(int, []byte) {}
+func (n *nixl) onKVSocket(int, []byte)     {}

@@ -1,0 +1,454 @@
+package sim
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/switchyard-llm/switchyard/internal/sim/oracle"
+)
+
+// apiError is an OpenAI-style error response (vLLM's newer shape).
+type apiError struct {
+	status  int
+	typ     string
+	message string
+	param   string
+}
+
+func (e *apiError) Error() string { return e.message }
+
+func badRequest(format string, args ...any) *apiError {
+	return &apiError{status: http.StatusBadRequest, typ: "BadRequestError", message: fmt.Sprintf(format, args...)}
+}
+
+func errorType(status int) string {
+	switch status {
+	case http.StatusBadRequest:
+		return "BadRequestError"
+	case http.StatusNotFound:
+		return "NotFoundError"
+	case http.StatusMethodNotAllowed:
+		return "MethodNotAllowed"
+	case http.StatusServiceUnavailable:
+		return "ServiceUnavailableError"
+	case http.StatusRequestEntityTooLarge:
+		return "RequestEntityTooLarge"
+	}
+	if status >= 500 {
+		return "InternalServerError"
+	}
+	return http.StatusText(status)
+}
+
+// errorBody renders {"error": {"message", "type", "param", "code"}}.
+func errorBody(e *apiError) []byte {
+	var param any
+	if e.param != "" {
+		param = e.param
+	}
+	typ := e.typ
+	if typ == "" {
+		typ = errorType(e.status)
+	}
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{
+		"message": e.message, "type": typ, "param": param, "code": e.status,
+	}})
+	return b
+}
+
+// genReq is a parsed /v1/completions or /v1/chat/completions request.
+type genReq struct {
+	endpoint        string
+	chat            bool
+	model           string
+	promptIDs       []uint32
+	digest          uint64
+	maxTokens       int
+	minTokens       int
+	ignoreEOS       bool
+	seed            int64
+	stream          bool
+	includeUsage    bool
+	continuousUsage bool
+	kvRaw           json.RawMessage
+	kv              kvParams
+	xRequestID      string
+	requestID       string // cmpl-<id> / chatcmpl-<id>
+	created         int64
+}
+
+type rawGen struct {
+	Model               *string         `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            json.RawMessage `json:"messages"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	MinTokens           *int            `json:"min_tokens"`
+	Stream              *bool           `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage         *bool `json:"include_usage"`
+		ContinuousUsageStats *bool `json:"continuous_usage_stats"`
+	} `json:"stream_options"`
+	IgnoreEOS        *bool           `json:"ignore_eos"`
+	Seed             *int64          `json:"seed"`
+	N                *int            `json:"n"`
+	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+}
+
+// completionsDefaultMaxTokens is vLLM's default for /v1/completions.
+const completionsDefaultMaxTokens = 16
+
+func randomHex() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// parseGen validates a generation body. It mirrors vLLM's 400s.
+func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *apiError) {
+	g := &genReq{chat: chat, xRequestID: xrid}
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		if json.Valid(trimmed) {
+			return g, badRequest("request body must be a JSON object")
+		}
+		return g, badRequest("invalid JSON body")
+	}
+	var raw rawGen
+	if err := json.Unmarshal(trimmed, &raw); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return g, &apiError{status: 400, typ: "BadRequestError", message: fmt.Sprintf("invalid type for field %q: got JSON %s", te.Field, te.Value), param: te.Field}
+		}
+		return g, badRequest("invalid JSON body: %v", err)
+	}
+	g.kvRaw = raw.KVTransferParams
+	kv, err := decodeKVParams(raw.KVTransferParams)
+	if err != nil {
+		return g, &apiError{status: 400, typ: "BadRequestError", message: err.Error(), param: "kv_transfer_params"}
+	}
+	g.kv = kv
+
+	if raw.Model != nil && *raw.Model != "" && *raw.Model != in.cfg.Model {
+		return g, &apiError{status: http.StatusNotFound, typ: "NotFoundError", message: fmt.Sprintf("The model `%s` does not exist.", *raw.Model), param: "model"}
+	}
+	g.model = in.cfg.Model
+
+	if chat {
+		if len(raw.Messages) == 0 || string(raw.Messages) == "null" {
+			return g, &apiError{status: 400, typ: "BadRequestError", message: "Field required: messages", param: "messages"}
+		}
+		msgs, err := parseMessages(raw.Messages)
+		if err != nil {
+			return g, &apiError{status: 400, typ: "BadRequestError", message: err.Error(), param: "messages"}
+		}
+		g.promptIDs = oracle.Tokenize(oracle.ChatPrompt(msgs))
+	} else {
+		if len(raw.Prompt) == 0 || string(raw.Prompt) == "null" {
+			return g, &apiError{status: 400, typ: "BadRequestError", message: "Field required: prompt", param: "prompt"}
+		}
+		ids, err := parsePrompt(raw.Prompt)
+		if err != nil {
+			return g, &apiError{status: 400, typ: "BadRequestError", message: err.Error(), param: "prompt"}
+		}
+		g.promptIDs = ids
+	}
+	if len(g.promptIDs) == 0 {
+		return g, &apiError{status: 400, typ: "BadRequestError", message: "The prompt is empty (vllm-sim tokenizes on white space).", param: "prompt"}
+	}
+	g.digest = oracle.Digest(g.promptIDs)
+
+	if raw.N != nil && *raw.N != 1 {
+		return g, &apiError{status: 400, typ: "BadRequestError", message: "vllm-sim supports only n=1", param: "n"}
+	}
+	maxField, maxVal := "max_tokens", raw.MaxTokens
+	if chat && raw.MaxCompletionTokens != nil {
+		maxField, maxVal = "max_completion_tokens", raw.MaxCompletionTokens
+	}
+	L := len(g.promptIDs)
+	switch {
+	case maxVal != nil:
+		if *maxVal < 1 {
+			return g, &apiError{status: 400, typ: "BadRequestError", message: fmt.Sprintf("%s must be at least 1, got %d.", maxField, *maxVal), param: maxField}
+		}
+		g.maxTokens = *maxVal
+	case chat:
+		g.maxTokens = in.cfg.MaxModelLen - L
+	default:
+		g.maxTokens = completionsDefaultMaxTokens
+	}
+	if L+g.maxTokens > in.cfg.MaxModelLen || g.maxTokens < 1 {
+		return g, &apiError{status: 400, typ: "BadRequestError", message: fmt.Sprintf(
+			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+			in.cfg.MaxModelLen, L+g.maxTokens, L, g.maxTokens)}
+	}
+	if raw.MinTokens != nil {
+		if *raw.MinTokens < 0 {
+			return g, &apiError{status: 400, typ: "BadRequestError", message: fmt.Sprintf("min_tokens must be greater than or equal to 0, got %d.", *raw.MinTokens), param: "min_tokens"}
+		}
+		if *raw.MinTokens > g.maxTokens {
+			return g, &apiError{status: 400, typ: "BadRequestError", message: fmt.Sprintf("min_tokens must be less than or equal to max_tokens=%d, got %d.", g.maxTokens, *raw.MinTokens), param: "min_tokens"}
+		}
+		g.minTokens = *raw.MinTokens
+	}
+	g.stream = raw.Stream != nil && *raw.Stream
+	if raw.StreamOptions != nil {
+		if !g.stream {
+			return g, &apiError{status: 400, typ: "BadRequestError", message: "Stream options can only be defined when `stream=True`.", param: "stream_options"}
+		}
+		g.includeUsage = raw.StreamOptions.IncludeUsage != nil && *raw.StreamOptions.IncludeUsage
+		g.continuousUsage = raw.StreamOptions.ContinuousUsageStats != nil && *raw.StreamOptions.ContinuousUsageStats
+	}
+	g.ignoreEOS = raw.IgnoreEOS != nil && *raw.IgnoreEOS
+	g.seed = in.cfg.Seed
+	if raw.Seed != nil {
+		g.seed = *raw.Seed
+	}
+	id := xrid
+	if id == "" {
+		id = randomHex()
+	}
+	if chat {
+		g.requestID = "chatcmpl-" + id
+	} else {
+		g.requestID = "cmpl-" + id
+	}
+	return g, nil
+}
+
+// parsePrompt accepts a string, a list with one string, a list of token
+// ids, or a list with one list of token ids.
+func parsePrompt(raw json.RawMessage) ([]uint32, error) {
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return oracle.Tokenize(s), nil
+	}
+	var ss []string
+	if err := json.Unmarshal(raw, &ss); err == nil {
+		if len(ss) != 1 {
+			return nil, fmt.Errorf("vllm-sim supports exactly one prompt per request, got %d", len(ss))
+		}
+		return oracle.Tokenize(ss[0]), nil
+	}
+	var ids []uint32
+	if err := json.Unmarshal(raw, &ids); err == nil {
+		return ids, nil
+	}
+	var idss [][]uint32
+	if err := json.Unmarshal(raw, &idss); err == nil {
+		if len(idss) != 1 {
+			return nil, fmt.Errorf("vllm-sim supports exactly one prompt per request, got %d", len(idss))
+		}
+		return idss[0], nil
+	}
+	return nil, errors.New("prompt must be a string, a list of strings, or a list of token ids")
+}
+
+// parseMessages flattens chat messages; content may be a string, null, or a
+// list of parts whose "text" parts are joined with spaces.
+func parseMessages(raw json.RawMessage) ([]oracle.Message, error) {
+	var msgs []struct {
+		Role    *string         `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	if err := json.Unmarshal(raw, &msgs); err != nil {
+		return nil, errors.New("messages must be a list of objects")
+	}
+	if len(msgs) == 0 {
+		return nil, errors.New("messages must not be empty")
+	}
+	out := make([]oracle.Message, 0, len(msgs))
+	for i, m := range msgs {
+		if m.Role == nil || *m.Role == "" {
+			return nil, fmt.Errorf("messages[%d].role is required", i)
+		}
+		var text string
+		switch {
+		case len(m.Content) == 0 || string(m.Content) == "null":
+		default:
+			if err := json.Unmarshal(m.Content, &text); err != nil {
+				var parts []struct {
+					Type string `json:"type"`
+					Text string `json:"text"`
+				}
+				if err := json.Unmarshal(m.Content, &parts); err != nil {
+					return nil, fmt.Errorf("messages[%d].content must be a string or a list of content parts", i)
+				}
+				var b strings.Builder
+				for _, p := range parts {
+					if p.Type == "text" || p.Type == "" {
+						if b.Len() > 0 {
+							b.WriteByte(' ')
+						}
+						b.WriteString(p.Text)
+					}
+				}
+				text = b.String()
+			}
+		}
+		out = append(out, oracle.Message{Role: *m.Role, Content: text})
+	}
+	return out, nil
+}
+
+// appendJSONString appends s as a JSON string literal.
+func appendJSONString(dst []byte, s string) []byte {
+	b, _ := json.Marshal(s)
+	return append(dst, b...)
+}
+
+// chunkWriter renders SSE events for one request with precomputed framing.
+type chunkWriter struct {
+	g      *genReq
+	prefix []byte // `data: {"id":...,"model":...,"choices":[{"index":0,`
+	buf    []byte
+}
+
+func newChunkWriter(g *genReq) *chunkWriter {
+	obj := "text_completion"
+	if g.chat {
+		obj = "chat.completion.chunk"
+	}
+	var p []byte
+	p = append(p, `data: {"id":`...)
+	p = appendJSONString(p, g.requestID)
+	p = append(p, `,"object":"`...)
+	p = append(p, obj...)
+	p = append(p, `","created":`...)
+	p = strconv.AppendInt(p, g.created, 10)
+	p = append(p, `,"model":`...)
+	p = appendJSONString(p, g.model)
+	return &chunkWriter{g: g, prefix: p}
+}
+
+func appendUsage(b []byte, prompt, completion int) []byte {
+	b = append(b, `{"prompt_tokens":`...)
+	b = strconv.AppendInt(b, int64(prompt), 10)
+	b = append(b, `,"total_tokens":`...)
+	b = strconv.AppendInt(b, int64(prompt+completion), 10)
+	b = append(b, `,"completion_tokens":`...)
+	b = strconv.AppendInt(b, int64(completion), 10)
+	return append(b, '}')
+}
+
+// roleChunk is the chat stream's first event: delta {role, content: ""}.
+func (c *chunkWriter) roleChunk() []byte {
+	b := append(c.buf[:0], c.prefix...)
+	b = append(b, `,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
+	if c.g.continuousUsage {
+		b = append(b, `,"usage":`...)
+		b = appendUsage(b, len(c.g.promptIDs), 0)
+	}
+	b = append(b, "}\n\n"...)
+	c.buf = b
+	return b
+}
+
+// tokenChunk renders one token event; finish is "" while unfinished.
+func (c *chunkWriter) tokenChunk(piece, finish string, completionTokens int) []byte {
+	b := append(c.buf[:0], c.prefix...)
+	if c.g.chat {
+		b = append(b, `,"choices":[{"index":0,"delta":{"content":`...)
+		b = appendJSONString(b, piece)
+		b = append(b, `},"logprobs":null,"finish_reason":`...)
+	} else {
+		b = append(b, `,"choices":[{"index":0,"text":`...)
+		b = appendJSONString(b, piece)
+		b = append(b, `,"logprobs":null,"finish_reason":`...)
+	}
+	if finish == "" {
+		b = append(b, "null"...)
+	} else {
+		b = appendJSONString(b, finish)
+	}
+	b = append(b, `,"stop_reason":null}]`...)
+	if c.g.continuousUsage {
+		b = append(b, `,"usage":`...)
+		b = appendUsage(b, len(c.g.promptIDs), completionTokens)
+	}
+	b = append(b, "}\n\n"...)
+	c.buf = b
+	return b
+}
+
+// usageChunk is the final include_usage event (choices: []).
+func (c *chunkWriter) usageChunk(completionTokens int) []byte {
+	b := append(c.buf[:0], c.prefix...)
+	b = append(b, `,"choices":[],"usage":`...)
+	b = appendUsage(b, len(c.g.promptIDs), completionTokens)
+	b = append(b, "}\n\n"...)
+	c.buf = b
+	return b
+}
+
+func errorEvent(e *apiError) []byte {
+	b := append([]byte("data: "), errorBody(e)...)
+	return append(b, "\n\n"...)
+}
+
+var doneEvent = []byte("data: [DONE]\n\n")
+
+// completionResponse is the non-streaming /v1/completions body (§5.2).
+type completionResponse struct {
+	ID                string             `json:"id"`
+	Object            string             `json:"object"`
+	Created           int64              `json:"created"`
+	Model             string             `json:"model"`
+	Choices           []completionChoice `json:"choices"`
+	Usage             usage              `json:"usage"`
+	SystemFingerprint *string            `json:"system_fingerprint"`
+	ServiceTier       *string            `json:"service_tier"`
+	KVTransferParams  any                `json:"kv_transfer_params"`
+}
+
+type completionChoice struct {
+	Index          int     `json:"index"`
+	Text           string  `json:"text"`
+	Logprobs       any     `json:"logprobs"`
+	FinishReason   *string `json:"finish_reason"`
+	StopReason     any     `json:"stop_reason"`
+	PromptLogprobs any     `json:"prompt_logprobs"`
+}
+
+type usage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	PromptTokensDetails any `json:"prompt_tokens_details"`
+}
+
+// chatResponse is the non-streaming /v1/chat/completions body.
+type chatResponse struct {
+	ID                string       `json:"id"`
+	Object            string       `json:"object"`
+	Created           int64        `json:"created"`
+	Model             string       `json:"model"`
+	Choices           []chatChoice `json:"choices"`
+	Usage             usage        `json:"usage"`
+	PromptLogprobs    any          `json:"prompt_logprobs"`
+	SystemFingerprint *string      `json:"system_fingerprint"`
+	ServiceTier       *string      `json:"service_tier"`
+	KVTransferParams  any          `json:"kv_transfer_params"`
+}
+
+type chatChoice struct {
+	Index        int         `json:"index"`
+	Message      chatMessage `json:"message"`
+	Logprobs     any         `json:"logprobs"`
+	FinishReason *string     `json:"finish_reason"`
+	StopReason   any         `json:"stop_reason"`
+}
+
+type chatMessage struct {
+	Role             string  `json:"role"`
+	Content          string  `json:"content"`
+	ReasoningContent *string `json:"reasoning_content"`
+	ToolCalls        []any   `json:"tool_calls"`
+}
