@@ -2,8 +2,8 @@ package rawjson
 
 import (
 	"encoding/json"
-	"unicode/utf8"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestApply(t *testing.T) {
