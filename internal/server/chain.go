@@ -13,9 +13,12 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/openai"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
+	"github.com/switchyard-llm/switchyard/internal/tracing"
 )
 
 // reqState is the per-request record the middleware and handlers share.
@@ -26,6 +29,7 @@ type reqState struct {
 	call    *proxy.Call // generation requests only
 	errType string      // set when the router itself produced an error
 	logOnly int         // status for the log when nothing was written (499)
+	span    trace.Span  // server span (nil when tracing is off or the path is excluded)
 }
 
 type stateKey struct{}
@@ -64,7 +68,11 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	ctx := context.WithValue(r.Context(), stateKey{}, st)
+	ctx := r.Context()
+	if s.tr.Enabled() {
+		ctx, st.span = s.tr.StartServer(r, st.route.spanRoute())
+	}
+	ctx = context.WithValue(ctx, stateKey{}, st)
 	r = r.WithContext(ctx)
 
 	// auth and everything after it are logged and measured
@@ -141,16 +149,22 @@ func (s *Server) finish(rw *respWriter, r *http.Request) {
 	if st.errType != "" {
 		s.m.RequestErrors.WithLabelValues(st.route.label, st.errType).Inc()
 	}
+	if st.span != nil {
+		tracing.EndServer(st.span, status, st.id, st.errType)
+	}
+	ctx := r.Context()
+	if st.call != nil && st.call.Receipt != nil && s.log.Enabled(ctx, slog.LevelDebug) {
+		s.logReceipt(ctx, st, status)
+	}
 
 	level := slog.LevelInfo
 	if st.route.kind == kindProbe {
 		level = slog.LevelDebug // k8s probes every few seconds would drown the log
 	}
-	ctx := r.Context()
 	if !s.log.Enabled(ctx, level) {
 		return
 	}
-	attrs := make([]slog.Attr, 0, 14)
+	attrs := make([]slog.Attr, 0, 15)
 	attrs = append(attrs,
 		slog.String("request_id", st.id),
 		slog.String("method", r.Method),
@@ -179,7 +193,42 @@ func (s *Server) finish(rw *respWriter, r *http.Request) {
 	if st.errType != "" {
 		attrs = append(attrs, slog.String("error", st.errType))
 	}
+	if st.span != nil {
+		if sc := st.span.SpanContext(); sc.HasTraceID() {
+			attrs = append(attrs, slog.String("trace_id", sc.TraceID().String()))
+		}
+	}
 	s.log.LogAttrs(ctx, level, "request", attrs...)
+}
+
+// logReceipt is the per-request debug line of the route receipt: which
+// worker (or prefill/decode pair) served the request, the policy and its
+// reason, attempts and failovers. The caller checks the debug level.
+func (s *Server) logReceipt(ctx context.Context, st *reqState, status int) {
+	rc := st.call.Receipt
+	attrs := make([]slog.Attr, 0, 12)
+	attrs = append(attrs,
+		slog.String("request_id", st.id),
+		slog.String("route", st.route.label),
+		slog.Int("status", status),
+		slog.String("mode", rc.Mode),
+		slog.String("policy", rc.Policy),
+	)
+	if rc.Worker != "" {
+		attrs = append(attrs, slog.String("worker", rc.Worker))
+	}
+	if rc.Prefill != "" || rc.Decode != "" {
+		attrs = append(attrs, slog.String("prefill", rc.Prefill), slog.String("decode", rc.Decode))
+	}
+	attrs = append(attrs,
+		slog.String("reason", rc.Reason),
+		slog.Int("attempts", rc.Attempts),
+		slog.Int("failovers", len(rc.Failovers)),
+	)
+	if len(rc.Failovers) > 0 {
+		attrs = append(attrs, slog.Any("failed", rc.Failovers))
+	}
+	s.log.LogAttrs(ctx, slog.LevelDebug, "route receipt", attrs...)
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

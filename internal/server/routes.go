@@ -42,6 +42,16 @@ type routeInfo struct {
 
 const catchAllLabel = "other"
 
+// spanRoute is the http.route of the server span: the pattern path, or ""
+// for the catch-all (the span is then named by the method alone, keeping
+// raw paths out of span names).
+func (ri routeInfo) spanRoute() string {
+	if ri.label == catchAllLabel {
+		return ""
+	}
+	return ri.label
+}
+
 // generationPaths are the admission-controlled generation routes.
 var generationPaths = []string{
 	"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/responses",

@@ -14,6 +14,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/admission"
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
+	"github.com/switchyard-llm/switchyard/internal/tracing"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
@@ -104,6 +105,9 @@ type Options struct {
 
 	Logger  *slog.Logger
 	Metrics *metrics.Metrics
+	// Tracer starts a server span per request (nil = tracing off: no
+	// span work at all).
+	Tracer *tracing.Tracer
 
 	// APIKey is the upstream key sent as Bearer on the router's own worker
 	// calls. When empty and ForwardClientAuthorization is set, the client's
@@ -117,6 +121,7 @@ type Server struct {
 	o         Options
 	log       *slog.Logger
 	m         *metrics.Metrics
+	tr        *tracing.Tracer
 	reg       *worker.Registry
 	limiter   *admission.Limiter
 	auth      *authenticator
@@ -173,7 +178,7 @@ func New(o Options) (*Server, error) {
 	if o.FlushCachePath == "" {
 		o.FlushCachePath = DefaultFlushCachePath
 	}
-	s := &Server{o: o, log: o.Logger, m: o.Metrics, reg: o.Registry, started: time.Now()}
+	s := &Server{o: o, log: o.Logger, m: o.Metrics, tr: o.Tracer, reg: o.Registry, started: time.Now()}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}

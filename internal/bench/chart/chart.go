@@ -30,6 +30,9 @@ type Panel struct {
 	// concurrency sweeps 16, 32, 64, ...).
 	LogX   bool
 	Series []Series
+	// XMin and XMax, when XMax > XMin, fix the x range (e.g. the same time
+	// axis on every panel of a dashboard) instead of fitting the data.
+	XMin, XMax float64
 }
 
 // Options sizes the image.
@@ -143,6 +146,9 @@ func drawPanel(img *image.RGBA, r image.Rectangle, p Panel) {
 	if math.IsInf(xmin, 1) {
 		xmin, xmax = 1, 2
 	}
+	if p.XMax > p.XMin && (!p.LogX || p.XMin > 0) {
+		xmin, xmax = p.XMin, p.XMax
+	}
 	tx := func(v float64) float64 { return v }
 	if p.LogX {
 		tx = math.Log2
@@ -253,7 +259,9 @@ func formatTick(v float64) string {
 	if math.Abs(v-math.Round(v)) < 1e-9 {
 		return strconv.FormatFloat(math.Round(v), 'f', -1, 64)
 	}
-	return strconv.FormatFloat(v, 'f', -1, 64)
+	// tick = k·step accumulates float error (0.6000000000000001): round it
+	// away before printing the shortest representation
+	return strconv.FormatFloat(math.Round(v*1e9)/1e9, 'f', -1, 64)
 }
 
 func fillRect(img *image.RGBA, x0, y0, x1, y1 int, c color.RGBA) {

@@ -52,3 +52,11 @@ func TestNiceStep(t *testing.T) {
 		}
 	}
 }
+
+func TestFormatTickRoundsFloatNoise(t *testing.T) {
+	for v, want := range map[float64]string{0.1 + 0.2: "0.3", 3 * 0.2: "0.6", 0.05: "0.05", 2: "2", 1.5: "1.5"} {
+		if got := formatTick(v); got != want {
+			t.Errorf("formatTick(%v) = %q, want %q", v, got, want)
+		}
+	}
+}
