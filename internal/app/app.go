@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-llm/switchyard/internal/config"
+	"github.com/switchyard-llm/switchyard/internal/discovery/k8s"
 	"github.com/switchyard-llm/switchyard/internal/discovery/zmq"
 	"github.com/switchyard-llm/switchyard/internal/health"
 	"github.com/switchyard-llm/switchyard/internal/metrics"
@@ -39,14 +40,7 @@ const Version = "0.1.0"
 // notImplemented lists flags whose feature is not built yet: setting one is
 // a startup error rather than a silently ignored flag.
 var notImplemented = map[string]string{
-	"service-discovery":           "Kubernetes pod discovery",
-	"selector":                    "Kubernetes pod discovery",
-	"prefill-selector":            "Kubernetes pod discovery",
-	"decode-selector":             "Kubernetes pod discovery",
-	"service-discovery-port":      "Kubernetes pod discovery",
-	"service-discovery-namespace": "Kubernetes pod discovery",
-	"dp-size-annotation":          "Kubernetes pod discovery",
-	"history-backend":             "Responses API history storage (requests are proxied to workers)",
+	"history-backend": "Responses API history storage (requests are proxied to workers)",
 }
 
 // Main runs the router until ctx is cancelled.
@@ -149,6 +143,7 @@ type app struct {
 	metricLn net.Listener
 	health   *health.Checker
 	zmq      *zmq.Listener
+	kube     *k8s.Source
 	engine   *pd.Engine
 	tracer   *tracing.Tracer // nil = tracing off
 	closers  []func()
@@ -263,12 +258,12 @@ func (a *app) addStaticWorkers() error {
 		return nil
 	}
 	for _, p := range cfg.Prefill {
-		if _, err := a.addURL(p.URL, worker.RolePrefill, p.BootstrapPort, worker.SourceStatic, dp); err != nil {
+		if _, err := a.addURL(p.URL, worker.RolePrefill, p.BootstrapPort, worker.SourceStatic, cfg.PrefillDPSize()); err != nil {
 			return fmt.Errorf("--prefill %s: %w", p.URL, err)
 		}
 	}
 	for _, u := range cfg.Decode {
-		if _, err := a.addURL(u, worker.RoleDecode, nil, worker.SourceStatic, dp); err != nil {
+		if _, err := a.addURL(u, worker.RoleDecode, nil, worker.SourceStatic, cfg.DecodeDPSize()); err != nil {
 			return fmt.Errorf("--decode %s: %w", u, err)
 		}
 	}
@@ -386,6 +381,7 @@ func (a *app) buildServer(ctx context.Context) error {
 			RequestTimeout:    cfg.RequestTimeout(),
 			StreamIdleTimeout: cfg.StreamIdleTimeout(),
 			MaxFailovers:      cfg.PDMaxFailovers,
+			SplitResponses:    cfg.PDSplitResponses,
 			Profile:           cfg.Profile,
 			Metrics:           a.m,
 			Logger:            a.log,
@@ -435,6 +431,12 @@ func (a *app) buildServer(ctx context.Context) error {
 		sopts.Generate = reg
 		sopts.Passthrough = http.HandlerFunc(reg.ServePassthrough)
 		sopts.Policies = map[string]string{"policy": cfg.Policy}
+	}
+
+	if cfg.ServiceDiscovery {
+		if err := a.buildKube(&sopts); err != nil {
+			return err
+		}
 	}
 
 	a.health = health.NewChecker(health.Options{
@@ -504,6 +506,40 @@ func (a *app) proxyClient() *http.Client {
 	return &http.Client{Transport: rt}
 }
 
+// buildKube creates the Kubernetes pod discovery source (--service-discovery)
+// and adds its status to the server's discovery status.
+func (a *app) buildKube(sopts *server.Options) error {
+	cfg := a.cfg
+	cs, err := k8s.NewClientset("switchyard/" + Version)
+	if err != nil {
+		return fmt.Errorf("--service-discovery: %w", err)
+	}
+	src, err := k8s.New(k8s.Options{
+		Clientset:        cs,
+		Namespace:        cfg.ServiceDiscoveryNamespace,
+		Selector:         cfg.SelectorMap(),
+		PrefillSelector:  cfg.PrefillSelectorMap(),
+		DecodeSelector:   cfg.DecodeSelectorMap(),
+		PD:               cfg.Mode() == config.ModeVLLMPD,
+		Port:             int(cfg.ServiceDiscoveryPort),
+		DPSizeAnnotation: cfg.DPSizeAnnotation,
+		DefaultDPSize:    cfg.IntraNodeDataParallelSize,
+		Registry:         a.reg,
+		Metrics:          a.m,
+		Logger:           a.log,
+	})
+	if err != nil {
+		return fmt.Errorf("--service-discovery: %w", err)
+	}
+	a.kube = src
+	if zs := sopts.DiscoveryStatus; zs != nil {
+		sopts.DiscoveryStatus = func() any { return map[string]any{"zmq": zs(), "kubernetes": src.Status()} }
+	} else {
+		sopts.DiscoveryStatus = src.Status
+	}
+	return nil
+}
+
 // adminAdd implements /add_worker and POST /workers: the worker is added at
 // once (unhealthy until its first probe passes) so the call never blocks
 // for minutes; the probe runs within --worker-startup-timeout-secs.
@@ -553,6 +589,13 @@ func (a *app) run(ctx context.Context) error {
 		}
 	})
 	wg.Go(func() { a.health.Run(ctx) })
+	if a.kube != nil {
+		wg.Go(func() {
+			if err := a.kube.Run(ctx); err != nil && ctx.Err() == nil {
+				a.log.Error("Kubernetes discovery stopped", "err", err)
+			}
+		})
+	}
 	if a.zmq != nil {
 		wg.Go(func() {
 			if err := a.zmq.Run(ctx); err != nil && ctx.Err() == nil {

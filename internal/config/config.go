@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"math"
 	"strings"
 	"time"
@@ -162,8 +163,8 @@ type Config struct {
 	ShutdownTimeoutSecs        float64  `json:"shutdown_timeout_secs"`
 	LogFormat                  string   `json:"log_format"`
 	PrefillTimeoutSecs         float64  `json:"prefill_timeout_secs"`     // 0 = only the overall deadline
-	KVWaitTimeoutSecs          float64  `json:"kv_wait_timeout_secs"`     // 0 = none
-	StreamIdleTimeoutSecs      float64  `json:"stream_idle_timeout_secs"` // 0 = none
+	KVWaitTimeoutSecs          float64  `json:"kv_wait_timeout_secs"`     // 0 = none (default 300)
+	StreamIdleTimeoutSecs      float64  `json:"stream_idle_timeout_secs"` // 0 = none (default 300)
 	ConnectTimeoutSecs         float64  `json:"connect_timeout_secs"`     // 0 = no dial timeout
 	DecodeOutputLength         string   `json:"decode_output_length"`
 	DiscoveryTTLSecs           float64  `json:"discovery_ttl_secs"`
@@ -176,6 +177,9 @@ type Config struct {
 	CBMinRequests              uint32   `json:"cb_min_requests"`
 	CBHalfOpenMaxRequests      uint32   `json:"cb_half_open_max_requests"`
 	MaxHeaderBytes             int      `json:"max_header_bytes"`
+	PrefillDataParallelSize    int      `json:"prefill_data_parallel_size"` // 0 = --intra-node-data-parallel-size
+	DecodeDataParallelSize     int      `json:"decode_data_parallel_size"`  // 0 = --intra-node-data-parallel-size
+	PDSplitResponses           bool     `json:"pd_split_responses"`
 
 	// ConfigFile is --config; it cannot be set from inside a config file.
 	ConfigFile string `json:"-"`
@@ -233,6 +237,8 @@ func Default() *Config {
 		ShutdownTimeoutSecs:        30,
 		LogFormat:                  LogFormatText,
 		ConnectTimeoutSecs:         3,
+		KVWaitTimeoutSecs:          300,
+		StreamIdleTimeoutSecs:      300,
 		DecodeOutputLength:         DecodeOutputExact,
 		DiscoveryTTLSecs:           9,
 		DPSizeAnnotation:           "vllm.ai/dp-size",
@@ -358,6 +364,20 @@ func (c *Config) EffectiveCircuitBreaker() CircuitBreakerConfig {
 	return cb
 }
 
+// PrefillDPSize is the data-parallel size of each static --prefill URL:
+// --prefill-data-parallel-size, else --intra-node-data-parallel-size
+// (never below 1).
+func (c *Config) PrefillDPSize() int {
+	return max(cmp.Or(c.PrefillDataParallelSize, c.IntraNodeDataParallelSize), 1)
+}
+
+// DecodeDPSize is the data-parallel size of each static --decode URL:
+// --decode-data-parallel-size, else --intra-node-data-parallel-size (never
+// below 1).
+func (c *Config) DecodeDPSize() int {
+	return max(cmp.Or(c.DecodeDataParallelSize, c.IntraNodeDataParallelSize), 1)
+}
+
 // EffectivePrefillPolicy is --prefill-policy, falling back to --policy.
 func (c *Config) EffectivePrefillPolicy() string {
 	if c.PrefillPolicy != "" {
@@ -440,10 +460,10 @@ func (c *Config) ShutdownTimeout() time.Duration { return secondsF(c.ShutdownTim
 // PrefillTimeout is --prefill-timeout-secs (0 = only the overall deadline).
 func (c *Config) PrefillTimeout() time.Duration { return secondsF(c.PrefillTimeoutSecs) }
 
-// KVWaitTimeout is --kv-wait-timeout-secs (0 = none).
+// KVWaitTimeout is --kv-wait-timeout-secs (0 = none; default 300 s).
 func (c *Config) KVWaitTimeout() time.Duration { return secondsF(c.KVWaitTimeoutSecs) }
 
-// StreamIdleTimeout is --stream-idle-timeout-secs (0 = none).
+// StreamIdleTimeout is --stream-idle-timeout-secs (0 = none; default 300 s).
 func (c *Config) StreamIdleTimeout() time.Duration { return secondsF(c.StreamIdleTimeoutSecs) }
 
 // ConnectTimeout is --connect-timeout-secs (0 = no dial timeout).

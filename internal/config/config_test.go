@@ -80,7 +80,7 @@ func TestDurations(t *testing.T) {
 		c.KVWaitTimeout(), c.StreamIdleTimeout(), c.ConnectTimeout(), c.DiscoveryTTL(), c.LoadPollInterval()}
 	want := []time.Duration{1800 * time.Second, 600 * time.Second, 30 * time.Second, 120 * time.Second,
 		5 * time.Second, 60 * time.Second, 60 * time.Second, 30 * time.Second, 0,
-		0, 250 * time.Millisecond, 0, 9 * time.Second, 0}
+		300 * time.Second, 250 * time.Millisecond, 0, 9 * time.Second, 0}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
@@ -133,5 +133,42 @@ func TestExplicitIsACopy(t *testing.T) {
 	}
 	if !c.IsSet("port") || c.IsSet("policy") {
 		t.Errorf("explicit = %v", c.Explicit())
+	}
+}
+
+func TestRoleDPSizes(t *testing.T) {
+	for _, tc := range []struct {
+		args         []string
+		prefill, dec int
+	}{
+		{nil, 1, 1},
+		{[]string{"--intra-node-data-parallel-size", "2"}, 2, 2},
+		{[]string{"--intra-node-data-parallel-size", "0"}, 1, 1},
+		// P dp=2, D dp=1: the decode must not be expanded (vLLM 400s on a rank it lacks)
+		{[]string{"--prefill-data-parallel-size", "2"}, 2, 1},
+		{[]string{"--intra-node-data-parallel-size", "4", "--decode-data-parallel-size", "1"}, 4, 1},
+		{[]string{"--prefill-data-parallel-size", "2", "--decode-data-parallel-size", "8", "--intra-node-data-parallel-size", "4"}, 2, 8},
+	} {
+		c := parse(t, append([]string{"--vllm-pd-disaggregation", "--prefill", "http://p:1", "--decode", "http://d:1"}, tc.args...)...)
+		if err := c.Validate(); err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if p, d := c.PrefillDPSize(), c.DecodeDPSize(); p != tc.prefill || d != tc.dec {
+			t.Errorf("%v: prefill %d decode %d, want %d %d", tc.args, p, d, tc.prefill, tc.dec)
+		}
+	}
+}
+
+func TestPDDeadlineDefaults(t *testing.T) {
+	c := Default()
+	if c.KVWaitTimeout() != 300*time.Second || c.StreamIdleTimeout() != 300*time.Second {
+		t.Fatalf("kv wait %s, stream idle %s; want bounded 300 s defaults", c.KVWaitTimeout(), c.StreamIdleTimeout())
+	}
+	if c.PDSplitResponses {
+		t.Fatal("/v1/responses must be unsplit by default")
+	}
+	c = parse(t, "--kv-wait-timeout-secs", "0", "--stream-idle-timeout-secs", "0")
+	if c.KVWaitTimeout() != 0 || c.StreamIdleTimeout() != 0 {
+		t.Fatal("0 must still turn the deadlines off")
 	}
 }

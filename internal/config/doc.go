@@ -30,6 +30,25 @@
 // [PORT|none]` is hand-parsed before everything else exactly as the Rust
 // split_prefill_args_from_others.
 //
+// Data-parallel sizes of static workers: each --prefill URL becomes
+// PrefillDPSize() workers (one per DP rank) and each --decode URL
+// DecodeDPSize(): --prefill-data-parallel-size / --decode-data-parallel-size
+// when set (> 0), else --intra-node-data-parallel-size (default 1). So a
+// prefill with dp=2 and a decode with dp=1 are
+// `--prefill-data-parallel-size 2` (or `--intra-node-data-parallel-size 2
+// --decode-data-parallel-size 1`); with --intra-node-data-parallel-size 2
+// alone the decode would get X-data-parallel-rank: 1, which a dp=1 vLLM
+// rejects (400). A URL@rank pins one rank whatever the sizes.
+//
+// PD deadlines are bounded by default: --kv-wait-timeout-secs 300 (a
+// streaming decode's first byte, i.e. its KV) and --stream-idle-timeout-secs
+// 300 (silence between two stream chunks, also on the regular proxy); 0
+// turns either off. Non-streaming PD decodes are bounded only by
+// --request-timeout-secs (docs/CONNECTORS.md explains why).
+// --pd-split-responses PD-splits /v1/responses; by default it is served
+// unsplit by one prefill worker, because most vLLM versions drop
+// kv_transfer_params on that route.
+//
 // Deliberate differences from the Rust router:
 //   - Static --prefill/--decode together with --vllm-discovery-address are
 //     allowed and both are used (Rust silently drops the static ones).
@@ -43,7 +62,9 @@
 //     other string); selector items without '=' are errors (Rust drops them).
 //   - --otel-sampling-ratio outside [0,1] is a validation error (Rust only
 //     fails OTel init and continues without tracing).
-//   - --kv-connector also accepts p2pnccl; the Switchyard flags are extras.
+//   - --kv-connector also accepts p2pnccl; the Switchyard flags are extras
+//     (--intra-node-data-parallel-size keeps its Rust meaning, both roles,
+//     unless a role-specific size overrides it).
 //   - Validate reports every problem, not only the first, and names flags
 //     rather than Rust struct fields.
 //   - A config file exists at all (Rust has none, REFERENCE §1.7).

@@ -111,7 +111,7 @@ func flagDefs(c *Config) []flagDef {
 		{extra: true, name: "shutdown-timeout-secs", meta: "SECS", usage: "Graceful shutdown deadline for in-flight requests", value: flt(&c.ShutdownTimeoutSecs)},
 		{extra: true, name: "log-format", meta: "FORMAT", usage: "Log format", value: enum(&c.LogFormat, logFormatNames)},
 		{extra: true, name: "prefill-timeout-secs", meta: "SECS", usage: "Deadline for the prefill leg (0 = only the overall deadline)", value: flt(&c.PrefillTimeoutSecs)},
-		{extra: true, name: "kv-wait-timeout-secs", meta: "SECS", usage: "Deadline for KV transfer parameters to arrive (0 = none)", value: flt(&c.KVWaitTimeoutSecs)},
+		{extra: true, name: "kv-wait-timeout-secs", meta: "SECS", usage: "PD: deadline for a streaming decode's first byte, i.e. for its KV to arrive (0 = none)", value: flt(&c.KVWaitTimeoutSecs)},
 		{extra: true, name: "stream-idle-timeout-secs", meta: "SECS", usage: "Abort a stream idle for this long (0 = none)", value: flt(&c.StreamIdleTimeoutSecs)},
 		{extra: true, name: "connect-timeout-secs", meta: "SECS", usage: "Upstream TCP connect timeout (0 = none)", value: flt(&c.ConnectTimeoutSecs)},
 		{extra: true, name: "decode-output-length", meta: "MODE", usage: "How the decode leg's output length is set", value: enum(&c.DecodeOutputLength, decodeOutputNames)},
@@ -125,6 +125,9 @@ func flagDefs(c *Config) []flagDef {
 		{extra: true, name: "cb-min-requests", meta: "N", usage: "Outcomes in the window before the failure rate counts", value: u32(&c.CBMinRequests)},
 		{extra: true, name: "cb-half-open-max-requests", meta: "N", usage: "Concurrent probes allowed while half-open", value: u32(&c.CBHalfOpenMaxRequests)},
 		{extra: true, name: "max-header-bytes", meta: "BYTES", usage: "Maximum size of inbound request headers", value: num(&c.MaxHeaderBytes)},
+		{extra: true, name: "prefill-data-parallel-size", meta: "N", usage: "DP replicas per static --prefill URL (0 = --intra-node-data-parallel-size)", value: num(&c.PrefillDataParallelSize)},
+		{extra: true, name: "decode-data-parallel-size", meta: "N", usage: "DP replicas per static --decode URL (0 = --intra-node-data-parallel-size)", value: num(&c.DecodeDataParallelSize)},
+		{extra: true, name: "pd-split-responses", usage: "PD-split /v1/responses (needs vLLM with kv_transfer_params on ResponsesRequest; default: serve it unsplit on a prefill worker)", value: boo(&c.PDSplitResponses)},
 	}
 }
 

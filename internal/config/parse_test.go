@@ -80,6 +80,8 @@ func TestDefaults(t *testing.T) {
 		ShutdownTimeoutSecs:            30,
 		LogFormat:                      "text",
 		ConnectTimeoutSecs:             3,
+		KVWaitTimeoutSecs:              300,
+		StreamIdleTimeoutSecs:          300,
 		DecodeOutputLength:             "exact",
 		DiscoveryTTLSecs:               9,
 		DPSizeAnnotation:               "vllm.ai/dp-size",
@@ -196,6 +198,9 @@ var flagCases = []struct {
 	{"cb-min-requests", "3", func(c *Config) any { return c.CBMinRequests }, uint32(3)},
 	{"cb-half-open-max-requests", "2", func(c *Config) any { return c.CBHalfOpenMaxRequests }, uint32(2)},
 	{"max-header-bytes", "4096", func(c *Config) any { return c.MaxHeaderBytes }, 4096},
+	{"prefill-data-parallel-size", "2", func(c *Config) any { return c.PrefillDataParallelSize }, 2},
+	{"decode-data-parallel-size", "3", func(c *Config) any { return c.DecodeDataParallelSize }, 3},
+	{"pd-split-responses", "", func(c *Config) any { return c.PDSplitResponses }, true},
 	{"config", "", nil, nil}, // covered by the config-file tests
 }
 

@@ -241,6 +241,8 @@ func (c *Config) validateExtras(add func(*Error)) {
 	}{
 		{"--balance-abs-threshold", c.BalanceAbsThreshold},
 		{"--intra-node-data-parallel-size", c.IntraNodeDataParallelSize},
+		{"--prefill-data-parallel-size", c.PrefillDataParallelSize},
+		{"--decode-data-parallel-size", c.DecodeDataParallelSize},
 		{"--max-concurrent-requests", c.MaxConcurrentRequests},
 		{"--queue-size", c.QueueSize},
 		{"--pd-max-failovers", c.PDMaxFailovers},

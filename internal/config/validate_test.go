@@ -201,9 +201,12 @@ func TestValidate(t *testing.T) {
 		}},
 		{name: "negative ints (file)", args: w, mutate: func(c *Config) {
 			c.BalanceAbsThreshold, c.IntraNodeDataParallelSize, c.MaxConcurrentRequests, c.QueueSize, c.PDMaxFailovers = -1, -2, -3, -4, -5
+			c.PrefillDataParallelSize, c.DecodeDataParallelSize = -6, -7
 		}, want: []string{
 			"invalid value for --balance-abs-threshold: -1 - Must be >= 0",
 			"invalid value for --intra-node-data-parallel-size: -2 - Must be >= 0",
+			"invalid value for --prefill-data-parallel-size: -6 - Must be >= 0",
+			"invalid value for --decode-data-parallel-size: -7 - Must be >= 0",
 			"invalid value for --max-concurrent-requests: -3 - Must be >= 0",
 			"invalid value for --queue-size: -4 - Must be >= 0",
 			"invalid value for --pd-max-failovers: -5 - Must be >= 0",

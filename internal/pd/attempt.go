@@ -14,9 +14,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/switchyard-llm/switchyard/internal/openai"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
 	"github.com/switchyard-llm/switchyard/internal/rawjson"
+	"github.com/switchyard-llm/switchyard/internal/tracing"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
@@ -45,7 +50,8 @@ type buffered struct {
 	body   []byte
 }
 
-// leg tracks one upstream call: breaker outcome and in-flight slot.
+// leg tracks one upstream call: breaker outcome, in-flight slot (and its
+// gauges) and the leg's client span.
 type leg struct {
 	name    string
 	w       *worker.Worker
@@ -53,39 +59,101 @@ type leg struct {
 	release func()
 	sent    time.Time
 	once    sync.Once
+
+	running, inflight prometheus.Gauge       // per-worker and per-role in-flight gauges (nil without metrics)
+	outcomes          *prometheus.CounterVec // circuit-breaker outcomes (nil without metrics)
+	span              trace.Span             // nil when tracing is off
 }
 
+// finish records the leg's breaker outcome, releases its in-flight slot and
+// ends its span; only the first call counts.
 func (l *leg) finish(success bool) {
 	l.once.Do(func() {
 		l.done(success)
 		l.release()
+		if l.running != nil {
+			l.running.Dec()
+			l.inflight.Dec()
+			o := "failure"
+			if success {
+				o = "success"
+			}
+			l.outcomes.WithLabelValues(l.w.Key(), o).Inc()
+		}
+		if l.span != nil {
+			l.span.End()
+		}
 	})
 }
 
-// startLeg reserves the breaker slot and the in-flight count of w.
-func (e *Engine) startLeg(name string, w *worker.Worker) (*leg, bool) {
+// startLeg reserves the breaker slot and the in-flight count of w, and
+// starts the leg's client span (child of the server span in ctx).
+func (e *Engine) startLeg(ctx context.Context, name string, w *worker.Worker, st *reqState, pr *Pair) (*leg, bool) {
 	done, ok := w.Breaker().Start()
 	if !ok {
 		return nil, false
 	}
 	l := &leg{name: name, w: w, done: done, release: w.Acquire(), sent: e.o.Now()}
 	if e.m != nil {
+		key := w.Key()
 		if name == "prefill" {
-			e.m.PDPrefillReqs.WithLabelValues(w.Key()).Inc()
+			e.m.PDPrefillReqs.WithLabelValues(key).Inc()
 		} else {
-			e.m.PDDecodeReqs.WithLabelValues(w.Key()).Inc()
+			e.m.PDDecodeReqs.WithLabelValues(key).Inc()
 		}
+		l.running = e.m.RunningRequests.WithLabelValues(key)
+		l.inflight = e.m.WorkerInFlight.WithLabelValues(name)
+		l.outcomes = e.m.CBOutcomes
+		l.running.Inc()
+		l.inflight.Inc()
+	}
+	if e.tr.Enabled() {
+		e.traceLeg(ctx, l, st, pr)
 	}
 	return l, true
 }
 
+// traceLeg starts l's client span with the PD attributes.
+func (e *Engine) traceLeg(ctx context.Context, l *leg, st *reqState, pr *Pair) {
+	rank := pr.PRank
+	if l.w == pr.D {
+		rank = pr.DRank
+	}
+	if rank < 0 && l.w.DPRank >= 0 {
+		rank = l.w.DPRank
+	}
+	l.span = e.tr.StartClient(ctx, tracing.Leg{Phase: l.name, Method: http.MethodPost, URL: l.w.Endpoint(st.path),
+		Route: st.route, Worker: l.w.Key(), DPRank: rank})
+	if !l.span.IsRecording() {
+		return
+	}
+	attrs := make([]attribute.KeyValue, 0, 6)
+	attrs = append(attrs,
+		attribute.String(tracing.AttrConnector, e.conn.Name()),
+		attribute.String(tracing.AttrOrder, e.conn.Order(pr.P).String()),
+		attribute.String(tracing.AttrPDRequestID, pr.RequestID),
+		attribute.Int(tracing.AttrAttempt, st.attempt),
+	)
+	if m := pr.P.TransferMode; m != "" {
+		attrs = append(attrs, attribute.String(tracing.AttrTransferMode, strings.ToUpper(m)))
+	}
+	if pr.TransferID != "" {
+		attrs = append(attrs, attribute.String(tracing.AttrTransferID, pr.TransferID))
+	}
+	l.span.SetAttributes(attrs...)
+}
+
 // legFailed records a failed leg: breaker failure, passive health on
-// connect errors, error metrics.
+// connect errors, error metrics, span status.
 func (e *Engine) legFailed(l *leg, reason string, err error) {
+	tracing.Fail(l.span, reason, err)
 	l.finish(false)
 	if err != nil && proxy.IsDialError(err) {
 		if l.w.SetHealthy(false) {
 			e.log.Warn("worker unreachable, marked unhealthy", "worker", l.w.Key(), "err", err)
+			if e.m != nil {
+				e.m.WorkerHealth.WithLabelValues(l.w.Key()).Set(0)
+			}
 		}
 	}
 	if e.m != nil {
@@ -99,8 +167,11 @@ func (e *Engine) legFailed(l *leg, reason string, err error) {
 }
 
 // newLegRequest builds one upstream POST with the PD headers. The client's
-// own X-Request-Id is never forwarded.
-func (e *Engine) newLegRequest(ctx context.Context, st *reqState, pr *Pair, w *worker.Worker, rank int, body []byte) (*http.Request, error) {
+// own X-Request-Id is never forwarded. The client's traceparent, tracestate
+// and baggage are copied verbatim, or replaced by the leg span's context
+// when tracing is on.
+func (e *Engine) newLegRequest(ctx context.Context, st *reqState, pr *Pair, l *leg, rank int, body []byte) (*http.Request, error) {
+	w := l.w
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.Endpoint(st.path), bytes.NewReader(body))
 	if err != nil {
 		return nil, err
@@ -118,6 +189,9 @@ func (e *Engine) newLegRequest(ctx context.Context, st *reqState, pr *Pair, w *w
 		if v := st.hdr.Values(k); len(v) > 0 {
 			h[k] = append([]string(nil), v...)
 		}
+	}
+	if l.span != nil {
+		e.tr.Inject(ctx, l.span, h)
 	}
 	h.Set("User-Agent", "switchyard")
 	return req, nil
@@ -158,7 +232,7 @@ func (e *Engine) runPrefill(ctx, pctx context.Context, st *reqState, pr *Pair, l
 		return &failure{leg: "prefill", reason: "error", w: pr.P, status: http.StatusBadGateway, retry: true,
 			errType: "prefill", msg: fmt.Sprintf("%s failed %s: %v", who, during, unwrapURL(err))}
 	}
-	req, err := e.newLegRequest(pctx, st, pr, pr.P, pr.PRank, body)
+	req, err := e.newLegRequest(pctx, st, pr, l, pr.PRank, body)
 	if err != nil {
 		e.legFailed(l, "error", err)
 		return prefillOut{fail: &failure{leg: "prefill", reason: "error", w: pr.P, status: http.StatusBadGateway, retry: true, errType: "prefill", msg: who + ": " + err.Error()}}
@@ -167,6 +241,7 @@ func (e *Engine) runPrefill(ctx, pctx context.Context, st *reqState, pr *Pair, l
 	if err != nil {
 		return prefillOut{fail: classify(err, "before answering")}
 	}
+	tracing.SetStatus(l.span, resp.StatusCode)
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxPrefillBody+1))
 	resp.Body.Close()
 	if err != nil {
@@ -264,7 +339,7 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 	var dParams []byte
 	if order == Sequential {
 		var ok bool
-		if pl, ok = e.startLeg("prefill", pr.P); !ok {
+		if pl, ok = e.startLeg(ctx, "prefill", pr.P, st, pr); !ok {
 			return &failure{leg: "prefill", reason: "breaker_open", w: pr.P, status: http.StatusServiceUnavailable, retry: true,
 				errType: "server_selection", msg: "prefill worker " + pr.P.Key() + " circuit breaker is open"}
 		}
@@ -276,6 +351,12 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 		}
 		observeP(out)
 		pRes, pGood = &out, true
+		if e.conn.NeedsPrefillParams(pr) && string(out.params) == "null" && !st.stream && stoppedAtFirstToken(st.kind, st.obj, out.body) {
+			// P's first token ended the generation (EOS or a stop string):
+			// vLLM hands off no KV, and P's answer is the whole answer.
+			e.writePrefillAnswer(w, st, out.body)
+			return nil
+		}
 		var err error
 		if e.conn.NeedsPrefillParams(pr) {
 			err = requireObject(out.params)
@@ -300,11 +381,11 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 	dBody := decodeBody(st.kind, st.obj, dParams, e.o.OutputLength)
 
 	var ok bool
-	if dl, ok = e.startLeg("decode", pr.D); !ok {
+	if dl, ok = e.startLeg(ctx, "decode", pr.D, st, pr); !ok {
 		return &failure{leg: "decode", reason: "breaker_open", w: pr.D, status: http.StatusServiceUnavailable, retry: true,
 			errType: "server_selection", msg: "decode worker " + pr.D.Key() + " circuit breaker is open"}
 	}
-	dreq, err := e.newLegRequest(dctx, st, pr, pr.D, pr.DRank, dBody)
+	dreq, err := e.newLegRequest(dctx, st, pr, dl, pr.DRank, dBody)
 	if err != nil {
 		e.legFailed(dl, "error", err)
 		return &failure{leg: "decode", reason: "error", w: pr.D, status: http.StatusBadGateway, retry: true, errType: "decode", msg: err.Error()}
@@ -397,6 +478,7 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 		firstCh = nil
 		if len(f.b) > 0 || errors.Is(f.err, io.EOF) {
 			gotFirst, first, firstEOF = true, f.b, errors.Is(f.err, io.EOF)
+			tracing.Event(dl.span, tracing.EventFirstByte)
 			if e.m != nil {
 				e.m.PDKVWaitSeconds.WithLabelValues(labels...).Observe(e.o.Now().Sub(dl.sent).Seconds())
 			}
@@ -407,7 +489,7 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 
 	launchP := func() *failure {
 		written = nil
-		if pl, ok = e.startLeg("prefill", pr.P); !ok {
+		if pl, ok = e.startLeg(ctx, "prefill", pr.P, st, pr); !ok {
 			cleanup(true)
 			return &failure{leg: "prefill", reason: "breaker_open", w: pr.P, status: http.StatusServiceUnavailable, retry: true,
 				errType: "server_selection", msg: "prefill worker " + pr.P.Key() + " circuit breaker is open"}
@@ -454,6 +536,7 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 				cleanup(true)
 				return f
 			}
+			tracing.SetStatus(dl.span, d.resp.StatusCode)
 			if d.resp.StatusCode/100 != 2 {
 				data, _ := io.ReadAll(io.LimitReader(d.resp.Body, maxErrorBody))
 				d.resp.Body.Close()
@@ -512,7 +595,9 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 
 	// Commit: D's status is known and D produced a byte or P completed.
 	if e.m != nil {
-		e.m.PDRequestDur.WithLabelValues(st.route).Observe(e.o.Now().Sub(st.start).Seconds())
+		d := e.o.Now().Sub(st.start).Seconds()
+		e.m.PDRequestDur.WithLabelValues(st.route).Observe(d)
+		e.m.GenerateDur.Observe(d) // time to response headers, as on the regular path
 	}
 	finishP := func() {
 		// D is done: a prefill still running has nothing left to give.

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,7 @@ import (
 // bootInfo is one successful answer of a Mooncake bootstrap server.
 type bootInfo struct {
 	engines map[int]string // dp_rank -> engine_id
+	ranks   []int          // the keys of engines, ascending
 }
 
 // bootEntry tracks one bootstrap server (shared by the DP ranks of an
@@ -55,6 +57,7 @@ type bootstrapper struct {
 	closed  bool
 	entries map[string]*bootEntry         // by addr
 	byW     map[*worker.Worker]*bootEntry // worker -> entry
+	rr      map[*worker.Worker]*atomic.Uint64
 }
 
 func newBootstrapper(o *Options, log *slog.Logger) *bootstrapper {
@@ -65,6 +68,7 @@ func newBootstrapper(o *Options, log *slog.Logger) *bootstrapper {
 		refresh: o.BootstrapRefresh, timeout: o.BootstrapTimeout, log: log,
 		ctx: ctx, cancel: cancel,
 		entries: map[string]*bootEntry{}, byW: map[*worker.Worker]*bootEntry{},
+		rr: map[*worker.Worker]*atomic.Uint64{},
 	}
 	return b
 }
@@ -147,6 +151,7 @@ func (b *bootstrapper) untrack(w *worker.Worker) {
 		return
 	}
 	delete(b.byW, w)
+	delete(b.rr, w)
 	delete(e.users, w)
 	if len(e.users) == 0 {
 		e.cancel()
@@ -182,6 +187,33 @@ func (b *bootstrapper) lookup(w *worker.Worker, rank int) (addr, engine string, 
 		}
 	}
 	return "", "", fmt.Errorf("Mooncake bootstrap server %s has no engine_id for dp_rank %d of prefill %s", e.addr, rank, w.Key())
+}
+
+// pickRank chooses the dp rank of one request to a prefill the router does
+// not pin to a rank (no --intra-node-data-parallel-size, no @rank) whose
+// bootstrap server lists several ranks: round-robin over the listed ranks,
+// per worker, as vLLM's Mooncake proxy cycles (instance, dp_rank) with
+// dp_size = len(/query). -1 = no choice to make (one rank, or no info yet).
+func (b *bootstrapper) pickRank(w *worker.Worker) int {
+	if w.DPRank >= 0 || w.DPSize > 1 {
+		return -1
+	}
+	b.mu.Lock()
+	e := b.byW[w]
+	c := b.rr[w]
+	if e != nil && c == nil {
+		c = new(atomic.Uint64)
+		b.rr[w] = c
+	}
+	b.mu.Unlock()
+	if e == nil {
+		return -1
+	}
+	info := e.info.Load()
+	if info == nil || len(info.ranks) <= 1 {
+		return -1
+	}
+	return info.ranks[(c.Add(1)-1)%uint64(len(info.ranks))]
 }
 
 func (b *bootstrapper) loop(ctx context.Context, e *bootEntry) {
@@ -268,7 +300,9 @@ func (b *bootstrapper) query(ctx context.Context, addr string) (*bootInfo, error
 			return nil, fmt.Errorf("missing engine_id for dp_rank %d", r)
 		}
 		info.engines[r] = *ent.EngineID
+		info.ranks = append(info.ranks, r)
 	}
+	sort.Ints(info.ranks)
 	return info, nil
 }
 

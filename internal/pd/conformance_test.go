@@ -41,9 +41,10 @@ func TestMoRIIOWriteConformance(t *testing.T) {
 	cases := []struct {
 		name                   string
 		pDP, pRank, dDP, dRank int
+		dTP                    int
 	}{
-		{"dp1", 1, -1, 1, -1},
-		{"dp2", 2, 1, 4, 3},
+		{"dp1", 1, -1, 1, -1, 1},
+		{"dp2", 2, 1, 4, 3, 4},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -74,7 +75,7 @@ func TestMoRIIOWriteConformance(t *testing.T) {
 			})
 			reg := worker.NewRegistry(worker.BreakerConfig{})
 			pw := addWorker(t, reg, P.URL(), worker.RolePrefill, zmqAddr4(pZMQ, "WRITE"), dp(tc.pDP, tc.pRank), tp(2))
-			dw := addWorker(t, reg, D.URL(), worker.RoleDecode, zmqAddr4(dZMQ, "WRITE"), dp(tc.dDP, tc.dRank))
+			dw := addWorker(t, reg, D.URL(), worker.RoleDecode, zmqAddr4(dZMQ, "WRITE"), dp(tc.dDP, tc.dRank), tp(tc.dTP))
 			h := newHarness(t, reg, Options{Connector: "moriio", APIKey: "secret"})
 
 			res := h.post(t, "/v1/completions", clientBody, "X-Request-Id", "bench-abc-1")
@@ -120,9 +121,10 @@ func TestMoRIIOWriteConformance(t *testing.T) {
 				t.Fatalf("decode transfer_id %q != %q", strField(t, dpar, "transfer_id"), tx)
 			}
 
-			// P params and body, byte for byte.
-			wantP := fmt.Sprintf(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"transfer_id":%q,"remote_dp_size":%d,"remote_tp_size":1,"remote_host":"127.0.0.2","remote_port":%d,"remote_handshake_port":6302,"remote_notify_port":61006}`,
-				tx, tc.dDP, D.port())
+			// P params and body, byte for byte. tp_size (D's TP) is what a
+			// WRITE-mode prefill reads to map its TP ranks onto D's.
+			wantP := fmt.Sprintf(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"transfer_id":%q,"remote_dp_size":%d,"remote_tp_size":%d,"tp_size":%d,"remote_host":"127.0.0.2","remote_port":%d,"remote_handshake_port":6302,"remote_notify_port":61006}`,
+				tx, tc.dDP, tc.dTP, tc.dTP, D.port())
 			if string(pp) != wantP {
 				t.Fatalf("prefill params\n got  %s\n want %s", pp, wantP)
 			}
@@ -305,7 +307,7 @@ func TestResponsesAndGenerateRewrites(t *testing.T) {
 	reg := worker.NewRegistry(worker.BreakerConfig{})
 	addWorker(t, reg, P.URL(), worker.RolePrefill)
 	addWorker(t, reg, D.URL(), worker.RoleDecode)
-	h := newHarness(t, reg, Options{Connector: "nixl"})
+	h := newHarness(t, reg, Options{Connector: "nixl", SplitResponses: true})
 	const kv = `{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`
 	cases := []struct{ path, in, wantP string }{
 		{"/v1/responses", `{"model":"m","input":"hi","max_output_tokens":50,"stream":true}`,

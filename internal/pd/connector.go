@@ -44,7 +44,7 @@ func (o Order) String() string {
 // both legs of one attempt.
 type Pair struct {
 	P, D       *worker.Worker
-	PRank      int    // P's data-parallel rank when P.DPSize > 1, else -1
+	PRank      int    // P's data-parallel rank when P.DPSize > 1 (or chosen by a rankChooser), else -1
 	DRank      int    // D's data-parallel rank when D.DPSize > 1, else -1
 	RequestID  string // X-Request-Id on both legs
 	TransferID string // "" when the connector has none
@@ -65,15 +65,23 @@ type Connector interface {
 	// TransferID returns the transfer id for one attempt ("" = none).
 	TransferID(u [16]byte) string
 	// PrefillParams is the raw kv_transfer_params object for the prefill
-	// leg (nil = the field is left as the client sent it).
+	// leg (nil = a client-supplied kv_transfer_params is removed).
 	PrefillParams(pr *Pair) []byte
 	// NeedsPrefillParams is true when a sequential decode cannot be sent
 	// without the kv_transfer_params of P's response.
 	NeedsPrefillParams(pr *Pair) bool
 	// DecodeParams is the raw kv_transfer_params for the decode leg given
 	// the raw kv_transfer_params of P's response (nil in concurrent mode).
-	// A nil result with a nil error leaves the field as the client sent it.
+	// A nil result with a nil error removes a client-supplied
+	// kv_transfer_params (the client never controls the KV handoff).
 	DecodeParams(pr *Pair, prefill []byte) ([]byte, error)
+}
+
+// rankChooser is implemented by connectors that learn a prefill's DP ranks
+// from the prefill itself (Mooncake's bootstrap /query). prefillRank is the
+// rank for one request to p when the registry does not pin one (-1 = none).
+type rankChooser interface {
+	prefillRank(p *worker.Worker) int
 }
 
 // NewConnector returns the connector for name. bootstrap is only used by
@@ -200,10 +208,11 @@ func (p2pnccl) Eligible(*worker.Worker) error       { return nil }
 func (p2pnccl) Compatible(_, _ *worker.Worker) bool { return true }
 func (p2pnccl) TransferID([16]byte) string          { return "" }
 func (p2pnccl) NeedsPrefillParams(*Pair) bool       { return false }
-func (p2pnccl) PrefillParams(*Pair) []byte          { return nil }
+func (p2pnccl) PrefillParams(*Pair) []byte          { return nil } // field removed
 
-// DecodeParams: the decode gets the original body; peers find each other
-// through the addresses embedded in X-Request-Id.
+// DecodeParams: the decode gets the original body minus any client-supplied
+// kv_transfer_params; peers find each other through the addresses embedded
+// in X-Request-Id.
 func (p2pnccl) DecodeParams(*Pair, []byte) ([]byte, error) { return nil, nil }
 
 // ---------------------------------------------------------------------------
@@ -248,7 +257,9 @@ func (moriio) PrefillParams(pr *Pair) []byte {
 	o.val("do_remote_decode", true).val("do_remote_prefill", false)
 	o.raw("remote_engine_id", jsonNull).raw("remote_block_ids", jsonNull)
 	o.val("transfer_id", pr.TransferID)
-	o.val("remote_dp_size", pr.D.DPSize).val("remote_tp_size", pr.D.TPSize)
+	// tp_size is what vLLM's WRITE-mode prefill reads (get("tp_size", 1))
+	// to map its TP ranks onto D's; remote_tp_size is kept for older builds.
+	o.val("remote_dp_size", pr.D.DPSize).val("remote_tp_size", pr.D.TPSize).val("tp_size", pr.D.TPSize)
 	o.val("remote_host", dz.Host).val("remote_port", httpPort(pr.D))
 	o.val("remote_handshake_port", dz.Handshake).val("remote_notify_port", dz.Notify)
 	return o.bytes()
@@ -340,6 +351,11 @@ func (m *mooncake) Eligible(w *worker.Worker) error {
 	_, _, err := m.boot.lookup(w, w.DPRank)
 	return err
 }
+
+// prefillRank implements rankChooser: a prefill the router believes is
+// dp=1 but whose bootstrap server lists several ranks gets one per request
+// (X-data-parallel-rank on P, that rank's engine_id for D).
+func (m *mooncake) prefillRank(p *worker.Worker) int { return m.boot.pickRank(p) }
 
 func (*mooncake) PrefillParams(pr *Pair) []byte {
 	o := &kvObj{}

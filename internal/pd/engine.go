@@ -37,6 +37,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/policy"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
 	"github.com/switchyard-llm/switchyard/internal/rawjson"
+	"github.com/switchyard-llm/switchyard/internal/tracing"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
@@ -87,6 +88,10 @@ type Options struct {
 
 	Metrics *metrics.Metrics // nil = no metrics
 	Logger  *slog.Logger     // nil = discard
+	// Tracer gives each leg a client span under the request's server span
+	// and injects its trace context (nil = tracing off: the client's
+	// traceparent/tracestate/baggage are copied to both legs verbatim).
+	Tracer *tracing.Tracer
 
 	Now   func() time.Time // nil = time.Now
 	NewID func() [16]byte  // random 16 bytes (nil = crypto/rand); v4 bits are set by the engine
@@ -100,6 +105,14 @@ type Options struct {
 	// HashHeaders names the client headers policies may see (for header-based
 	// hashing); empty = every client header.
 	HashHeaders []string
+
+	// SplitResponses PD-splits /v1/responses. Off by default: most vLLM
+	// versions drop kv_transfer_params on that route (ResponsesRequest has
+	// the field only since vLLM PR #37424), so a WRITE decode would wait
+	// forever and a READ decode would run without the KV. Unsplit, the
+	// request is passed as is to one prefill worker (picked by
+	// PrefillPolicy), which serves it like any vLLM.
+	SplitResponses bool
 }
 
 // Engine is the PD dispatcher. It implements proxy.Dispatcher.
@@ -111,6 +124,7 @@ type Engine struct {
 	pairs *pairHealth
 	log   *slog.Logger
 	m     *metrics.Metrics
+	tr    *tracing.Tracer
 	rr    atomic.Uint64
 	hash  []string
 
@@ -173,7 +187,7 @@ func New(o Options) (*Engine, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	e := &Engine{o: o, log: log.With("component", "pd"), m: o.Metrics}
+	e := &Engine{o: o, log: log.With("component", "pd"), m: o.Metrics, tr: o.Tracer}
 	e.pairs = newPairHealth(o.PairFailureThreshold, o.PairCooldown, o.Now)
 	for _, h := range o.HashHeaders {
 		e.hash = append(e.hash, http.CanonicalHeaderKey(strings.TrimSpace(h)))
@@ -298,6 +312,8 @@ type reqState struct {
 	cli    context.Context // the client's own context (disconnect)
 
 	pairFailed bool // the KV transfer of the committed pair timed out
+	attempt    int  // 1-based number of the current (P, D) attempt
+	rc         *proxy.Receipt
 }
 
 // Dispatch serves one PD generation request.
@@ -324,7 +340,7 @@ func (e *Engine) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call)
 	rc.Mode = "pd"
 	rc.Policy = e.o.PrefillPolicy.Name() + "/" + e.o.DecodePolicy.Name()
 
-	st := &reqState{start: c.Start, hdr: r.Header, cli: r.Context()}
+	st := &reqState{start: c.Start, hdr: r.Header, cli: r.Context(), rc: rc}
 	if st.start.IsZero() {
 		st.start = e.o.Now()
 	}
@@ -387,6 +403,11 @@ func (e *Engine) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call)
 		defer cancel()
 	}
 
+	if st.kind == routeResponses && !e.o.SplitResponses {
+		e.passthrough(ctx, tw, r, c, st)
+		return
+	}
+
 	exclude := map[string]bool{}
 	var last *failure
 	for failovers := 0; ; {
@@ -401,6 +422,7 @@ func (e *Engine) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call)
 			return
 		}
 		rc.Attempts++
+		st.attempt = rc.Attempts
 		rc.Prefill, rc.Decode = pr.P.Key(), pr.D.Key()
 		rc.Reason = pr.reason
 		f := e.attempt(ctx, tw, st, &pr.Pair)
@@ -589,6 +611,9 @@ func (e *Engine) compatibleDecodes(snap *worker.Snapshot, p *worker.Worker) (pol
 
 func (e *Engine) newPair(p, d policy.Choice) *pickedPair {
 	pr := &pickedPair{Pair: Pair{P: p.Worker, D: d.Worker, PRank: e.rank(p.Worker), DRank: e.rank(d.Worker)}}
+	if rc, ok := e.conn.(rankChooser); ok && pr.PRank < 0 {
+		pr.PRank = rc.prefillRank(p.Worker)
+	}
 	pr.RequestID = requestID(zmqAddr(p.Worker), zmqAddr(d.Worker), asV4(e.o.NewID()))
 	pr.TransferID = e.conn.TransferID(asV4(e.o.NewID()))
 	pr.reason = "prefill: " + p.Reason + "; decode: " + d.Reason

@@ -1,6 +1,7 @@
 package pd
 
 import (
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -62,8 +63,17 @@ func classify(path string) routeKind {
 func validate(kind routeKind, o *rawjson.Object) string {
 	switch kind {
 	case routeCompletions:
-		if v := o.Get("prompt"); v == nil || string(v) == "null" {
+		v := o.Get("prompt")
+		if v == nil || string(v) == "null" {
 			return "'prompt' is required"
+		}
+		// vLLM shares one kv_transfer_params among the prompts of a batch
+		// and returns only the first one's: the others would be decoded
+		// without their KV.
+		for _, k := range []string{"prompt", "prompt_embeds"} {
+			if n := promptCount(o.Get(k)); n > 1 {
+				return fmt.Sprintf("PD mode supports one prompt per request; got %d", n)
+			}
 		}
 	case routeChat:
 		if v := o.Get("messages"); v == nil || string(v) == "null" {
@@ -89,6 +99,31 @@ func validate(kind routeKind, o *rawjson.Object) string {
 		}
 	}
 	return ""
+}
+
+// promptCount is the number of prompts in a completions prompt (or
+// prompt_embeds) value: 1 for a string or a flat token-id array, the
+// element count for an array of strings or of token arrays, 0 when absent.
+func promptCount(v []byte) int {
+	if len(v) == 0 || string(v) == "null" {
+		return 0
+	}
+	if v[0] != '[' {
+		return 1
+	}
+	var elems []json.RawMessage
+	if err := json.Unmarshal(v, &elems); err != nil {
+		return 1 // malformed: vLLM reports it
+	}
+	if len(elems) <= 1 {
+		return 1
+	}
+	for _, e := range elems {
+		if len(e) > 0 && (e[0] == '"' || e[0] == '[' || e[0] == '{') {
+			return len(elems) // a batch of prompts
+		}
+	}
+	return 1 // token ids of one prompt
 }
 
 var (
@@ -139,6 +174,8 @@ func prefillBody(kind routeKind, o *rawjson.Object, params []byte) []byte {
 	edits = append(edits, rawjson.Set("stream", falsy), rawjson.Delete("stream_options"))
 	if params != nil {
 		edits = append(edits, rawjson.Set("kv_transfer_params", params))
+	} else {
+		edits = append(edits, rawjson.Delete("kv_transfer_params")) // never the client's
 	}
 	return o.Apply(edits...)
 }
@@ -159,31 +196,51 @@ func decrement(o *rawjson.Object, k string) (rawjson.Edit, bool) {
 	return rawjson.Set(k, []byte(strconv.FormatInt(n-1, 10))), true
 }
 
+// lowerLimit is decrement plus the minimums: a minimum in mins that was
+// valid for the client's limit (<= it) but exceeds the lowered one follows
+// the limit down, so D never sees min_tokens > max_tokens (vLLM answers 400
+// after P already ran). A minimum already above the client's own limit is
+// left alone: vLLM rejects that request as it would without PD.
+func lowerLimit(o *rawjson.Object, k string, mins []string) ([]rawjson.Edit, bool) {
+	e, ok := decrement(o, k)
+	if !ok || e.Key == "" {
+		return nil, ok
+	}
+	n, _ := o.Int(k)
+	edits := []rawjson.Edit{e}
+	for _, m := range mins {
+		if v, ok := o.Int(m); ok && v > n-1 && v <= n {
+			edits = append(edits, rawjson.Set(m, e.Value))
+		}
+	}
+	return edits, true
+}
+
 // decodeBody is the client body for the decode leg: the output-length policy
-// applied and kv_transfer_params set when non-nil. With OutputExact and nil
-// params it is the client's bytes, untouched.
+// applied, kv_transfer_params set when non-nil and a client-supplied one
+// removed otherwise. With OutputExact, nil params and no client
+// kv_transfer_params it is the client's bytes, untouched.
 func decodeBody(kind routeKind, o *rawjson.Object, params []byte, outputLen string) []byte {
 	var edits []rawjson.Edit
 	if outputLen == OutputToyProxy {
+		mins := []string{"min_tokens", "min_completion_tokens"}
 		switch kind {
 		case routeCompletions, routeChat:
 			// max_completion_tokens if present, else max_tokens if present.
-			if e, ok := decrement(o, "max_completion_tokens"); ok {
-				if e.Key != "" {
-					edits = append(edits, e)
-				}
-			} else if e, ok := decrement(o, "max_tokens"); ok && e.Key != "" {
-				edits = append(edits, e)
+			if es, ok := lowerLimit(o, "max_completion_tokens", mins); ok {
+				edits = append(edits, es...)
+			} else if es, ok := lowerLimit(o, "max_tokens", mins); ok {
+				edits = append(edits, es...)
 			}
 		case routeResponses:
-			if e, ok := decrement(o, "max_output_tokens"); ok && e.Key != "" {
-				edits = append(edits, e)
+			if es, ok := lowerLimit(o, "max_output_tokens", nil); ok {
+				edits = append(edits, es...)
 			}
 		case routeGenerate:
 			if sp := o.Get("sampling_params"); len(sp) > 0 && sp[0] == '{' {
 				if so, err := rawjson.Parse(sp); err == nil {
-					if e, ok := decrement(so, "max_tokens"); ok && e.Key != "" {
-						edits = append(edits, rawjson.Set("sampling_params", so.Apply(e)))
+					if es, ok := lowerLimit(so, "max_tokens", []string{"min_tokens"}); ok && len(es) > 0 {
+						edits = append(edits, rawjson.Set("sampling_params", so.Apply(es...)))
 					}
 				}
 			}
@@ -191,6 +248,8 @@ func decodeBody(kind routeKind, o *rawjson.Object, params []byte, outputLen stri
 	}
 	if params != nil {
 		edits = append(edits, rawjson.Set("kv_transfer_params", params))
+	} else if o.Has("kv_transfer_params") {
+		edits = append(edits, rawjson.Delete("kv_transfer_params")) // never the client's
 	}
 	if len(edits) == 0 {
 		return o.Source()
@@ -214,4 +273,36 @@ func needsMerge(kind routeKind, o *rawjson.Object, stream bool) bool {
 		return nonNull("prompt_logprobs")
 	}
 	return false
+}
+
+// stoppedAtFirstToken reports whether P's non-streaming answer (one token
+// at most) is already the complete answer to the client's request: the
+// generation finished with finish_reason "stop" (status "completed" on
+// /v1/responses) and the client set no minimum above 1 (P's minimums are
+// clamped to 1, so with a higher one P may stop where the full request
+// would not).
+func stoppedAtFirstToken(kind routeKind, o *rawjson.Object, body []byte) bool {
+	for _, k := range []string{"min_tokens", "min_completion_tokens"} {
+		if n, ok := o.Int(k); ok && n > 1 {
+			return false
+		}
+	}
+	switch kind {
+	case routeCompletions, routeChat:
+		var r struct {
+			Choices []struct {
+				FinishReason *string `json:"finish_reason"`
+			} `json:"choices"`
+		}
+		if json.Unmarshal(body, &r) != nil || len(r.Choices) != 1 || r.Choices[0].FinishReason == nil {
+			return false
+		}
+		return *r.Choices[0].FinishReason == "stop"
+	case routeResponses:
+		var r struct {
+			Status string `json:"status"`
+		}
+		return json.Unmarshal(body, &r) == nil && r.Status == "completed"
+	}
+	return false // generate routes: no finish reason to trust
 }
