@@ -83,6 +83,7 @@ type FaultConfig struct {
 	NoHeartbeat     bool
 	SlowFactor      float64
 	MaxWaiting      int
+	FailReads       int
 }
 
 // Preset returns the engine parameters and max_model_len of a preset.
@@ -196,6 +197,7 @@ func ParseArgs(args []string, stderr io.Writer) (Config, error) {
 	fs.BoolVar(&c.Faults.NoHeartbeat, "no-heartbeat", false, "start with registration heartbeats off (SIGUSR1 toggles)")
 	fs.Float64Var(&c.Faults.SlowFactor, "slow-factor", 1.0, "multiplies every step's compute time")
 	fs.IntVar(&c.Faults.MaxWaiting, "max-waiting", 0, "reject with 503 when more than N requests are queued per engine (0 = unbounded)")
+	fs.IntVar(&c.Faults.FailReads, "fail-reads", 0, "decode: the next N KV reads (MoRI-IO READ, NIXL) fail like an RDMA error: release, then local recompute")
 
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 
@@ -393,6 +395,9 @@ func (c *Config) Validate() error {
 	}
 	if f.MaxWaiting < 0 {
 		bad("max-waiting", "must be >= 0, got %d", f.MaxWaiting)
+	}
+	if f.FailReads < 0 {
+		bad("fail-reads", "must be >= 0, got %d", f.FailReads)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

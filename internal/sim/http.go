@@ -1,11 +1,13 @@
 package sim
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -23,8 +25,9 @@ type route struct {
 
 func (in *Instance) routes() http.Handler {
 	table := map[string]route{
-		"/v1/completions":      {map[string]http.HandlerFunc{http.MethodPost: in.handleGenerate(false)}},
-		"/v1/chat/completions": {map[string]http.HandlerFunc{http.MethodPost: in.handleGenerate(true)}},
+		"/v1/completions":      {map[string]http.HandlerFunc{http.MethodPost: in.handleGenerate(apiCompletions)}},
+		"/v1/chat/completions": {map[string]http.HandlerFunc{http.MethodPost: in.handleGenerate(apiChat)}},
+		"/v1/responses":        {map[string]http.HandlerFunc{http.MethodPost: in.handleGenerate(apiResponses)}},
 		"/v1/models":           {map[string]http.HandlerFunc{http.MethodGet: in.handleModels}},
 		"/health":              {map[string]http.HandlerFunc{http.MethodGet: in.handleHealth}},
 		"/load":                {map[string]http.HandlerFunc{http.MethodGet: in.handleLoad}},
@@ -330,19 +333,12 @@ func (in *Instance) handleMetrics(w http.ResponseWriter, _ *http.Request) {
 	_, _ = io.WriteString(w, b.String())
 }
 
-// pickRank validates X-data-parallel-rank or picks the least-loaded engine.
-func (in *Instance) pickRank(r *http.Request) (int, *apiError) {
+// rankHeader validates X-data-parallel-rank: the pinned rank, or -1 when
+// the header is absent.
+func (in *Instance) rankHeader(r *http.Request) (int, *apiError) {
 	hv := r.Header.Get("X-data-parallel-rank")
 	if hv == "" {
-		best, bestLoad := 0, -1
-		for i, e := range in.engines {
-			s := e.Snapshot()
-			load := 4*(s.Waiting+s.WaitingRemote) + s.Running
-			if bestLoad < 0 || load < bestLoad {
-				best, bestLoad = i, load
-			}
-		}
-		return best, nil
+		return -1, nil
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(hv))
 	if err != nil {
@@ -354,11 +350,36 @@ func (in *Instance) pickRank(r *http.Request) (int, *apiError) {
 	return n, nil
 }
 
-func (in *Instance) handleGenerate(chat bool) http.HandlerFunc {
+// pickRank is vLLM's DP load balancer for an unpinned request: the engine
+// with the lowest 4·waiting + running, ties spread round-robin (vLLM bumps
+// its local count of the chosen engine, so back-to-back requests rotate
+// between stats updates even when every engine is idle).
+func (in *Instance) pickRank() int {
+	n := len(in.engines)
+	if n == 1 {
+		return 0
+	}
+	start := int(in.rrNext.Add(1)-1) % n
+	best, bestLoad := start, -1
+	for k := range n {
+		i := (start + k) % n
+		s := in.engines[i].Snapshot()
+		load := 4*(s.Waiting+s.WaitingRemote) + s.Running
+		if bestLoad < 0 || load < bestLoad {
+			best, bestLoad = i, load
+		}
+	}
+	return best
+}
+
+func (in *Instance) handleGenerate(api apiKind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if chat {
+		switch api {
+		case apiChat:
 			in.ctr.reqChat.Add(1)
-		} else {
+		case apiResponses:
+			in.ctr.reqResponses.Add(1)
+		default:
 			in.ctr.reqCompletions.Add(1)
 		}
 		n := in.ctr.started.Add(1)
@@ -376,7 +397,12 @@ func (in *Instance) handleGenerate(chat bool) http.HandlerFunc {
 			in.writeError(w, aerr)
 			return
 		}
-		g, aerr := in.parseGen(body, chat, xrid)
+		var g *genReq
+		if api == apiResponses {
+			g, aerr = in.parseResponses(body, xrid)
+		} else {
+			g, aerr = in.parseGen(body, api == apiChat, xrid)
+		}
 		g.endpoint = r.URL.Path
 		in.ctr.noteRequest(g.endpoint, xrid, r.Header.Get("X-data-parallel-rank"), g.kvRaw)
 		if aerr != nil {
@@ -388,30 +414,18 @@ func (in *Instance) handleGenerate(chat bool) http.HandlerFunc {
 			in.writeError(w, &apiError{status: status, message: "vllm-sim: injected failure (fail_next)"})
 			return
 		}
-		rank, aerr := in.pickRank(r)
+		pinned, aerr := in.rankHeader(r)
 		if aerr != nil {
 			in.writeError(w, aerr)
 			return
 		}
 		g.created = time.Now().Unix()
-		j := &job{in: in, g: g, rank: rank, eng: in.engines[rank], ctx: r.Context()}
-		j.req = engine.Request{ID: g.requestID, PromptTokens: len(g.promptIDs), MaxTokens: g.maxTokens}
-		if !g.ignoreEOS && g.minTokens == 0 && in.cfg.EOSProbability > 0 {
-			j.req.EOS = func(i int) bool { return i == 0 && j.firstEOS.Load() }
-		}
-		switch in.cfg.Role {
-		case RolePrefill:
-			aerr = in.conn.prefill(j)
-		case RoleDecode:
-			aerr = in.conn.decode(j)
-		default:
-			j.local()
-		}
+		jobs, aerr := in.newJobs(r, g, pinned)
 		if aerr != nil {
 			in.writeError(w, aerr)
 			return
 		}
-		switch j.kind {
+		switch jobs[0].kind {
 		case "prefill":
 			in.ctr.reqPrefillLeg.Add(1)
 		case "decode":
@@ -419,57 +433,109 @@ func (in *Instance) handleGenerate(chat bool) http.HandlerFunc {
 		default:
 			in.ctr.reqPlain.Add(1)
 		}
-		j.wrapCallbacks()
-		h, err := j.eng.Submit(&j.req)
-		if err != nil {
+		for k, j := range jobs {
+			j.wrapCallbacks()
+			h, err := j.eng.Submit(&j.req)
+			if err != nil {
+				for _, rest := range jobs[k:] {
+					if rest.onAbort != nil {
+						rest.onAbort(false)
+					}
+				}
+				for _, prev := range jobs[:k] {
+					prev.aborted()
+				}
+				switch {
+				case errors.Is(err, engine.ErrQueueFull):
+					in.ctr.rejected503.Add(1)
+					in.writeError(w, &apiError{status: http.StatusServiceUnavailable, message: "vllm-sim: waiting queue is full (max_waiting)"})
+				case errors.Is(err, engine.ErrTooLarge):
+					in.writeError(w, badRequest("request needs more KV cache than the engine has"))
+				default:
+					in.writeError(w, &apiError{status: http.StatusServiceUnavailable, message: err.Error()})
+				}
+				return
+			}
+			j.hp.CompareAndSwap(nil, h)
+			in.ctr.promptTokens.Add(int64(len(j.g.promptIDs)))
+			j.armKVTimeout()
+			if j.afterSubmit != nil {
+				j.afterSubmit()
+			}
+		}
+		switch {
+		case api == apiResponses && g.stream:
+			in.responsesStream(w, r, jobs[0])
+		case api == apiResponses:
+			in.responsesJSON(w, r, jobs[0])
+		case g.stream:
+			in.streamResponse(w, r, jobs)
+		default:
+			in.jsonResponse(w, r, jobs)
+		}
+	}
+}
+
+// newJobs builds one job per prompt and lets the connector configure them.
+// A batched completion is one engine request per prompt, each load-balanced
+// on its own unless X-data-parallel-rank pins them.
+func (in *Instance) newJobs(r *http.Request, g *genReq, pinned int) ([]*job, *apiError) {
+	kv := g.kv
+	if g.kvDropped && in.cfg.pd() {
+		if e := in.violation(g, "kv_transfer_params", "kv_transfer_params on "+g.endpoint+
+			" is dropped by vLLM before PR #37424: this route cannot be PD-split (send it whole to one worker)"); e != nil {
+			return nil, e
+		}
+	}
+	if len(g.prompts) > 1 && kv != nil && in.cfg.pd() {
+		if e := in.violation(g, "prompt", fmt.Sprintf("a batched completion (%d prompts) carries one kv_transfer_params: vLLM hands it to every prompt's engine request, so at most one KV handoff can match (reject batched prompts in PD mode)", len(g.prompts))); e != nil {
+			return nil, e
+		}
+	}
+	jobs := make([]*job, 0, len(g.prompts))
+	undo := func() {
+		for _, j := range jobs {
 			if j.onAbort != nil {
 				j.onAbort(false)
 			}
-			switch {
-			case errors.Is(err, engine.ErrQueueFull):
-				in.ctr.rejected503.Add(1)
-				in.writeError(w, &apiError{status: http.StatusServiceUnavailable, message: "vllm-sim: waiting queue is full (max_waiting)"})
-			case errors.Is(err, engine.ErrTooLarge):
-				in.writeError(w, badRequest("request needs more KV cache than the engine has"))
-			default:
-				in.writeError(w, &apiError{status: http.StatusServiceUnavailable, message: err.Error()})
-			}
-			return
-		}
-		j.hp.CompareAndSwap(nil, h)
-		in.ctr.promptTokens.Add(int64(len(g.promptIDs)))
-		j.armKVTimeout()
-		if j.afterSubmit != nil {
-			j.afterSubmit()
-		}
-		if g.stream {
-			in.streamResponse(w, r, j)
-		} else {
-			in.jsonResponse(w, r, j)
 		}
 	}
+	for i := range g.prompts {
+		sg := g.sub(i)
+		rank := pinned
+		if rank < 0 {
+			rank = in.pickRank()
+		}
+		j := &job{in: in, g: sg, rank: rank, eng: in.engines[rank], ctx: r.Context()}
+		j.req = engine.Request{ID: sg.requestID, PromptTokens: len(sg.promptIDs), MaxTokens: sg.maxTokens}
+		if !sg.ignoreEOS && sg.minTokens == 0 && in.cfg.EOSProbability > 0 {
+			j.req.EOS = func(i int) bool { return i == 0 && j.firstEOS.Load() }
+		}
+		var aerr *apiError
+		switch {
+		case in.cfg.Role == RolePrefill && (i == 0 || kv == nil):
+			aerr = in.conn.prefill(j)
+		case in.cfg.Role == RoleDecode && (i == 0 || kv == nil):
+			aerr = in.conn.decode(j)
+		case in.cfg.Role == RoleDecode:
+			// Prompt i > 0 of a batch shares prompt 0's transfer: its own
+			// KV never arrives.
+			j.garbage("batched prompt sharing another prompt's kv_transfer_params")
+		default:
+			j.local()
+		}
+		if aerr != nil {
+			undo()
+			return nil, aerr
+		}
+		jobs = append(jobs, j)
+	}
+	return jobs, nil
 }
 
 // tokenPiece returns the text of generated token i.
 func (j *job) tokenPiece(i int) string {
 	return oracle.Piece(oracle.Token(j.digest.Load(), j.g.seed, i, j.firstEOS.Load()))
-}
-
-// awaitFirst applies the stall fault and the first-token hook.
-func (j *job) firstToken(r *http.Request) bool {
-	if j.onFirstToken != nil {
-		j.onFirstToken()
-	}
-	if d := j.in.faults.stall(); d > 0 {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-r.Context().Done():
-			return false
-		}
-	}
-	return true
 }
 
 func (j *job) finished(p engine.Progress) {
@@ -501,105 +567,202 @@ func finishError(p engine.Progress) *apiError {
 	return &apiError{status: http.StatusInternalServerError, message: msg}
 }
 
-func (in *Instance) streamResponse(w http.ResponseWriter, r *http.Request, j *job) {
-	rc := http.NewResponseController(w)
-	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
-	w.WriteHeader(http.StatusOK)
-	_ = rc.Flush()
-	cw := newChunkWriter(j.g)
-	sent := 0
+func failedProgress(p engine.Progress) bool {
+	return p.Reason == engine.FinishError || p.Reason == engine.FinishAbort
+}
+
+// follow drives jobs to completion. emit(i, p, from) runs whenever job i has
+// generated tokens beyond from (after the job's first-token hook and, once
+// per response, the stall fault). It returns every job's final progress,
+// or ok=false when the client went away: unfinished jobs are then aborted
+// and finished ones finalized.
+func (in *Instance) follow(r *http.Request, jobs []*job, emit func(i int, p engine.Progress, from int)) ([]engine.Progress, bool) {
+	n := len(jobs)
+	sent := make([]int, n)
+	final := make([]engine.Progress, n)
+	done := make([]bool, n)
+	left := n
+	stalled := false
+	abandon := func() {
+		for i, j := range jobs {
+			if done[i] {
+				j.finished(final[i])
+			} else {
+				j.aborted()
+			}
+		}
+	}
 	for {
-		p := j.handle().Progress()
-		if p.Generated > sent {
-			if sent == 0 {
-				if !j.firstToken(r) {
-					j.aborted()
-					return
-				}
-				if j.g.chat {
-					_, _ = w.Write(cw.roleChunk())
-				}
+		for i, j := range jobs {
+			if done[i] {
+				continue
 			}
-			for sent < p.Generated {
-				finish := ""
-				if p.Finished && sent == p.Generated-1 && (p.Reason == engine.FinishLength || p.Reason == engine.FinishStop) {
-					finish = p.Reason.String()
+			p := j.handle().Progress()
+			if p.Generated > sent[i] {
+				if sent[i] == 0 {
+					if j.onFirstToken != nil {
+						j.onFirstToken()
+					}
+					if !stalled {
+						stalled = true
+						if !in.stallFirstToken(r) {
+							abandon()
+							return nil, false
+						}
+					}
 				}
-				_, _ = w.Write(cw.tokenChunk(j.tokenPiece(sent), finish, sent+1))
-				sent++
+				if emit != nil {
+					emit(i, p, sent[i])
+				}
+				sent[i] = p.Generated
 			}
-			_ = rc.Flush()
+			if p.Finished {
+				done[i], final[i] = true, p
+				left--
+			}
 		}
-		if p.Finished {
-			if p.Reason == engine.FinishError || p.Reason == engine.FinishAbort {
-				e := finishError(p)
-				in.ctr.status5xx.Add(1)
-				_, _ = w.Write(errorEvent(e))
-			} else if j.g.includeUsage {
-				_, _ = w.Write(cw.usageChunk(p.Generated))
-			}
-			_, _ = w.Write(doneEvent)
-			_ = rc.Flush()
-			j.finished(p)
-			return
+		if left == 0 {
+			return final, true
 		}
-		select {
-		case <-j.handle().Updates():
-		case <-r.Context().Done():
-			j.aborted()
-			return
+		if !waitAny(r.Context(), jobs, done) {
+			abandon()
+			return nil, false
 		}
 	}
 }
 
-func (in *Instance) jsonResponse(w http.ResponseWriter, r *http.Request, j *job) {
-	firstSeen := false
-	var p engine.Progress
-	for {
-		p = j.handle().Progress()
-		if p.Generated > 0 && !firstSeen {
-			firstSeen = true
-			if !j.firstToken(r) {
-				j.aborted()
-				return
-			}
-		}
-		if p.Finished {
-			break
-		}
+// stallFirstToken applies the stall_first_token fault; false if the client
+// went away meanwhile.
+func (in *Instance) stallFirstToken(r *http.Request) bool {
+	d := in.faults.stall()
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-r.Context().Done():
+		return false
+	}
+}
+
+// waitAny blocks until an unfinished job makes progress (true) or ctx ends
+// (false).
+func waitAny(ctx context.Context, jobs []*job, done []bool) bool {
+	if len(jobs) == 1 {
 		select {
-		case <-j.handle().Updates():
-		case <-r.Context().Done():
-			j.aborted()
+		case <-jobs[0].handle().Updates():
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	cases := []reflect.SelectCase{{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())}}
+	for i, j := range jobs {
+		if !done[i] {
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(j.handle().Updates())})
+		}
+	}
+	chosen, _, _ := reflect.Select(cases)
+	return chosen != 0
+}
+
+func (in *Instance) streamResponse(w http.ResponseWriter, r *http.Request, jobs []*job) {
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	w.WriteHeader(http.StatusOK)
+	_ = rc.Flush()
+	g := jobs[0].g
+	cw := newChunkWriter(g)
+	final, ok := in.follow(r, jobs, func(i int, p engine.Progress, from int) {
+		j := jobs[i]
+		if from == 0 && g.chat {
+			_, _ = w.Write(cw.roleChunk())
+		}
+		for k := from; k < p.Generated; k++ {
+			finish := ""
+			if p.Finished && k == p.Generated-1 && (p.Reason == engine.FinishLength || p.Reason == engine.FinishStop) {
+				finish = p.Reason.String()
+			}
+			_, _ = w.Write(cw.tokenChunk(i, j.tokenPiece(k), finish, len(j.g.promptIDs), k+1))
+		}
+		_ = rc.Flush()
+	})
+	if !ok {
+		return
+	}
+	prompt, completion := 0, 0
+	var failed *engine.Progress
+	for i, p := range final {
+		prompt += len(jobs[i].g.promptIDs)
+		completion += p.Generated
+		if failedProgress(p) && failed == nil {
+			failed = &final[i]
+		}
+	}
+	if failed != nil {
+		in.ctr.status5xx.Add(1)
+		_, _ = w.Write(errorEvent(finishError(*failed)))
+	} else if g.includeUsage {
+		_, _ = w.Write(cw.usageChunk(prompt, completion))
+	}
+	_, _ = w.Write(doneEvent)
+	_ = rc.Flush()
+	for i, j := range jobs {
+		j.finished(final[i])
+	}
+}
+
+func (in *Instance) jsonResponse(w http.ResponseWriter, r *http.Request, jobs []*job) {
+	final, ok := in.follow(r, jobs, nil)
+	if !ok {
+		return
+	}
+	for i, j := range jobs {
+		j.finished(final[i])
+	}
+	for _, p := range final {
+		if failedProgress(p) {
+			in.writeError(w, finishError(p))
 			return
 		}
 	}
-	j.finished(p)
-	if p.Reason == engine.FinishError || p.Reason == engine.FinishAbort {
-		in.writeError(w, finishError(p))
-		return
+	g := jobs[0].g
+	texts := make([]string, len(jobs))
+	var u usage
+	for i, j := range jobs {
+		var text strings.Builder
+		for k := range final[i].Generated {
+			text.WriteString(j.tokenPiece(k))
+		}
+		texts[i] = text.String()
+		u.PromptTokens += len(j.g.promptIDs)
+		u.CompletionTokens += final[i].Generated
 	}
-	var text strings.Builder
-	for i := range p.Generated {
-		text.WriteString(j.tokenPiece(i))
-	}
-	reason := p.Reason.String()
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	// vLLM returns final_res_batch[0].kv_transfer_params.
 	var kv any
-	if p.Reason == engine.FinishLength && j.responseKV != nil {
-		kv = j.responseKV()
+	if final[0].Reason == engine.FinishLength && jobs[0].responseKV != nil {
+		kv = jobs[0].responseKV()
 	}
-	u := usage{PromptTokens: len(j.g.promptIDs), CompletionTokens: p.Generated, TotalTokens: len(j.g.promptIDs) + p.Generated}
-	if j.g.chat {
+	if g.chat {
+		reason := final[0].Reason.String()
 		writeJSON(w, 200, chatResponse{
-			ID: j.g.requestID, Object: "chat.completion", Created: j.g.created, Model: j.g.model,
-			Choices: []chatChoice{{Message: chatMessage{Role: "assistant", Content: text.String(), ToolCalls: []any{}}, FinishReason: &reason}},
+			ID: g.respID, Object: "chat.completion", Created: g.created, Model: g.model,
+			Choices: []chatChoice{{Message: chatMessage{Role: "assistant", Content: texts[0], ToolCalls: []any{}}, FinishReason: &reason}},
 			Usage:   u, KVTransferParams: kv,
 		})
 		return
 	}
+	choices := make([]completionChoice, len(jobs))
+	for i := range jobs {
+		reason := final[i].Reason.String()
+		choices[i] = completionChoice{Index: i, Text: texts[i], FinishReason: &reason}
+	}
 	writeJSON(w, 200, completionResponse{
-		ID: j.g.requestID, Object: "text_completion", Created: j.g.created, Model: j.g.model,
-		Choices: []completionChoice{{Text: text.String(), FinishReason: &reason}},
-		Usage:   u, KVTransferParams: kv,
+		ID: g.respID, Object: "text_completion", Created: g.created, Model: g.model,
+		Choices: choices, Usage: u, KVTransferParams: kv,
 	})
 }

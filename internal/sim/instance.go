@@ -63,6 +63,7 @@ type Instance struct {
 	ctr         counters
 	faults      faults
 	heartbeatOn atomic.Bool
+	rrNext      atomic.Uint64 // DP load balancer: round-robin start for ties
 	hbWake      chan struct{}
 
 	created int64
@@ -70,6 +71,11 @@ type Instance struct {
 
 	wordsMu sync.Mutex
 	words   map[uint32]string
+
+	// freshConns are accepted HTTP connections that have not carried a
+	// request yet (a client's spare dial). http.Server.Shutdown counts them
+	// as active for 5 s, so Close closes them itself.
+	freshConns sync.Map // net.Conn -> struct{}
 
 	closeOnce sync.Once
 }
@@ -158,7 +164,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Instance, error) {
 	in.faults = faults{
 		failNext: cfg.Faults.FailNext, failStatus: cfg.Faults.FailStatus, crashAfter: cfg.Faults.CrashAfter,
 		stallFirstToken: cfg.Faults.StallFirstToken, dropWriteDone: cfg.Faults.DropWriteDone,
-		slowFactor: cfg.Faults.SlowFactor, maxWaiting: cfg.Faults.MaxWaiting,
+		slowFactor: cfg.Faults.SlowFactor, maxWaiting: cfg.Faults.MaxWaiting, failReads: cfg.Faults.FailReads,
 	}
 	in.heartbeatOn.Store(!cfg.Faults.NoHeartbeat)
 	in.hs = &handshakes{in: in, m: make(map[string]*hsState)}
@@ -196,6 +202,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Instance, error) {
 		IdleTimeout:       5 * time.Minute,
 		MaxHeaderBytes:    1 << 20,
 		BaseContext:       func(net.Listener) context.Context { return ictx },
+		ConnState:         in.trackConn,
 		ErrorLog:          slog.NewLogLogger(in.log.Handler(), slog.LevelDebug),
 	}
 	in.serveHTTP(in.httpSrv, in.httpLn)
@@ -220,6 +227,15 @@ func (in *Instance) serveHTTP(srv *http.Server, ln net.Listener) {
 	}()
 }
 
+// trackConn remembers connections that have not carried a request yet.
+func (in *Instance) trackConn(c net.Conn, st http.ConnState) {
+	if st == http.StateNew {
+		in.freshConns.Store(c, struct{}{})
+	} else {
+		in.freshConns.Delete(c)
+	}
+}
+
 // goBackground runs f on a tracked goroutine with the instance context.
 func (in *Instance) goBackground(f func(ctx context.Context)) {
 	in.wg.Add(1)
@@ -235,6 +251,15 @@ func (in *Instance) Close() {
 		in.cancel()
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
+		for _, srv := range []*http.Server{in.httpSrv, in.bootSrv} {
+			if srv != nil {
+				srv.SetKeepAlivesEnabled(false)
+			}
+		}
+		in.freshConns.Range(func(c, _ any) bool {
+			_ = c.(net.Conn).Close()
+			return true
+		})
 		for _, srv := range []*http.Server{in.httpSrv, in.bootSrv} {
 			if srv != nil {
 				if err := srv.Shutdown(shutdownCtx); err != nil {
@@ -352,6 +377,7 @@ func (in *Instance) bind() error {
 			Handler:           in.conn.(*mooncake).bootstrapHandler(),
 			ReadHeaderTimeout: 10 * time.Second,
 			BaseContext:       func(net.Listener) context.Context { return in.ctx },
+			ConnState:         in.trackConn,
 		}
 	}
 	return nil

@@ -121,9 +121,8 @@ func (m *mooncake) prefill(j *job) *apiError {
 	}
 	tid, ok := p.str("transfer_id")
 	if !ok || tid == "" {
-		if in.cfg.Strict {
-			return &apiError{status: 400, typ: "BadRequestError", param: "kv_transfer_params",
-				message: "Mooncake prefill needs kv_transfer_params.transfer_id"}
+		if e := in.violation(j.g, "kv_transfer_params", "Mooncake prefill needs kv_transfer_params.transfer_id"); e != nil {
+			return e
 		}
 		tid = "xfer-" + j.g.xRequestID
 	}
@@ -250,12 +249,19 @@ func (m *mooncake) decode(j *job) *apiError {
 		missing = "transfer_id"
 	}
 	if missing != "" {
-		if in.cfg.Strict {
-			return &apiError{status: 400, typ: "BadRequestError", param: "kv_transfer_params",
-				message: "Mooncake decode needs " + missing + " in kv_transfer_params"}
+		if e := in.violation(j.g, "kv_transfer_params", "Mooncake decode needs "+missing+" in kv_transfer_params"); e != nil {
+			return e
 		}
 		j.garbage("missing " + missing)
 		return nil
+	}
+	if !strings.HasPrefix(boot, "http://") && !strings.HasPrefix(boot, "https://") {
+		// vLLM queries remote_bootstrap_addr + "/query": without a scheme
+		// the HTTP client refuses it and the request waits forever.
+		if e := in.violation(j.g, "kv_transfer_params", "Mooncake decode: remote_bootstrap_addr "+strconv.Quote(boot)+
+			" lacks the http:// scheme (vLLM requests remote_bootstrap_addr + \"/query\")"); e != nil {
+			return e
+		}
 	}
 	j.remote()
 	j.req.OnAdmit = func(h *engine.Handle) {
@@ -321,11 +327,10 @@ func (m *mooncake) resolve(ctx context.Context, boot, engineID string) (string, 
 	if w, ok := find(q); ok {
 		return w, nil
 	}
-	u := boot
-	if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
-		u = "http://" + u
+	if !strings.HasPrefix(boot, "http://") && !strings.HasPrefix(boot, "https://") {
+		return "", fmt.Errorf("remote_bootstrap_addr %q has no http:// scheme", boot)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(u, "/")+"/query", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, boot+"/query", nil)
 	if err != nil {
 		return "", err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,7 +51,6 @@ type pXfer struct {
 	linkAdded  bool
 	finished   bool
 	acks       int
-	acksNeeded int
 	timer      *time.Timer
 	done       bool
 }
@@ -90,29 +90,56 @@ func (m *moriio) prefill(j *job) *apiError {
 	if p == nil || !p.boolean("do_remote_decode") {
 		return nil // plain request: served like normal vLLM
 	}
+	// 028a39c's add_new_req (P builds a ReqMeta in both modes) reads these
+	// with params[...]: absent keys raise KeyError in the scheduler; null is
+	// fine.
+	for _, k := range []string{"remote_block_ids", "remote_engine_id"} {
+		if _, ok := p[k]; !ok {
+			if e := in.violation(j.g, "kv_transfer_params", "MoRI-IO prefill: kv_transfer_params lacks the key "+k+
+				" (028a39c add_new_req raises KeyError; send it as null)"); e != nil {
+				return e
+			}
+		}
+	}
+	// Older connectors (and old-format proxies) take the decode's address
+	// from the params only.
+	if miss := missingParams(p, "remote_host", "remote_port", "remote_handshake_port", "remote_notify_port"); miss != "" {
+		if e := in.violation(j.g, "kv_transfer_params", "MoRI-IO prefill: kv_transfer_params lacks "+miss+
+			" (the decode's address; older connectors read it from the params only)"); e != nil {
+			return e
+		}
+	}
 	tid, ok := p.str("transfer_id")
 	if !ok || tid == "" {
-		if in.cfg.Strict {
-			return &apiError{status: 400, typ: "BadRequestError", param: "kv_transfer_params",
-				message: "kv_transfer_params.transfer_id is required on a MoRI-IO prefill (vLLM raises KeyError)"}
+		if e := in.violation(j.g, "kv_transfer_params", "kv_transfer_params.transfer_id is required on a MoRI-IO prefill (0158326 raises KeyError in update_state_after_alloc)"); e != nil {
+			return e
 		}
 		tid = "sidecar-" + j.g.requestID
 		in.log.Warn("prefill without transfer_id; synthesized one as the newest connector does", "transfer_id", tid)
 	}
-	x := &pXfer{id: tid, j: j, rank: j.rank, acksNeeded: 1}
-	if dtp, ok := p.int("remote_tp_size"); ok && dtp > in.cfg.TPSize {
-		x.acksNeeded = (dtp + in.cfg.TPSize - 1) / in.cfg.TPSize
+	dst, okDst, aerr := m.peer(j, p, false)
+	if aerr != nil {
+		return aerr
+	}
+	if !okDst {
+		msg := "WRITE-mode prefill cannot find the decode's address: kv_transfer_params has no remote_host/remote_handshake_port/remote_notify_port and X-Request-Id has no ___decode_addr_ part"
+		if m.read {
+			msg = "MoRI-IO prefill cannot find the decode's address: kv_transfer_params has no remote_host/remote_handshake_port/remote_notify_port and X-Request-Id has no ___decode_addr_ part (028a39c add_new_req raises ValueError)"
+		}
+		if e := in.violation(j.g, "kv_transfer_params", msg); e != nil {
+			return e
+		}
 	}
 	if !m.read {
-		dst, ok := moriPeerFromID(j.g.xRequestID, false)
-		if !ok {
-			dst, ok = moriPeerFromParams(p)
-		}
-		if !ok {
-			if in.cfg.Strict {
-				return &apiError{status: 400, typ: "BadRequestError", param: "kv_transfer_params",
-					message: "WRITE-mode prefill cannot find the decode's address: X-Request-Id has no ___decode_addr_ part and kv_transfer_params has no remote_host/remote_handshake_port/remote_notify_port"}
+		if n, ok := p.int("tp_size"); !ok || n < 1 {
+			if e := in.violation(j.g, "kv_transfer_params", "WRITE-mode prefill: kv_transfer_params.tp_size (the decode's TP size) is required"); e != nil {
+				return e
 			}
+		}
+	}
+	x := &pXfer{id: tid, j: j, rank: j.rank}
+	if !m.read {
+		if !okDst {
 			in.log.Warn("WRITE prefill has no decode address; write_done cannot be delivered", "request_id", j.g.requestID)
 		} else {
 			x.dst, x.hasDst = dst, true
@@ -151,6 +178,37 @@ func (m *moriio) prefill(j *job) *apiError {
 	j.onAbort = func(bool) { m.finishXfer(x, false, "prefill aborted") }
 	j.responseKV = func() any { return m.prefillParams(x) }
 	return nil
+}
+
+// missingParams lists the keys of p that are absent or null.
+func missingParams(p kvParams, keys ...string) string {
+	var miss []string
+	for _, k := range keys {
+		if !p.has(k) {
+			miss = append(miss, k)
+		}
+	}
+	return strings.Join(miss, "/")
+}
+
+// peer finds the peer's MoRI-IO address as 028a39c/0158326 do: explicit
+// remote_host/remote_handshake_port/remote_notify_port when all three are
+// present, the X-Request-Id (___prefill_addr_ on a decode, ___decode_addr_
+// on a prefill) otherwise. Both present but different is a violation.
+func (m *moriio) peer(j *job, p kvParams, onDecode bool) (moriAddr, bool, *apiError) {
+	fromParams, okP := moriPeerFromParams(p)
+	fromID, okI := moriPeerFromID(j.g.xRequestID, onDecode)
+	if okP && okI && fromParams != fromID {
+		if e := m.in.violation(j.g, "kv_transfer_params", fmt.Sprintf(
+			"the peer address in kv_transfer_params (host %s handshake %d notify %d) disagrees with the X-Request-Id's (host %s handshake %d notify %d); vLLM uses the params",
+			fromParams.host, fromParams.handshake, fromParams.notify, fromID.host, fromID.handshake, fromID.notify)); e != nil {
+			return moriAddr{}, false, e
+		}
+	}
+	if okP {
+		return fromParams, true, nil
+	}
+	return fromID, okI, nil
 }
 
 // onForward queues the layer writes of x as its last prefill chunk runs.
@@ -289,9 +347,8 @@ func (m *moriio) decode(j *job) *apiError {
 	in := m.in
 	p := j.g.kv
 	if p == nil || !p.boolean("do_remote_prefill") {
-		if in.cfg.Strict {
-			return &apiError{status: 400, typ: "BadRequestError", param: "kv_transfer_params",
-				message: "MoRI-IO decode needs kv_transfer_params with do_remote_prefill=true (vLLM treats every request on a decode as remote-prefilled: WRITE hangs, READ produces garbage)"}
+		if e := in.violation(j.g, "kv_transfer_params", "MoRI-IO decode needs kv_transfer_params with do_remote_prefill=true (vLLM treats every request on a decode as remote-prefilled: WRITE hangs, READ produces garbage)"); e != nil {
+			return e
 		}
 		if m.read {
 			j.garbage("plain request on a READ-mode decode")
@@ -305,40 +362,36 @@ func (m *moriio) decode(j *job) *apiError {
 	pRank, ok := p.int("remote_dp_rank")
 	if !ok {
 		if n, _ := p.int("remote_dp_size"); n > 1 {
-			in.log.Warn("remote_dp_size > 1 without remote_dp_rank: falling back to P rank 0 (the request may hang)", "request_id", j.g.requestID)
+			if e := in.violation(j.g, "kv_transfer_params", "remote_dp_size > 1 without remote_dp_rank: vLLM falls back to prefill DP rank 0 (the transfer is paired with the wrong rank unless P ran there)"); e != nil {
+				return e
+			}
 		}
 		pRank = 0
 	}
-	pTP, ok := p.int("tp_size")
-	if !ok {
-		pTP, _ = p.int("remote_tp_size")
+	src, okSrc, aerr := m.peer(j, p, true)
+	if aerr != nil {
+		return aerr
 	}
-	pTP = max(pTP, 1)
 	if m.read {
-		return m.decodeRead(j, p, tid, pRank, pTP)
+		return m.decodeRead(j, p, tid, pRank, src, okSrc)
 	}
-	return m.decodeWrite(j, p, tid, pRank)
+	return m.decodeWrite(j, tid, pRank, src, okSrc)
 }
 
-func (m *moriio) decodeWrite(j *job, p kvParams, tid string, pRank int) *apiError {
+func (m *moriio) decodeWrite(j *job, tid string, pRank int, src moriAddr, okSrc bool) *apiError {
 	in := m.in
-	// 512a877: the request id first, params as fallback.
-	src, ok := moriPeerFromID(j.g.xRequestID, true)
-	if !ok {
-		src, ok = moriPeerFromParams(p)
-	}
-	if in.cfg.Strict {
-		if tid == "" {
-			return &apiError{status: 400, typ: "BadRequestError", param: "kv_transfer_params",
-				message: "kv_transfer_params.transfer_id is required (vLLM raises KeyError in update_state_after_alloc)"}
+	if tid == "" {
+		if e := in.violation(j.g, "kv_transfer_params", "kv_transfer_params.transfer_id is required (vLLM raises KeyError in update_state_after_alloc)"); e != nil {
+			return e
 		}
-		if !ok {
-			return &apiError{status: 400, typ: "BadRequestError", param: "kv_transfer_params",
-				message: "WRITE-mode decode cannot find the prefill's address: X-Request-Id has no ___prefill_addr_ part and kv_transfer_params has no remote_host/remote_handshake_port/remote_notify_port"}
+	}
+	if !okSrc {
+		if e := in.violation(j.g, "kv_transfer_params", "WRITE-mode decode cannot find the prefill's address: kv_transfer_params has no remote_host/remote_handshake_port/remote_notify_port and X-Request-Id has no ___prefill_addr_ part"); e != nil {
+			return e
 		}
 	}
 	j.remote()
-	if tid == "" || !ok {
+	if tid == "" || !okSrc {
 		in.log.Warn("WRITE decode cannot notify its prefill; it will wait forever", "request_id", j.g.requestID, "transfer_id", tid)
 		return nil
 	}
@@ -361,6 +414,8 @@ func (m *moriio) decodeWrite(j *job, p kvParams, tid string, pRank int) *apiErro
 			Type: sidechan.TypeRemoteBlocks, ReqID: j.g.requestID, TransferID: tid,
 			BlockNotifyList: blocks, DecodeRank: j.rank,
 		})
+		// notify_base + get_port_offset(remote_dp_rank, tp_index), default
+		// tp_size=1, once per decode TP rank.
 		for t := range in.cfg.TPSize {
 			in.pool.Send(sidechan.Endpoint(src.host, src.notify+pRank+t), "", msg)
 			in.ctr.remoteBlocksSent.Add(1)
@@ -379,7 +434,7 @@ func (m *moriio) decodeWrite(j *job, p kvParams, tid string, pRank int) *apiErro
 		if !admitted {
 			// vLLM: aborted before allocation, request_finished sends
 			// release so P frees its blocks.
-			m.sendRelease(src, pRank, 1, tid)
+			m.sendWriteRelease(src, pRank, tid)
 		}
 	}
 	return nil
@@ -389,7 +444,7 @@ func (m *moriio) deliverWriteDone(j *job, msg sidechan.Any) {
 	d, ok := sidechan.ParseDigest(msg.SimDigest)
 	if !ok {
 		m.in.ctr.kvGarbage.Add(1)
-		d = j.g.digest ^ 0xbadbadbadbadbad // bare-string write_done carries no KV
+		d = j.g.digest ^ garbageXor // bare-string write_done carries no KV
 	}
 	n := msg.SimNumTokens
 	if !ok {
@@ -398,14 +453,10 @@ func (m *moriio) deliverWriteDone(j *job, msg sidechan.Any) {
 	j.kvDelivered(d, n, 0, false)
 }
 
-func (m *moriio) decodeRead(j *job, p kvParams, tid string, pRank, pTP int) *apiError {
+func (m *moriio) decodeRead(j *job, p kvParams, tid string, pRank int, src moriAddr, okSrc bool) *apiError {
 	in := m.in
 	blocks, okBlocks := p.ints("remote_block_ids")
 	engineID, okEngine := p.str("remote_engine_id")
-	src, okSrc := moriPeerFromParams(p)
-	if !okSrc {
-		src, okSrc = moriPeerFromID(j.g.xRequestID, true)
-	}
 	var missing string
 	switch {
 	case !okBlocks || len(blocks) == 0:
@@ -418,18 +469,26 @@ func (m *moriio) decodeRead(j *job, p kvParams, tid string, pRank, pTP int) *api
 		missing = "remote_host/remote_handshake_port/remote_notify_port (or an X-Request-Id with ___prefill_addr_)"
 	}
 	if missing != "" {
-		if in.cfg.Strict {
-			return &apiError{status: 400, typ: "BadRequestError", param: "kv_transfer_params",
-				message: "READ-mode decode needs " + missing + " in kv_transfer_params (vLLM logs \"Got invalid KVTransferParams\" and decodes garbage)"}
+		if e := in.violation(j.g, "kv_transfer_params", "READ-mode decode needs "+missing+" in kv_transfer_params (vLLM logs \"Got invalid KVTransferParams\" and decodes garbage)"); e != nil {
+			return e
 		}
 		j.garbage("missing " + missing)
 		return nil
+	}
+	// ReqMeta.tp_size comes from "tp_size" (default 1), never from
+	// remote_tp_size (that fallback exists only in the newest connector).
+	pTP, ok := p.int("tp_size")
+	if !ok || pTP < 1 {
+		if e := in.violation(j.g, "kv_transfer_params", "READ-mode decode needs kv_transfer_params.tp_size (the prefill's TP size, from its response; vLLM reads tp_size with default 1, not remote_tp_size)"); e != nil {
+			return e
+		}
+		pTP = 1
 	}
 	j.remote()
 	var readDone, released atomic.Bool
 	release := func() {
 		if released.CompareAndSwap(false, true) {
-			m.sendRelease(src, pRank, pTP, tid)
+			m.sendReadRelease(src, pRank, pTP, tid)
 		}
 	}
 	j.req.OnAdmit = func(h *engine.Handle) {
@@ -438,9 +497,9 @@ func (m *moriio) decodeRead(j *job, p kvParams, tid string, pRank, pTP int) *api
 			defer cancel()
 			stop := context.AfterFunc(ictx, cancel)
 			defer stop()
-			ok := m.readKV(ctx, j, src, pRank, engineID, tid, blocks)
+			res := m.readKV(ctx, j, src, pRank, engineID, tid, blocks)
 			readDone.Store(true)
-			if !ok && ctx.Err() == nil {
+			if res == readFailed {
 				release() // a failed read still releases, then D recomputes
 				j.kvDelivered(0, 0, 0, true)
 			}
@@ -455,46 +514,72 @@ func (m *moriio) decodeRead(j *job, p kvParams, tid string, pRank, pTP int) *api
 	return nil
 }
 
-// readKV performs the handshake (first contact) and the read RPC; on
-// success it delivers the KV with the layer-wise read duration.
-func (m *moriio) readKV(ctx context.Context, j *job, src moriAddr, pRank int, engineID, tid string, blocks []int) bool {
+// readKV performs the handshake (first contact) and the read RPC against
+// P's rank pRank. A reply for a transfer that rank does not hold is a
+// successful RDMA read of the wrong memory: garbage, no error.
+func (m *moriio) readKV(ctx context.Context, j *job, src moriAddr, pRank int, engineID, tid string, blocks []int) readResult {
 	in := m.in
+	fail := func(msg string, args ...any) readResult {
+		if ctx.Err() != nil {
+			return readCanceled
+		}
+		in.ctr.readsFailed.Add(1)
+		in.ctr.transfersFailed.Add(1)
+		in.log.Warn(msg, append([]any{"transfer_id", tid}, args...)...)
+		return readFailed
+	}
 	ep := sidechan.Endpoint(src.host, src.handshake+pRank)
 	st := in.hs.ensure(fmt.Sprintf("moriio:%s_dp%d", engineID, pRank), []string{ep})
 	if err := st.wait(ctx); err != nil {
-		return false
+		return fail("READ: handshake with the prefill failed; recomputing locally", "endpoint", ep, "err", err)
+	}
+	if in.faults.takeReadFailure() {
+		return fail("READ: injected read failure (fail_reads); recomputing locally")
 	}
 	c, err := in.clients.Get(ep)
 	if err != nil {
-		in.ctr.readsFailed.Add(1)
-		in.ctr.transfersFailed.Add(1)
-		in.log.Warn("READ: cannot reach prefill", "endpoint", ep, "err", err)
-		return false
+		return fail("READ: cannot reach prefill; recomputing locally", "endpoint", ep, "err", err)
 	}
 	rctx, cancel := context.WithTimeout(ctx, in.cfg.TransferTime)
 	defer cancel()
 	id := m.nextRPC()
 	reply, err := c.Call(rctx, id, sidechan.Encode(sidechan.ReadRequest{Type: sidechan.TypeRead, RPCID: id, TransferID: tid, BlockIDs: blocks}))
-	if err != nil || !reply.OK {
-		if ctx.Err() != nil {
-			return false
-		}
-		in.ctr.readsFailed.Add(1)
-		in.ctr.transfersFailed.Add(1)
-		in.log.Warn("READ failed; recomputing locally", "transfer_id", tid, "err", err, "reply_error", reply.Error)
-		return false
+	if err != nil {
+		return fail("READ failed; recomputing locally", "err", err)
+	}
+	load := in.params.TransferTime(len(j.g.promptIDs))
+	if !reply.OK {
+		j.readGarbage(load, fmt.Sprintf("prefill %s rank %d: %s", engineID, pRank, reply.Error))
+		return readGarbage
 	}
 	in.ctr.readsDone.Add(1)
 	d, _ := sidechan.ParseDigest(reply.SimDigest)
 	j.kvDelivered(d, reply.SimNumTokens, in.params.TransferTime(reply.SimNumTokens), false)
-	return true
+	return readOK
 }
 
-func (m *moriio) sendRelease(src moriAddr, pRank, pTP int, tid string) {
+// sendReadRelease is READ's release: one per decode TP rank t to
+// remote_notify_port + get_port_offset(remote_dp_rank, eff_tp, tp_size),
+// i.e. notify + dp·tp_size + eff_tp (0158326 _read_blocks).
+func (m *moriio) sendReadRelease(src moriAddr, pRank, pTP int, tid string) {
 	in := m.in
 	msg := sidechan.Encode(sidechan.Release{Type: sidechan.TypeRelease, TransferID: tid, ConsumerTPSize: in.cfg.TPSize})
 	for t := range in.cfg.TPSize {
-		in.pool.Send(sidechan.Endpoint(src.host, src.notify+pRank+t%max(pTP, 1)), "", msg)
+		port := src.notify + pRank*pTP + moriRemoteTPRank(t, in.cfg.TPSize, pTP)
+		in.pool.Send(sidechan.Endpoint(src.host, port), "", msg)
+		in.ctr.releaseSent.Add(1)
+	}
+}
+
+// sendWriteRelease is WRITE's release after an abort before allocation:
+// one per decode TP index to notify + get_port_offset(remote_dp_rank,
+// tp_index) with the default tp_size=1 (0158326
+// _release_write_prefill_blocks).
+func (m *moriio) sendWriteRelease(src moriAddr, pRank int, tid string) {
+	in := m.in
+	msg := sidechan.Encode(sidechan.Release{Type: sidechan.TypeRelease, TransferID: tid, ConsumerTPSize: in.cfg.TPSize})
+	for t := range in.cfg.TPSize {
+		in.pool.Send(sidechan.Endpoint(src.host, src.notify+pRank+t), "", msg)
 		in.ctr.releaseSent.Add(1)
 	}
 }
@@ -578,8 +663,14 @@ func (m *moriio) onRelease(r *moriRank, msg sidechan.Any) {
 		r.mu.Unlock()
 		return
 	}
+	// get_moriio_expected_ack_count: consumer_tp_size / producer_tp_size
+	// release messages (at least 1; a bare string counts as consumer TP 1).
 	x.acks++
-	enough := x.acks >= x.acksNeeded
+	need := 1
+	if c := msg.ConsumerTPSize; c > m.in.cfg.TPSize {
+		need = (c + m.in.cfg.TPSize - 1) / m.in.cfg.TPSize
+	}
+	enough := x.acks >= need
 	r.mu.Unlock()
 	if !enough {
 		return
@@ -630,7 +721,8 @@ func (m *moriio) onHandshakeSocket(offset int, payload []byte, reply func([]byte
 		return
 	}
 	in.ctr.notePort(msg.Type, in.hsBase+offset)
-	r := m.ranks[in.cfg.rankForOffset(offset)]
+	rank := in.cfg.rankForOffset(offset)
+	r := m.ranks[rank]
 	r.mu.Lock()
 	x := r.xfers[msg.TransferID]
 	ok := x != nil && x.finished && !x.done
@@ -641,9 +733,28 @@ func (m *moriio) onHandshakeSocket(offset int, payload []byte, reply func([]byte
 		rep.SimDigest = sidechan.FormatDigest(x.j.g.digest)
 		rep.SimNumTokens = len(x.j.g.promptIDs)
 	} else {
-		rep.Error = "unknown or unpinned transfer_id " + msg.TransferID
+		// RDMA reads the requested blocks of this rank's memory anyway.
+		in.ctr.readsUnmatched.Add(1)
+		rep.Error = fmt.Sprintf("transfer_id %s is not pinned on DP rank %d", msg.TransferID, rank)
+		if other := m.pinnedRank(msg.TransferID); other >= 0 && other != rank {
+			rep.Error += fmt.Sprintf(" (it is pinned on rank %d: X-data-parallel-rank on P must equal remote_dp_rank on D)", other)
+		}
+		in.log.Warn("READ of a transfer this rank does not hold: the decode gets garbage", "rank", rank, "error", rep.Error)
 	}
 	_ = reply(sidechan.Encode(rep))
+}
+
+// pinnedRank returns the DP rank holding transfer tid, or -1.
+func (m *moriio) pinnedRank(tid string) int {
+	for i, r := range m.ranks {
+		r.mu.Lock()
+		x := r.xfers[tid]
+		r.mu.Unlock()
+		if x != nil {
+			return i
+		}
+	}
+	return -1
 }
 
 func (m *moriio) onKVSocket(int, []byte) {}

@@ -149,9 +149,8 @@ func (n *nixl) decode(j *job) *apiError {
 		missing = "remote_request_id"
 	}
 	if missing != "" {
-		if in.cfg.Strict {
-			return &apiError{status: 400, typ: "BadRequestError", param: "kv_transfer_params",
-				message: "NIXL decode needs " + missing + " in kv_transfer_params (forward the prefill's kv_transfer_params verbatim)"}
+		if e := in.violation(j.g, "kv_transfer_params", "NIXL decode needs "+missing+" in kv_transfer_params (forward the prefill's kv_transfer_params verbatim)"); e != nil {
+			return e
 		}
 		j.garbage("missing " + missing)
 		return nil
@@ -170,10 +169,14 @@ func (n *nixl) decode(j *job) *apiError {
 		}
 	}
 	j.req.OnAdmit = func(*engine.Handle) {
-		in.goBackground(func(context.Context) {
-			ok := n.read(j.ctx, j, ep, engineID, reqID, blocks)
+		in.goBackground(func(ictx context.Context) {
+			ctx, cancel := context.WithCancel(j.ctx)
+			defer cancel()
+			stop := context.AfterFunc(ictx, cancel)
+			defer stop()
+			res := n.read(ctx, j, ep, engineID, reqID, blocks)
 			readDone.Store(true)
-			if !ok && j.ctx.Err() == nil {
+			if res == readFailed {
 				release()
 				j.kvDelivered(0, 0, 0, true)
 			}
@@ -188,35 +191,46 @@ func (n *nixl) decode(j *job) *apiError {
 	return nil
 }
 
-func (n *nixl) read(ctx context.Context, j *job, ep, engineID, reqID string, blocks []int) bool {
+// read handshakes (first contact) and reads from P's side channel. A reply
+// for a remote_request_id P does not hold is a NIXL read of whatever those
+// blocks contain: garbage, no error.
+func (n *nixl) read(ctx context.Context, j *job, ep, engineID, reqID string, blocks []int) readResult {
 	in := n.in
+	fail := func(msg string, args ...any) readResult {
+		if ctx.Err() != nil {
+			return readCanceled
+		}
+		in.ctr.readsFailed.Add(1)
+		in.ctr.transfersFailed.Add(1)
+		in.log.Warn(msg, append([]any{"remote_request_id", reqID}, args...)...)
+		return readFailed
+	}
 	st := in.hs.ensure("nixl:"+engineID, []string{ep})
 	if err := st.wait(ctx); err != nil {
-		return false
+		return fail("NIXL handshake failed; recomputing locally", "endpoint", ep, "err", err)
+	}
+	if in.faults.takeReadFailure() {
+		return fail("NIXL: injected read failure (fail_reads); recomputing locally")
 	}
 	c, err := in.clients.Get(ep)
 	if err != nil {
-		in.ctr.readsFailed.Add(1)
-		in.ctr.transfersFailed.Add(1)
-		return false
+		return fail("NIXL: cannot reach prefill; recomputing locally", "endpoint", ep, "err", err)
 	}
 	rctx, cancel := context.WithTimeout(ctx, in.cfg.TransferTime)
 	defer cancel()
 	id := "nixl-" + strconv.FormatUint(n.rpcID.Add(1), 10)
 	reply, err := c.Call(rctx, id, sidechan.Encode(sidechan.ReadRequest{Type: sidechan.TypeRead, RPCID: id, TransferID: reqID, BlockIDs: blocks}))
-	if err != nil || !reply.OK {
-		if ctx.Err() != nil {
-			return false
-		}
-		in.ctr.readsFailed.Add(1)
-		in.ctr.transfersFailed.Add(1)
-		in.log.Warn("NIXL read failed; recomputing locally", "remote_request_id", reqID, "err", err, "reply_error", reply.Error)
-		return false
+	if err != nil {
+		return fail("NIXL read failed; recomputing locally", "err", err)
+	}
+	if !reply.OK {
+		j.readGarbage(in.params.TransferTime(len(j.g.promptIDs)), fmt.Sprintf("prefill %s: %s", engineID, reply.Error))
+		return readGarbage
 	}
 	in.ctr.readsDone.Add(1)
 	d, _ := sidechan.ParseDigest(reply.SimDigest)
 	j.kvDelivered(d, reply.SimNumTokens, in.params.TransferTime(reply.SimNumTokens), false)
-	return true
+	return readOK
 }
 
 func (n *nixl) onHandshakeSocket(offset int, payload []byte, reply func([]byte) error) {
@@ -238,7 +252,9 @@ func (n *nixl) onHandshakeSocket(offset int, payload []byte, reply func([]byte) 
 			rep.SimDigest = sidechan.FormatDigest(x.j.g.digest)
 			rep.SimNumTokens = len(x.j.g.promptIDs)
 		} else {
+			in.ctr.readsUnmatched.Add(1)
 			rep.Error = "unknown remote_request_id " + msg.TransferID
+			in.log.Warn("NIXL read of a request this engine does not hold: the decode gets garbage", "remote_request_id", msg.TransferID)
 		}
 		_ = reply(sidechan.Encode(rep))
 	case sidechan.TypeRelease:

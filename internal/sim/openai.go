@@ -63,11 +63,24 @@ func errorBody(e *apiError) []byte {
 	return b
 }
 
-// genReq is a parsed /v1/completions or /v1/chat/completions request.
+// apiKind is the OpenAI route a generation request came in on.
+type apiKind int
+
+const (
+	apiCompletions apiKind = iota
+	apiChat
+	apiResponses
+)
+
+// genReq is a parsed /v1/completions, /v1/chat/completions or /v1/responses
+// request. A batched completion (prompt list) is split by sub into one
+// genReq per prompt; promptIDs/digest are those of prompt 0.
 type genReq struct {
 	endpoint        string
+	api             apiKind
 	chat            bool
 	model           string
+	prompts         [][]uint32 // every prompt (len > 1: batched completion)
 	promptIDs       []uint32
 	digest          uint64
 	maxTokens       int
@@ -80,8 +93,25 @@ type genReq struct {
 	kvRaw           json.RawMessage
 	kv              kvParams
 	xRequestID      string
-	requestID       string // cmpl-<id> / chatcmpl-<id>
+	requestID       string // engine request id: cmpl-<id>, cmpl-<id>-<i> in a batch
+	respID          string // response id: cmpl-<id> / chatcmpl-<id> / resp_<id>
+	index           int    // choice index in a batch
+	instructions    *string
+	kvDropped       bool // /v1/responses: kv_transfer_params was sent and ignored
 	created         int64
+}
+
+// sub returns prompt i of a batched completion as its own request (vLLM
+// runs one engine request per prompt, id <request id>-<i>).
+func (g *genReq) sub(i int) *genReq {
+	c := *g
+	c.promptIDs = g.prompts[i]
+	c.digest = oracle.Digest(c.promptIDs)
+	c.index = i
+	if len(g.prompts) > 1 {
+		c.requestID = g.requestID + "-" + strconv.Itoa(i)
+	}
+	return &c
 }
 
 type rawGen struct {
@@ -114,6 +144,9 @@ func randomHex() string {
 // parseGen validates a generation body. It mirrors vLLM's 400s.
 func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *apiError) {
 	g := &genReq{chat: chat, xRequestID: xrid}
+	if chat {
+		g.api = apiChat
+	}
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		if json.Valid(trimmed) {
@@ -149,20 +182,23 @@ func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *api
 		if err != nil {
 			return g, &apiError{status: 400, typ: "BadRequestError", message: err.Error(), param: "messages"}
 		}
-		g.promptIDs = oracle.Tokenize(oracle.ChatPrompt(msgs))
+		g.prompts = [][]uint32{oracle.Tokenize(oracle.ChatPrompt(msgs))}
 	} else {
 		if len(raw.Prompt) == 0 || string(raw.Prompt) == "null" {
 			return g, &apiError{status: 400, typ: "BadRequestError", message: "Field required: prompt", param: "prompt"}
 		}
-		ids, err := parsePrompt(raw.Prompt)
+		prompts, err := parsePrompts(raw.Prompt)
 		if err != nil {
 			return g, &apiError{status: 400, typ: "BadRequestError", message: err.Error(), param: "prompt"}
 		}
-		g.promptIDs = ids
+		g.prompts = prompts
 	}
-	if len(g.promptIDs) == 0 {
-		return g, &apiError{status: 400, typ: "BadRequestError", message: "The prompt is empty (vllm-sim tokenizes on white space).", param: "prompt"}
+	for _, p := range g.prompts {
+		if len(p) == 0 {
+			return g, &apiError{status: 400, typ: "BadRequestError", message: "The prompt is empty (vllm-sim tokenizes on white space).", param: "prompt"}
+		}
 	}
+	g.promptIDs = g.prompts[0]
 	g.digest = oracle.Digest(g.promptIDs)
 
 	if raw.N != nil && *raw.N != 1 {
@@ -172,7 +208,10 @@ func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *api
 	if chat && raw.MaxCompletionTokens != nil {
 		maxField, maxVal = "max_completion_tokens", raw.MaxCompletionTokens
 	}
-	L := len(g.promptIDs)
+	L := 0
+	for _, p := range g.prompts {
+		L = max(L, len(p))
+	}
 	switch {
 	case maxVal != nil:
 		if *maxVal < 1 {
@@ -220,35 +259,44 @@ func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *api
 	} else {
 		g.requestID = "cmpl-" + id
 	}
+	g.respID = g.requestID
 	return g, nil
 }
 
-// parsePrompt accepts a string, a list with one string, a list of token
-// ids, or a list with one list of token ids.
-func parsePrompt(raw json.RawMessage) ([]uint32, error) {
+// parsePrompts accepts what vLLM's completions API accepts: a string, a
+// list of strings (one prompt each), a list of token ids (one prompt), or a
+// list of lists of token ids (one prompt each).
+func parsePrompts(raw json.RawMessage) ([][]uint32, error) {
 	var s string
 	if err := json.Unmarshal(raw, &s); err == nil {
-		return oracle.Tokenize(s), nil
+		return [][]uint32{oracle.Tokenize(s)}, nil
 	}
 	var ss []string
 	if err := json.Unmarshal(raw, &ss); err == nil {
-		if len(ss) != 1 {
-			return nil, fmt.Errorf("vllm-sim supports exactly one prompt per request, got %d", len(ss))
+		if len(ss) == 0 {
+			return nil, errors.New("prompt must not be an empty list")
 		}
-		return oracle.Tokenize(ss[0]), nil
+		out := make([][]uint32, len(ss))
+		for i, s := range ss {
+			out[i] = oracle.Tokenize(s)
+		}
+		return out, nil
 	}
 	var ids []uint32
 	if err := json.Unmarshal(raw, &ids); err == nil {
-		return ids, nil
+		if len(ids) == 0 {
+			return nil, errors.New("prompt must not be an empty list")
+		}
+		return [][]uint32{ids}, nil
 	}
 	var idss [][]uint32
 	if err := json.Unmarshal(raw, &idss); err == nil {
-		if len(idss) != 1 {
-			return nil, fmt.Errorf("vllm-sim supports exactly one prompt per request, got %d", len(idss))
+		if len(idss) == 0 {
+			return nil, errors.New("prompt must not be an empty list")
 		}
-		return idss[0], nil
+		return idss, nil
 	}
-	return nil, errors.New("prompt must be a string, a list of strings, or a list of token ids")
+	return nil, errors.New("prompt must be a string, a list of strings, a list of token ids, or a list of lists of token ids")
 }
 
 // parseMessages flattens chat messages; content may be a string, null, or a
@@ -318,7 +366,7 @@ func newChunkWriter(g *genReq) *chunkWriter {
 	}
 	var p []byte
 	p = append(p, `data: {"id":`...)
-	p = appendJSONString(p, g.requestID)
+	p = appendJSONString(p, g.respID)
 	p = append(p, `,"object":"`...)
 	p = append(p, obj...)
 	p = append(p, `","created":`...)
@@ -351,15 +399,18 @@ func (c *chunkWriter) roleChunk() []byte {
 	return b
 }
 
-// tokenChunk renders one token event; finish is "" while unfinished.
-func (c *chunkWriter) tokenChunk(piece, finish string, completionTokens int) []byte {
+// tokenChunk renders one token event of choice index; finish is "" while
+// unfinished; promptTokens/completionTokens are that choice's counts.
+func (c *chunkWriter) tokenChunk(index int, piece, finish string, promptTokens, completionTokens int) []byte {
 	b := append(c.buf[:0], c.prefix...)
+	b = append(b, `,"choices":[{"index":`...)
+	b = strconv.AppendInt(b, int64(index), 10)
 	if c.g.chat {
-		b = append(b, `,"choices":[{"index":0,"delta":{"content":`...)
+		b = append(b, `,"delta":{"content":`...)
 		b = appendJSONString(b, piece)
 		b = append(b, `},"logprobs":null,"finish_reason":`...)
 	} else {
-		b = append(b, `,"choices":[{"index":0,"text":`...)
+		b = append(b, `,"text":`...)
 		b = appendJSONString(b, piece)
 		b = append(b, `,"logprobs":null,"finish_reason":`...)
 	}
@@ -371,18 +422,19 @@ func (c *chunkWriter) tokenChunk(piece, finish string, completionTokens int) []b
 	b = append(b, `,"stop_reason":null}]`...)
 	if c.g.continuousUsage {
 		b = append(b, `,"usage":`...)
-		b = appendUsage(b, len(c.g.promptIDs), completionTokens)
+		b = appendUsage(b, promptTokens, completionTokens)
 	}
 	b = append(b, "}\n\n"...)
 	c.buf = b
 	return b
 }
 
-// usageChunk is the final include_usage event (choices: []).
-func (c *chunkWriter) usageChunk(completionTokens int) []byte {
+// usageChunk is the final include_usage event (choices: []), summed over
+// the choices.
+func (c *chunkWriter) usageChunk(promptTokens, completionTokens int) []byte {
 	b := append(c.buf[:0], c.prefix...)
 	b = append(b, `,"choices":[],"usage":`...)
-	b = appendUsage(b, len(c.g.promptIDs), completionTokens)
+	b = appendUsage(b, promptTokens, completionTokens)
 	b = append(b, "}\n\n"...)
 	c.buf = b
 	return b

@@ -44,8 +44,10 @@ func (p *p2p) prefill(j *job) *apiError {
 	j.local()
 	m := p2pDecodeRE.FindStringSubmatch(j.g.xRequestID)
 	if m == nil {
-		if in.cfg.Strict && j.g.kv != nil {
-			return badRequest("P2P-NCCL prefill: X-Request-Id has no ___decode_addr_<ip>:<port> part")
+		if j.g.kv != nil {
+			if e := in.violation(j.g, "", "P2P-NCCL prefill: X-Request-Id has no ___decode_addr_<ip>:<port> part"); e != nil {
+				return e
+			}
 		}
 		return nil // plain request
 	}
@@ -110,8 +112,10 @@ func (p *p2p) prefill(j *job) *apiError {
 func (p *p2p) decode(j *job) *apiError {
 	in := p.in
 	key := j.g.xRequestID
-	if in.cfg.Strict && p2pPrefillRE.FindStringSubmatch(key) == nil {
-		return badRequest("P2P-NCCL decode: X-Request-Id has no ___prefill_addr_<ip>:<port>___ part, so no KV will be pushed")
+	if p2pPrefillRE.FindStringSubmatch(key) == nil {
+		if e := in.violation(j.g, "", "P2P-NCCL decode: X-Request-Id has no ___prefill_addr_<ip>:<port>___ part, so no KV will be pushed"); e != nil {
+			return e
+		}
 	}
 	j.remote()
 	if key == "" {
@@ -148,7 +152,7 @@ func (p *p2p) decode(j *job) *apiError {
 func (p *p2p) deliver(j *job, msg sidechan.Any) {
 	d, ok := sidechan.ParseDigest(msg.SimDigest)
 	if !ok {
-		d = j.g.digest ^ 0xbadbadbadbadbad
+		d = j.g.digest ^ garbageXor
 	}
 	j.kvDelivered(d, msg.SimNumTokens, 0, false)
 }

@@ -108,6 +108,11 @@ func (j *job) remote() {
 	j.kind = "decode"
 }
 
+// garbageXor turns a prompt digest into the digest of "whatever the KV
+// blocks contained": a decode that runs on it produces text that differs
+// from a unified worker's.
+const garbageXor = 0xbadbadbadbadbad
+
 // garbage emulates a decode whose KV never arrived but that runs anyway
 // (vLLM READ without block ids): output from an unfilled cache.
 func (j *job) garbage(why string) {
@@ -119,9 +124,46 @@ func (j *job) garbage(why string) {
 		if prev != nil {
 			prev()
 		}
-		j.kvDelivered(j.g.digest^0xbadbadbadbadbad, len(j.g.promptIDs), 0, false)
+		j.kvDelivered(j.g.digest^garbageXor, len(j.g.promptIDs), 0, false)
 	}
 }
+
+// readGarbage delivers the result of a read that "succeeded" on memory that
+// does not hold this request's KV (a transfer pinned on another DP rank,
+// already released, or never pinned): RDMA/NIXL reads raw blocks without
+// any error, so vLLM decodes garbage.
+func (j *job) readGarbage(load time.Duration, why string) {
+	j.in.ctr.kvGarbage.Add(1)
+	j.in.log.Warn("KV read hit blocks that do not hold this request's KV (garbage output, as in vLLM)", "request_id", j.g.requestID, "reason", why)
+	j.kvDelivered(j.g.digest^garbageXor, len(j.g.promptIDs), load, false)
+}
+
+// violation records a PD protocol violation by the caller (normally the
+// router): it is logged and counted in both modes
+// (transfers.protocol_violations, last_protocol_violation). With --strict it
+// returns the 400 to answer with; otherwise nil, and the caller goes on
+// emulating what vLLM does (hang, garbage, KeyError-free newest behaviour).
+func (in *Instance) violation(g *genReq, param, msg string) *apiError {
+	in.ctr.protocolViolations.Add(1)
+	in.ctr.mu.Lock()
+	in.ctr.lastViolation = msg
+	in.ctr.mu.Unlock()
+	in.log.Warn("PD protocol violation", "request_id", g.requestID, "x_request_id", g.xRequestID, "violation", msg)
+	if in.cfg.Strict {
+		return &apiError{status: 400, typ: "BadRequestError", param: param, message: msg}
+	}
+	return nil
+}
+
+// readResult is the outcome of a decode-side KV read (MoRI-IO READ, NIXL).
+type readResult int
+
+const (
+	readOK       readResult = iota // KV delivered
+	readGarbage                    // "succeeded" on the wrong memory: garbage delivered
+	readFailed                     // transport/RDMA failure: release, then recompute
+	readCanceled                   // the request or the instance went away
+)
 
 // kvDelivered records the KV that arrived and lets the request run.
 // load > 0 makes its first step wait for a layer-wise read; recompute
@@ -297,6 +339,21 @@ func moriPeerFromID(xrid string, decode bool) (moriAddr, bool) {
 		return moriAddr{}, false
 	}
 	return parseMoRIZMQ(m[1])
+}
+
+// moriRemoteTPRank is get_moriio_remote_tp_rank: the prefill TP rank a
+// decode TP rank reads from (and releases to) under heterogeneous TP.
+func moriRemoteTPRank(local, localSize, remoteSize int) int {
+	localSize, remoteSize = max(localSize, 1), max(remoteSize, 1)
+	switch {
+	case remoteSize == localSize:
+		return local
+	case remoteSize > localSize && remoteSize%localSize == 0:
+		return local * (remoteSize / localSize)
+	case remoteSize < localSize && localSize%remoteSize == 0:
+		return local / (localSize / remoteSize)
+	}
+	return local % remoteSize // vLLM raises ValueError; any rank will do here
 }
 
 // moriPeerFromParams reads remote_host/remote_handshake_port/remote_notify_port.

@@ -49,7 +49,7 @@ func moriPrefillKV(d *Instance, tid string) map[string]any {
 	return map[string]any{
 		"do_remote_decode": true, "do_remote_prefill": false,
 		"remote_engine_id": nil, "remote_block_ids": nil, "transfer_id": tid,
-		"remote_dp_size": d.cfg.DPSize, "remote_tp_size": d.cfg.TPSize,
+		"remote_dp_size": d.cfg.DPSize, "remote_tp_size": d.cfg.TPSize, "tp_size": d.cfg.TPSize,
 		"remote_host": d.cfg.AdvertiseHost, "remote_port": d.httpPort(),
 		"remote_handshake_port": d.hsBase, "remote_notify_port": d.notifyBase,
 	}

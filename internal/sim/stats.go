@@ -13,6 +13,7 @@ import (
 type counters struct {
 	reqCompletions atomic.Int64
 	reqChat        atomic.Int64
+	reqResponses   atomic.Int64
 	reqPrefillLeg  atomic.Int64 // prefill role, do_remote_decode requests
 	reqDecodeLeg   atomic.Int64 // decode role, remote-prefilled requests
 	reqPlain       atomic.Int64 // served without any KV handoff
@@ -47,6 +48,8 @@ type counters struct {
 	kvGarbage          atomic.Int64
 	kvWaitTimeouts     atomic.Int64
 	deferExpired       atomic.Int64
+	readsUnmatched     atomic.Int64 // P: reads of a transfer not pinned on that rank
+	protocolViolations atomic.Int64
 	registrationsSent  atomic.Int64
 	profileStarts      atomic.Int64
 	profileStops       atomic.Int64
@@ -58,6 +61,7 @@ type counters struct {
 	lastDPRank     string
 	lastKVParams   map[string]json.RawMessage
 	lastNotifyPort map[string]int // message type -> port it arrived on
+	lastViolation  string
 }
 
 func (c *counters) noteRequest(endpoint, xRequestID, dpRank string, kv json.RawMessage) {
@@ -93,6 +97,7 @@ type faults struct {
 	dropWriteDone   bool
 	slowFactor      float64
 	maxWaiting      int
+	failReads       int
 }
 
 // FaultsJSON is the wire shape of /sim/faults (request and response). In a
@@ -106,6 +111,7 @@ type FaultsJSON struct {
 	Heartbeat         *bool    `json:"heartbeat,omitempty"`
 	SlowFactor        *float64 `json:"slow_factor,omitempty"`
 	MaxWaiting        *int     `json:"max_waiting,omitempty"`
+	FailReads         *int     `json:"fail_reads,omitempty"`
 }
 
 func (f *faults) validateAndApply(in FaultsJSON) error {
@@ -127,6 +133,9 @@ func (f *faults) validateAndApply(in FaultsJSON) error {
 	}
 	if in.MaxWaiting != nil && *in.MaxWaiting < 0 {
 		errs = append(errs, errors.New("max_waiting must be >= 0"))
+	}
+	if in.FailReads != nil && *in.FailReads < 0 {
+		errs = append(errs, errors.New("fail_reads must be >= 0"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
@@ -154,6 +163,9 @@ func (f *faults) validateAndApply(in FaultsJSON) error {
 	if in.MaxWaiting != nil {
 		f.maxWaiting = *in.MaxWaiting
 	}
+	if in.FailReads != nil {
+		f.failReads = *in.FailReads
+	}
 	return nil
 }
 
@@ -161,11 +173,11 @@ func (f *faults) snapshot(heartbeat bool) FaultsJSON {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	ms := float64(f.stallFirstToken) / float64(time.Millisecond)
-	failNext, failStatus, crash, drop, slow, mw := f.failNext, f.failStatus, f.crashAfter, f.dropWriteDone, f.slowFactor, f.maxWaiting
+	failNext, failStatus, crash, drop, slow, mw, fr := f.failNext, f.failStatus, f.crashAfter, f.dropWriteDone, f.slowFactor, f.maxWaiting, f.failReads
 	return FaultsJSON{
 		FailNext: &failNext, FailStatus: &failStatus, CrashAfter: &crash,
 		StallFirstTokenMS: &ms, DropWriteDone: &drop, Heartbeat: &heartbeat,
-		SlowFactor: &slow, MaxWaiting: &mw,
+		SlowFactor: &slow, MaxWaiting: &mw, FailReads: &fr,
 	}
 }
 
@@ -178,6 +190,18 @@ func (f *faults) takeFailure() (int, bool) {
 	}
 	f.failNext--
 	return f.failStatus, true
+}
+
+// takeReadFailure consumes one fail_reads credit: the decode's next KV
+// read fails like an RDMA error (release, then local recompute).
+func (f *faults) takeReadFailure() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failReads <= 0 {
+		return false
+	}
+	f.failReads--
+	return true
 }
 
 func (f *faults) stall() time.Duration {
@@ -207,6 +231,7 @@ type Stats struct {
 	Requests struct {
 		Completions     int64 `json:"completions"`
 		ChatCompletions int64 `json:"chat_completions"`
+		Responses       int64 `json:"responses"`
 		PrefillLeg      int64 `json:"prefill_leg"`
 		DecodeLeg       int64 `json:"decode_leg"`
 		Plain           int64 `json:"plain"`
@@ -249,6 +274,11 @@ type Stats struct {
 		KVWaitTimeouts    int64 `json:"kv_wait_timeouts"`
 		KVDigestMismatch  int64 `json:"kv_digest_mismatch"`
 		KVGarbage         int64 `json:"kv_garbage"`
+		ReadsUnmatched    int64 `json:"reads_unmatched"`
+		// ProtocolViolations counts PD contract violations by the caller
+		// (the router), in both modes; --strict also answers them with 400.
+		ProtocolViolations    int64  `json:"protocol_violations"`
+		LastProtocolViolation string `json:"last_protocol_violation"`
 	} `json:"transfers"`
 
 	RegistrationsSent int64 `json:"registrations_sent"`
@@ -292,6 +322,7 @@ func (in *Instance) stats() Stats {
 	r := &s.Requests
 	r.Completions = c.reqCompletions.Load()
 	r.ChatCompletions = c.reqChat.Load()
+	r.Responses = c.reqResponses.Load()
 	r.PrefillLeg = c.reqPrefillLeg.Load()
 	r.DecodeLeg = c.reqDecodeLeg.Load()
 	r.Plain = c.reqPlain.Load()
@@ -339,12 +370,15 @@ func (in *Instance) stats() Stats {
 	t.KVWaitTimeouts = c.kvWaitTimeouts.Load()
 	t.KVDigestMismatch = c.kvDigestMismatch.Load()
 	t.KVGarbage = c.kvGarbage.Load()
+	t.ReadsUnmatched = c.readsUnmatched.Load()
+	t.ProtocolViolations = c.protocolViolations.Load()
 	s.RegistrationsSent = c.registrationsSent.Load()
 	s.ProfileStarts = c.profileStarts.Load()
 	s.ProfileStops = c.profileStops.Load()
 	s.PromptTokens = c.promptTokens.Load()
 	s.GenerationTokens = c.generationTokens.Load()
 	c.mu.Lock()
+	t.LastProtocolViolation = c.lastViolation
 	s.LastRequestID = c.lastRequestID
 	s.LastDPRankHeader = c.lastDPRank
 	s.LastKVParams = make(map[string]json.RawMessage, len(c.lastKVParams))

@@ -3,9 +3,12 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -59,25 +62,38 @@ func (f *fleet) checkOutputs(t *testing.T) {
 			t.Errorf("%s: client x-request-id not echoed: %q", rq.name, id)
 		}
 	}
-	for _, d := range f.d {
-		st := d.stats(t)
-		if st.Transfers.KVDigestMismatch != 0 || st.Transfers.KVGarbage != 0 {
-			t.Fatalf("decode saw corrupted KV: %+v", st.Transfers)
-		}
+	f.assertClean(t)
+}
+
+// assertClean checks every P and D for failed or corrupted transfers and
+// protocol violations.
+func (f *fleet) assertClean(t *testing.T) {
+	t.Helper()
+	for _, s := range append(append([]*sim(nil), f.p...), f.d...) {
+		s.assertClean(t)
 	}
 }
 
+// startDiscoveredFleet starts a router with ZMQ discovery and one --strict
+// prefill and decode that register with it.
 func startDiscoveredFleet(t *testing.T, connector, mode string, routerArgs ...string) *fleet {
+	t.Helper()
+	return startDiscoveredFleetWith(t, connector, mode, nil, routerArgs...)
+}
+
+// startDiscoveredFleetWith is startDiscoveredFleet with extra P/D sim flags.
+func startDiscoveredFleetWith(t *testing.T, connector, mode string, simExtra []string, routerArgs ...string) *fleet {
 	t.Helper()
 	zport := freePort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", zport)
 	args := append([]string{"--vllm-pd-disaggregation", "--kv-connector", connector, "--vllm-discovery-address", addr,
-		"--policy", "round_robin", "--discovery-ttl-secs", "1.5"}, routerArgs...)
+		"--policy", "round_robin", "--discovery-ttl-secs", "1.5", "--kv-wait-timeout-secs", "10"}, routerArgs...)
 	f := &fleet{r: startRouter(t, args...)}
-	simArgs := []string{"--kv-connector", connector, "--proxy-address", addr, "--heartbeat-interval", "200ms"}
+	simArgs := []string{"--kv-connector", connector, "--proxy-address", addr, "--heartbeat-interval", "200ms", "--strict"}
 	if mode != "" {
 		simArgs = append(simArgs, "--transfer-mode", mode)
 	}
+	simArgs = append(simArgs, simExtra...)
 	f.p = append(f.p, startSim(t, append([]string{"--role", "prefill"}, simArgs...)...))
 	f.d = append(f.d, startSim(t, append([]string{"--role", "decode"}, simArgs...)...))
 	f.unified = startSim(t, "--role", "unified")
@@ -110,8 +126,8 @@ func TestPDP2PNCCLDiscovery(t *testing.T) {
 }
 
 func TestPDStaticNIXL(t *testing.T) {
-	p := startSim(t, "--role", "prefill", "--kv-connector", "nixl")
-	d := startSim(t, "--role", "decode", "--kv-connector", "nixl")
+	p := startSim(t, "--role", "prefill", "--kv-connector", "nixl", "--strict")
+	d := startSim(t, "--role", "decode", "--kv-connector", "nixl", "--strict")
 	f := &fleet{p: []*sim{p}, d: []*sim{d}, unified: startSim(t, "--role", "unified")}
 	f.r = startRouter(t, "--vllm-pd-disaggregation", "--kv-connector", "nixl", "--prefill", p.URL(), "--decode", d.URL(), "--policy", "round_robin")
 	f.r.waitReady(t, 5*time.Second)
@@ -119,8 +135,8 @@ func TestPDStaticNIXL(t *testing.T) {
 }
 
 func TestPDStaticMooncake(t *testing.T) {
-	p := startSim(t, "--role", "prefill", "--kv-connector", "mooncake", "--bootstrap-port", "0")
-	d := startSim(t, "--role", "decode", "--kv-connector", "mooncake")
+	p := startSim(t, "--role", "prefill", "--kv-connector", "mooncake", "--bootstrap-port", "0", "--strict")
+	d := startSim(t, "--role", "decode", "--kv-connector", "mooncake", "--strict")
 	f := &fleet{p: []*sim{p}, d: []*sim{d}, unified: startSim(t, "--role", "unified")}
 	f.r = startRouter(t, "--vllm-pd-disaggregation", "--kv-connector", "mooncake",
 		"--prefill", p.URL(), fmt.Sprint(p.info.BootstrapPort), "--decode", d.URL(), "--policy", "round_robin")
@@ -195,7 +211,7 @@ func TestPDModeRollout(t *testing.T) {
 			addr = f.r.cmd.Args[i+1]
 		}
 	}
-	simArgs := []string{"--kv-connector", "moriio", "--proxy-address", addr, "--heartbeat-interval", "200ms", "--transfer-mode", "WRITE"}
+	simArgs := []string{"--kv-connector", "moriio", "--proxy-address", addr, "--heartbeat-interval", "200ms", "--transfer-mode", "WRITE", "--strict"}
 	wp := startSim(t, append([]string{"--role", "prefill"}, simArgs...)...)
 	wd := startSim(t, append([]string{"--role", "decode"}, simArgs...)...)
 	var ws struct {
@@ -223,4 +239,211 @@ func TestPDModeRollout(t *testing.T) {
 		return code == 200 && wd.stats(t).Requests.DecodeLeg > 0
 	})
 	f.checkOutputs(t)
+}
+
+// TestPDMoRIIODataParallel: prefill and decode run two DP engines each. The
+// router must pin P's rank (X-data-parallel-rank) and send the same rank as
+// remote_dp_rank to D; a mismatch makes READ decode garbage (and strand P's
+// blocks) and WRITE hang. Many concurrent requests, every output checked
+// against the unified worker.
+func TestPDMoRIIODataParallel(t *testing.T) {
+	for _, mode := range []string{"WRITE", "READ"} {
+		t.Run(mode, func(t *testing.T) {
+			f := startDiscoveredFleetWith(t, "moriio", mode, []string{"--data-parallel-size", "2"})
+			f.checkOutputs(t)
+			const n = 48
+			ctx := ctxT(t, 60*time.Second)
+			var wg sync.WaitGroup
+			errs := make(chan error, n)
+			for i := range n {
+				wg.Go(func() {
+					body := fmt.Sprintf(`{"model":"sim-model","prompt":"request %d asks about data parallel rank pinning %d","max_tokens":8,"ignore_eos":true,"stream":%t}`, i, i*7919, i%2 == 0)
+					want, err := generate(ctx, f.unified.URL()+"/v1/completions", body, i%2 == 0)
+					if err != nil {
+						errs <- fmt.Errorf("request %d: oracle: %w", i, err)
+						return
+					}
+					got, err := generate(ctx, f.r.base+"/v1/completions", body, i%2 == 0)
+					if err != nil {
+						errs <- fmt.Errorf("request %d: router: %w", i, err)
+						return
+					}
+					if got != want {
+						errs <- fmt.Errorf("request %d: PD output %q differs from the unified worker's %q", i, got, want)
+					}
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			if t.Failed() {
+				return
+			}
+			for _, s := range []*sim{f.p[0], f.d[0]} {
+				for _, e := range s.stats(t).Engines {
+					if e.Steps == 0 {
+						t.Errorf("%s DP rank %d never ran a request: the router does not spread over P's DP ranks", s.info.Role, e.DPRank)
+					}
+				}
+			}
+			// Every transfer was released on the rank that pinned it.
+			waitFor(t, 5*time.Second, "prefill blocks released", func() bool {
+				st := f.p[0].stats(t)
+				return st.KVBlocksUsed == 0 && st.Transfers.Pending == 0
+			})
+			f.assertClean(t)
+		})
+	}
+}
+
+// generate posts body and returns the generated text (SSE or JSON), with
+// errors instead of test failures so it can run on any goroutine.
+func generate(ctx context.Context, url, body string, stream bool) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != 200 {
+		return "", fmt.Errorf("status %d: %s", resp.StatusCode, b)
+	}
+	if !stream {
+		var r struct {
+			Choices []struct {
+				Text string `json:"text"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) != 1 {
+			return "", fmt.Errorf("bad completion %s: %v", b, err)
+		}
+		return r.Choices[0].Text, nil
+	}
+	s := string(b)
+	if !strings.HasSuffix(s, "data: [DONE]\n\n") {
+		return "", fmt.Errorf("stream does not end with [DONE]: %q", tail(s, 300))
+	}
+	var text string
+	for _, ev := range strings.Split(strings.TrimSuffix(s, "\n\n"), "\n\n") {
+		data, ok := strings.CutPrefix(ev, "data: ")
+		if !ok {
+			return "", fmt.Errorf("bad SSE event %q", ev)
+		}
+		if data == "[DONE]" {
+			continue
+		}
+		var c struct {
+			Error   any `json:"error"`
+			Choices []struct {
+				Text string `json:"text"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(data), &c); err != nil || c.Error != nil {
+			return "", fmt.Errorf("bad chunk %q: %v", data, err)
+		}
+		for _, ch := range c.Choices {
+			text += ch.Text
+		}
+	}
+	return text, nil
+}
+
+// responsesText extracts the output text of a /v1/responses answer: the
+// message's output_text (JSON) or the concatenated output_text deltas (SSE:
+// "event: <type>\ndata: <json>" events, no [DONE]).
+func responsesText(t *testing.T, body []byte, stream bool) string {
+	t.Helper()
+	if !stream {
+		var r struct {
+			Output []struct {
+				Type    string `json:"type"`
+				Content []struct {
+					Type string `json:"type"`
+					Text string `json:"text"`
+				} `json:"content"`
+			} `json:"output"`
+		}
+		if err := json.Unmarshal(body, &r); err != nil || len(r.Output) == 0 || len(r.Output[0].Content) == 0 {
+			t.Fatalf("bad /v1/responses answer %s: %v", body, err)
+		}
+		return r.Output[0].Content[0].Text
+	}
+	var text string
+	completed := false
+	for _, ev := range strings.Split(strings.TrimSpace(string(body)), "\n\n") {
+		var typ, data string
+		for _, line := range strings.Split(ev, "\n") {
+			if v, ok := strings.CutPrefix(line, "event: "); ok {
+				typ = v
+			} else if v, ok := strings.CutPrefix(line, "data: "); ok {
+				data = v
+			}
+		}
+		var e struct {
+			Type  string `json:"type"`
+			Delta string `json:"delta"`
+		}
+		if err := json.Unmarshal([]byte(data), &e); err != nil || e.Type != typ {
+			t.Fatalf("bad /v1/responses event %q: %v", ev, err)
+		}
+		switch typ {
+		case "response.output_text.delta":
+			text += e.Delta
+		case "response.completed":
+			completed = true
+		case "error", "response.failed":
+			t.Fatalf("/v1/responses stream failed: %s", data)
+		}
+	}
+	if !completed {
+		t.Fatalf("/v1/responses stream without response.completed: %q", tail(string(body), 300))
+	}
+	return text
+}
+
+// TestPDResponsesAndBatchedPrompts: /v1/responses cannot be PD-split (vLLM
+// before PR #37424 drops kv_transfer_params on that route), so the router
+// must serve it whole and correctly; a batched completion cannot be
+// PD-split either and must be rejected with 400 before reaching a worker.
+func TestPDResponsesAndBatchedPrompts(t *testing.T) {
+	for _, mode := range []string{"WRITE", "READ"} {
+		t.Run(mode, func(t *testing.T) {
+			f := startDiscoveredFleet(t, "moriio", mode)
+			ctx := ctxT(t, 30*time.Second)
+			for _, stream := range []bool{false, true} {
+				body := fmt.Sprintf(`{"model":"sim-model","input":[{"role":"user","content":[{"type":"input_text","text":"tell me about routers"}]}],"instructions":"be brief","max_output_tokens":12,"ignore_eos":true,"stream":%t}`, stream)
+				code, _, ob := post(t, ctx, f.unified.URL()+"/v1/responses", body)
+				if code != 200 {
+					t.Fatalf("oracle: %d %s", code, ob)
+				}
+				code, _, rb := post(t, ctx, f.r.base+"/v1/responses", body)
+				if code != 200 {
+					t.Fatalf("/v1/responses (stream=%t) through the PD router: %d %s", stream, code, rb)
+				}
+				if got, want := responsesText(t, rb, stream), responsesText(t, ob, stream); got != want || got == "" {
+					t.Fatalf("/v1/responses (stream=%t): router output %q differs from the unified worker's %q", stream, got, want)
+				}
+			}
+			f.assertClean(t)
+			before := f.p[0].stats(t).Requests.Completions + f.d[0].stats(t).Requests.Completions
+			code, _, body := post(t, ctx, f.r.base+"/v1/completions", `{"model":"sim-model","prompt":["first prompt","second prompt"],"max_tokens":4,"ignore_eos":true}`)
+			if code != 400 {
+				t.Fatalf("batched completion in PD mode: %d %s, want 400 (one kv_transfer_params cannot serve several prompts)", code, body)
+			}
+			if after := f.p[0].stats(t).Requests.Completions + f.d[0].stats(t).Requests.Completions; after != before {
+				t.Errorf("the rejected batched completion reached the workers (%d -> %d completions)", before, after)
+			}
+			f.assertClean(t)
+		})
+	}
 }

@@ -13,6 +13,7 @@ type simStats struct {
 	Requests struct {
 		Completions     int64 `json:"completions"`
 		ChatCompletions int64 `json:"chat_completions"`
+		Responses       int64 `json:"responses"`
 		PrefillLeg      int64 `json:"prefill_leg"`
 		DecodeLeg       int64 `json:"decode_leg"`
 		Plain           int64 `json:"plain"`
@@ -22,12 +23,37 @@ type simStats struct {
 	Running       int `json:"running"`
 	Waiting       int `json:"waiting"`
 	WaitingRemote int `json:"waiting_for_remote_kv"`
+	KVBlocksUsed  int `json:"kv_blocks_used"`
 	Transfers     struct {
-		Completed        int64 `json:"completed"`
-		Failed           int64 `json:"failed"`
-		KVDigestMismatch int64 `json:"kv_digest_mismatch"`
-		KVGarbage        int64 `json:"kv_garbage"`
+		Completed             int64  `json:"completed"`
+		Failed                int64  `json:"failed"`
+		Pending               int    `json:"pending"`
+		ReadsFailed           int64  `json:"reads_failed"`
+		ReadsUnmatched        int64  `json:"reads_unmatched"`
+		DeferExpired          int64  `json:"defer_expired"`
+		KVDigestMismatch      int64  `json:"kv_digest_mismatch"`
+		KVGarbage             int64  `json:"kv_garbage"`
+		ProtocolViolations    int64  `json:"protocol_violations"`
+		LastProtocolViolation string `json:"last_protocol_violation"`
 	} `json:"transfers"`
+	Engines []struct {
+		DPRank       int    `json:"dp_rank"`
+		KVBlocksUsed int    `json:"kv_blocks_used"`
+		Steps        uint64 `json:"steps"`
+	} `json:"engines"`
+}
+
+// assertClean fails the test if the simulator saw a failed or corrupted KV
+// transfer or a PD protocol violation (the PD sims run with --strict, so a
+// violation also turned into a 400 somewhere).
+func (s *sim) assertClean(t *testing.T) {
+	t.Helper()
+	st := s.stats(t)
+	tr := st.Transfers
+	if tr.Failed != 0 || tr.ReadsFailed != 0 || tr.ReadsUnmatched != 0 || tr.KVGarbage != 0 || tr.KVDigestMismatch != 0 || tr.ProtocolViolations != 0 {
+		t.Fatalf("%s %s: transfers.failed %d, reads_failed %d, reads_unmatched %d, kv_garbage %d, kv_digest_mismatch %d, protocol_violations %d (last: %q)",
+			s.info.Role, s.URL(), tr.Failed, tr.ReadsFailed, tr.ReadsUnmatched, tr.KVGarbage, tr.KVDigestMismatch, tr.ProtocolViolations, tr.LastProtocolViolation)
+	}
 }
 
 func (s *sim) stats(t *testing.T) simStats {
