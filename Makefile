@@ -4,7 +4,7 @@ GO ?= go
 BIN := bin
 export CGO_ENABLED ?= 1
 
-.PHONY: all build run test test-short lint vet fmt bench bench-smoke fuzz-smoke e2e bench-pd bench-overhead chaos deps clean
+.PHONY: all build run test test-short lint vet fmt bench bench-smoke fuzz-smoke e2e bench-pd bench-overhead bench-ceiling chaos deps clean dashboard-snapshot dashboard-json
 
 all: build
 
@@ -42,8 +42,42 @@ bench:
 bench-smoke:
 	$(GO) test -run='^$$' -bench=. -benchtime=1x ./... > /dev/null
 
+# Benchmark scenarios (docs/BENCHMARKS.md): build the binaries once, start the
+# router and simulated workers as children, write the results under
+# $(BENCH_OUT). SCENARIO_FLAGS adds flags, e.g. SCENARIO_FLAGS=--quick.
+BENCH_OUT ?= docs/bench
+SCENARIO_FLAGS ?=
+
+bench-pd:
+	$(GO) build -o $(BIN)/ ./cmd/...
+	$(BIN)/sybench scenario pd --bin-dir $(BIN) --out-dir $(BENCH_OUT) $(SCENARIO_FLAGS)
+
+bench-overhead:
+	$(GO) build -o $(BIN)/ ./cmd/...
+	$(BIN)/sybench scenario overhead --bin-dir $(BIN) --out-dir $(BENCH_OUT) $(SCENARIO_FLAGS)
+
+bench-ceiling:
+	$(GO) build -o $(BIN)/ ./cmd/...
+	$(BIN)/sybench scenario ceiling --bin-dir $(BIN) --out-dir $(BENCH_OUT) $(SCENARIO_FLAGS)
+
 fuzz-smoke:
 	./scripts/fuzz-smoke.sh 10s
+
+# Chaos scenarios (test/chaos), long form: real router and simulated workers
+# under load with crashes, stalls, error bursts, floods and slow clients.
+# `go test ./test/chaos/` alone runs the short form; figures in docs/RELIABILITY.md.
+chaos:
+	CHAOS_LONG=1 $(GO) test -count=1 -timeout 30m -v ./test/chaos/
+
+# docs/observability-dashboard.png: the Grafana dashboard's key panels
+# rendered from real scrapes of a router under sybench load in front of a
+# vllm-sim fleet (about 90 s).
+dashboard-snapshot: build
+	$(BIN)/dashboard-snapshot --bin $(BIN) --out docs/observability-dashboard.png
+
+# deploy/grafana/switchyard.json from internal/dashboard.
+dashboard-json:
+	$(GO) run ./cmd/dashboard-snapshot --write-dashboard deploy/grafana/switchyard.json
 
 clean:
 	rm -rf $(BIN)
