@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,6 +41,18 @@ func TestErrorBurstRegular(t *testing.T) {
 	m := f.r.scrape(t)
 	opens := metricSum(m, "vllm_router_cb_state_transitions_total", `to="open"`)
 	closes := metricSum(m, "vllm_router_cb_state_transitions_total", `to="closed"`)
+	// A half-open breaker closes after --cb-success-threshold consecutive
+	// probe successes, one probe at a time; on a busy machine the load may
+	// end first. Keep a trickle of requests going (bounded) until it closes.
+	for deadline := time.Now().Add(20 * time.Second); opens >= 1 && closes < 1 && time.Now().Before(deadline); {
+		resp, err := http.Post(f.r.base+"/v1/completions", "application/json",
+			strings.NewReader(`{"prompt":"probe","max_tokens":2}`))
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		closes = metricSum(f.r.scrape(t), "vllm_router_cb_state_transitions_total", `to="closed"`)
+	}
 	retries := metricSum(m, "vllm_router_retries_total")
 	t.Logf("breaker opens %v, closes %v, retries %v", opens, closes, retries)
 	if opens < 1 || closes < 1 {
