@@ -39,9 +39,7 @@ const Version = "0.1.0"
 
 // notImplemented lists flags whose feature is not built yet: setting one is
 // a startup error rather than a silently ignored flag.
-var notImplemented = map[string]string{
-	"history-backend": "Responses API history storage (requests are proxied to workers)",
-}
+var notImplemented = map[string]string{}
 
 // Main runs the router until ctx is cancelled.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -60,6 +58,13 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if cfg.IsSet(flag) {
 			unimpl = append(unimpl, fmt.Sprintf("not implemented yet: --%s (%s)", flag, what))
 		}
+	}
+	if cfg.IsSet("history-backend") && cfg.HistoryBackend != "none" {
+		// Switchyard proxies the Responses API to workers and stores
+		// nothing, which is what "none" says; "memory" would be a promise
+		// we do not keep.
+		unimpl = append(unimpl, "not implemented yet: --history-backend "+cfg.HistoryBackend+
+			" (Responses API history storage; requests are proxied to workers, so only --history-backend none is accepted)")
 	}
 	if cfg.Backend == config.BackendOpenAI {
 		unimpl = append(unimpl, "not implemented yet: --backend openai (OpenAI upstream mode)")
@@ -447,7 +452,7 @@ func (a *app) buildServer(ctx context.Context) error {
 		Endpoint:         a.cfg.HealthCheckEndpoint,
 		FailureThreshold: int(a.cfg.HealthFailureThreshold),
 		SuccessThreshold: int(a.cfg.HealthSuccessThreshold),
-		LoadPollInterval: a.cfg.LoadPollInterval(),
+		LoadPollInterval: a.loadPollInterval(),
 		Metrics:          a.m,
 		Logger:           a.log,
 	})
@@ -538,6 +543,21 @@ func (a *app) buildKube(sopts *server.Options) error {
 		sopts.DiscoveryStatus = src.Status
 	}
 	return nil
+}
+
+// loadPollInterval is --load-poll-interval-secs; when it is unset and a
+// power_of_two policy is in use, vllm-router's behaviour applies: worker
+// loads are polled every --worker-startup-check-interval seconds.
+func (a *app) loadPollInterval() time.Duration {
+	if d := a.cfg.LoadPollInterval(); d > 0 || a.cfg.IsSet("load-poll-interval-secs") {
+		return d
+	}
+	for _, p := range []string{a.cfg.Policy, a.cfg.EffectivePrefillPolicy(), a.cfg.EffectiveDecodePolicy()} {
+		if p == config.PolicyPowerOfTwo {
+			return a.cfg.WorkerStartupCheckInterval()
+		}
+	}
+	return 0
 }
 
 // adminAdd implements /add_worker and POST /workers: the worker is added at
