@@ -5,6 +5,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -356,6 +357,7 @@ func (a *app) buildServer(ctx context.Context) error {
 		RateLimitPerSecond:         cfg.RateLimitTokensPerSecond,
 		RouteReceipt:               cfg.RouteReceipt,
 		ShutdownTimeout:            cfg.ShutdownTimeout(),
+		BodyReadTimeout:            cmp.Or(cfg.BodyReadTimeout(), -1), // 0 = none; the server takes 0 as its default
 		Logger:                     a.log,
 		Metrics:                    a.m,
 		Tracer:                     a.tracer,

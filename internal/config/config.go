@@ -166,6 +166,7 @@ type Config struct {
 	KVWaitTimeoutSecs          float64  `json:"kv_wait_timeout_secs"`     // 0 = none (default 300)
 	StreamIdleTimeoutSecs      float64  `json:"stream_idle_timeout_secs"` // 0 = none (default 300)
 	ConnectTimeoutSecs         float64  `json:"connect_timeout_secs"`     // 0 = no dial timeout
+	BodyReadTimeoutSecs        float64  `json:"body_read_timeout_secs"`   // 0 = none (default 60)
 	DecodeOutputLength         string   `json:"decode_output_length"`
 	DiscoveryTTLSecs           float64  `json:"discovery_ttl_secs"`
 	RouteReceipt               bool     `json:"route_receipt"`
@@ -239,6 +240,7 @@ func Default() *Config {
 		ConnectTimeoutSecs:         3,
 		KVWaitTimeoutSecs:          300,
 		StreamIdleTimeoutSecs:      300,
+		BodyReadTimeoutSecs:        60,
 		DecodeOutputLength:         DecodeOutputExact,
 		DiscoveryTTLSecs:           9,
 		DPSizeAnnotation:           "vllm.ai/dp-size",
@@ -465,6 +467,10 @@ func (c *Config) KVWaitTimeout() time.Duration { return secondsF(c.KVWaitTimeout
 
 // StreamIdleTimeout is --stream-idle-timeout-secs (0 = none; default 300 s).
 func (c *Config) StreamIdleTimeout() time.Duration { return secondsF(c.StreamIdleTimeoutSecs) }
+
+// BodyReadTimeout is --body-read-timeout-secs: the deadline for receiving a
+// whole request body the router reads (0 = none; default 60 s).
+func (c *Config) BodyReadTimeout() time.Duration { return secondsF(c.BodyReadTimeoutSecs) }
 
 // ConnectTimeout is --connect-timeout-secs (0 = no dial timeout).
 func (c *Config) ConnectTimeout() time.Duration { return secondsF(c.ConnectTimeoutSecs) }

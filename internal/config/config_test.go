@@ -77,10 +77,10 @@ func TestDurations(t *testing.T) {
 	c := parse(t, "--stream-idle-timeout-secs", "0.25", "--connect-timeout-secs", "0")
 	got := []time.Duration{c.RequestTimeout(), c.WorkerStartupTimeout(), c.WorkerStartupCheckInterval(), c.EvictionInterval(),
 		c.HealthCheckTimeout(), c.HealthCheckInterval(), c.QueueTimeout(), c.ShutdownTimeout(), c.PrefillTimeout(),
-		c.KVWaitTimeout(), c.StreamIdleTimeout(), c.ConnectTimeout(), c.DiscoveryTTL(), c.LoadPollInterval()}
+		c.KVWaitTimeout(), c.StreamIdleTimeout(), c.ConnectTimeout(), c.DiscoveryTTL(), c.LoadPollInterval(), c.BodyReadTimeout()}
 	want := []time.Duration{1800 * time.Second, 600 * time.Second, 30 * time.Second, 120 * time.Second,
 		5 * time.Second, 60 * time.Second, 60 * time.Second, 30 * time.Second, 0,
-		300 * time.Second, 250 * time.Millisecond, 0, 9 * time.Second, 0}
+		300 * time.Second, 250 * time.Millisecond, 0, 9 * time.Second, 0, 60 * time.Second}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
@@ -170,5 +170,21 @@ func TestPDDeadlineDefaults(t *testing.T) {
 	c = parse(t, "--kv-wait-timeout-secs", "0", "--stream-idle-timeout-secs", "0")
 	if c.KVWaitTimeout() != 0 || c.StreamIdleTimeout() != 0 {
 		t.Fatal("0 must still turn the deadlines off")
+	}
+}
+
+func TestBodyReadTimeout(t *testing.T) {
+	if d := Default().BodyReadTimeout(); d != 60*time.Second {
+		t.Fatalf("default body read timeout %s, want 60 s", d)
+	}
+	if d := parse(t, "--body-read-timeout-secs", "0.3").BodyReadTimeout(); d != 300*time.Millisecond {
+		t.Fatalf("--body-read-timeout-secs 0.3: %s", d)
+	}
+	c := parse(t, "--body-read-timeout-secs", "0", "--worker-urls", "http://w:8000")
+	if d := c.BodyReadTimeout(); d != 0 {
+		t.Fatalf("--body-read-timeout-secs 0: %s, want 0 (none)", d)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("0 must be valid: %v", err)
 	}
 }

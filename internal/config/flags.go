@@ -113,6 +113,7 @@ func flagDefs(c *Config) []flagDef {
 		{extra: true, name: "prefill-timeout-secs", meta: "SECS", usage: "Deadline for the prefill leg (0 = only the overall deadline)", value: flt(&c.PrefillTimeoutSecs)},
 		{extra: true, name: "kv-wait-timeout-secs", meta: "SECS", usage: "PD: deadline for a streaming decode's first byte, i.e. for its KV to arrive (0 = none)", value: flt(&c.KVWaitTimeoutSecs)},
 		{extra: true, name: "stream-idle-timeout-secs", meta: "SECS", usage: "Abort a stream idle for this long (0 = none)", value: flt(&c.StreamIdleTimeoutSecs)},
+		{extra: true, name: "body-read-timeout-secs", meta: "SECS", usage: "Answer 408 and close the connection when a request body is not received within SECS (0 = none)", value: flt(&c.BodyReadTimeoutSecs)},
 		{extra: true, name: "connect-timeout-secs", meta: "SECS", usage: "Upstream TCP connect timeout (0 = none)", value: flt(&c.ConnectTimeoutSecs)},
 		{extra: true, name: "decode-output-length", meta: "MODE", usage: "How the decode leg's output length is set", value: enum(&c.DecodeOutputLength, decodeOutputNames)},
 		{extra: true, name: "discovery-ttl-secs", meta: "SECS", usage: "Forget a ZMQ-registered worker after this long without a ping", value: flt(&c.DiscoveryTTLSecs)},

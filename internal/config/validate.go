@@ -264,6 +264,7 @@ func (c *Config) validateExtras(add func(*Error)) {
 		{"--prefill-timeout-secs", c.PrefillTimeoutSecs},
 		{"--kv-wait-timeout-secs", c.KVWaitTimeoutSecs},
 		{"--stream-idle-timeout-secs", c.StreamIdleTimeoutSecs},
+		{"--body-read-timeout-secs", c.BodyReadTimeoutSecs},
 		{"--connect-timeout-secs", c.ConnectTimeoutSecs},
 		{"--load-poll-interval-secs", c.LoadPollIntervalSecs},
 	} {

@@ -213,12 +213,13 @@ func TestValidate(t *testing.T) {
 		}},
 		{name: "max header bytes", args: with(w, "--max-header-bytes", "0"), want: []string{"invalid value for --max-header-bytes: 0 - Must be > 0"}},
 		{name: "negative timeouts", args: with(w, "--rate-limit-tokens-per-second", "-1", "--shutdown-timeout-secs", "-1", "--prefill-timeout-secs", "-1",
-			"--kv-wait-timeout-secs", "-1", "--stream-idle-timeout-secs", "-1", "--connect-timeout-secs", "-1", "--load-poll-interval-secs", "-1"), want: []string{
+			"--kv-wait-timeout-secs", "-1", "--stream-idle-timeout-secs", "-1", "--body-read-timeout-secs", "-1", "--connect-timeout-secs", "-1", "--load-poll-interval-secs", "-1"), want: []string{
 			"invalid value for --rate-limit-tokens-per-second: -1 - Must be a finite number >= 0",
 			"invalid value for --shutdown-timeout-secs: -1 - Must be a finite number >= 0",
 			"invalid value for --prefill-timeout-secs: -1 - Must be a finite number >= 0",
 			"invalid value for --kv-wait-timeout-secs: -1 - Must be a finite number >= 0",
 			"invalid value for --stream-idle-timeout-secs: -1 - Must be a finite number >= 0",
+			"invalid value for --body-read-timeout-secs: -1 - Must be a finite number >= 0",
 			"invalid value for --connect-timeout-secs: -1 - Must be a finite number >= 0",
 			"invalid value for --load-poll-interval-secs: -1 - Must be a finite number >= 0",
 		}},

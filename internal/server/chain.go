@@ -251,18 +251,47 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, status int, 
 	openai.WriteError(w, status, msg)
 }
 
+// bodyTimeoutLinger is how long a connection whose body read timed out is
+// still drained after the 408 is sent, so that closing it does not reset
+// the connection (TCP RST) before the client has read the response.
+const bodyTimeoutLinger = 500 * time.Millisecond
+
 // readBody reads the (already size-limited) body within BodyReadTimeout.
 // It writes the error response itself and returns ok=false on failure.
+//
+// The deadline is the connection's read deadline (http.ResponseController;
+// the respWriter chain unwraps to net/http's response). Two net/http
+// behaviours shape the failure path:
+//   - any read error, our deadline included, cancels the request context
+//     (connReader.handleReadError), so a timeout must be recognised before
+//     the context check that means "client gone";
+//   - after the handler returns, net/http reads up to 256 KiB of unread
+//     body (finishRequest → body.Close, and before the status line unless
+//     the response closes the connection), with whatever read deadline is
+//     on the connection. Clearing the deadline on failure let a client
+//     that trickles its body hold the connection and the handler
+//     goroutine indefinitely, without ever getting the 408.
+//
+// So the deadline is cleared only after a complete read; a failed read
+// answers with "Connection: close" and leaves a deadline (a short linger
+// after a timeout) that bounds net/http's drain, after which the
+// connection is closed.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, true
 	}
 	rc := http.NewResponseController(w)
-	if s.o.BodyReadTimeout > 0 {
-		_ = rc.SetReadDeadline(time.Now().Add(s.o.BodyReadTimeout))
-		// Clear it: a deadline left on the connection would fire during a
-		// long stream and cancel the request.
-		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	deadline := s.o.BodyReadTimeout > 0
+	if deadline {
+		if err := rc.SetReadDeadline(time.Now().Add(s.o.BodyReadTimeout)); err != nil {
+			// Only a ResponseWriter chain that cannot reach the connection
+			// gets here: the body read is then unbounded.
+			deadline = false
+			if !s.deadlineWarned.Swap(true) {
+				s.log.Warn("cannot set the request body read deadline: body reads are not bounded by the body read timeout",
+					"error", err.Error(), "route", stateFrom(r.Context()).route.label, "body_read_timeout", s.o.BodyReadTimeout)
+			}
+		}
 	}
 	var buf bytes.Buffer
 	if n := r.ContentLength; n > 0 && n <= s.o.MaxPayloadSize {
@@ -270,17 +299,30 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 	}
 	_, err := buf.ReadFrom(r.Body)
 	if err == nil {
+		if deadline {
+			// A deadline left on the connection would fire during a long
+			// stream and cancel the request (net/http's background read,
+			// started at the body's EOF, cleared it already; this is for
+			// the case it has not started).
+			_ = rc.SetReadDeadline(time.Time{})
+		}
 		return buf.Bytes(), true
 	}
 	var tooBig *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooBig):
+		// net/http closes the connection after the 413 (requestTooLarge).
 		s.writeError(w, r, http.StatusRequestEntityTooLarge, "payload_too_large", tooLargeMessage(tooBig.Limit))
+	case deadline && isTimeout(err):
+		// Checked before the context: the timeout cancelled it too.
+		_ = rc.SetReadDeadline(time.Now().Add(min(bodyTimeoutLinger, s.o.BodyReadTimeout)))
+		w.Header().Set("Connection", "close")
+		s.writeError(w, r, http.StatusRequestTimeout, "body_read_timeout",
+			fmt.Sprintf("timed out reading the request body: it was not received within %v", s.o.BodyReadTimeout))
 	case r.Context().Err() != nil:
-		stateFrom(r.Context()).logOnly = 499
-	case isTimeout(err):
-		s.writeError(w, r, http.StatusRequestTimeout, "body_read_timeout", "timed out reading the request body")
+		stateFrom(r.Context()).logOnly = 499 // the client went away
 	default:
+		w.Header().Set("Connection", "close") // the rest of the stream is not a request
 		s.writeError(w, r, http.StatusBadRequest, "body_read_error", "failed to read the request body: "+err.Error())
 	}
 	return nil, false

@@ -41,7 +41,8 @@
 //     Bodies the server reads (generation routes, POST /workers) and chunked
 //     bodies headed for Passthrough are read in full within BodyReadTimeout,
 //     so an oversized chunked body is a 413 from here, never an upstream
-//     error.
+//     error. A body not received in time is a 408 (body_read_timeout) with
+//     Connection: close; the connection is closed after a short linger.
 //
 // The chain uses a single ResponseWriter wrapper; it implements Flush,
 // FlushError and Unwrap so http.ResponseController flushes SSE chunks and

@@ -135,8 +135,9 @@ type Server struct {
 	info      map[string]routeInfo // mux pattern → route facts
 	started   time.Time
 
-	draining atomic.Bool
-	active   activeCounter
+	draining       atomic.Bool
+	active         activeCounter
+	deadlineWarned atomic.Bool // the body read deadline could not be set (logged once)
 }
 
 // New validates o and builds a Server.

@@ -66,7 +66,11 @@
 //     Status. When the last instance of the fleet mode expires (or re-
 //     registers in the other mode), the fleet switches: the held instances
 //     become routable.
-//   - No input stops the listener. Every dropped message is counted in
+//   - No input stops the listener, and none costs more memory than its own
+//     size: the payload is read by a bounds-checked msgpack reader that
+//     checks every declared str/bin/ext length and array/map count against
+//     the bytes left before using it (a 5-byte "4 GiB string" is a decode
+//     drop). Every dropped message is counted in
 //     vllm_router_discovery_dropped_total{reason}: decode, not_map,
 //     missing_key, bad_type, bad_value, unknown_type, unknown_transfer_mode,
 //     bad_address, hello, oversized, frames, command, connector,

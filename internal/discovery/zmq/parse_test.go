@@ -225,6 +225,8 @@ func FuzzParseRegistration(f *testing.F) {
 	f.Add(must(f, map[string]any{"type": "HELLO"}))
 	f.Add(mp(f, kv{"type", []byte("P"), true}, kv{"http_address", []byte("h:1"), true}, kv{"zmq_address", "h:2", false}))
 	f.Add([]byte{0xdf, 0xff, 0xff, 0xff, 0xff})
+	f.Add([]byte{0xdb, 0xff, 0xff, 0xff, 0xff})
+	f.Add([]byte{0x82, 0xa4, 't', 'y', 'p', 'e', 0xa5, 'H', 'E', 'L', 'L', 'O', 0xa1, 'x', 0xc9, 0x00, 0x00, 0x00, 0x10, 0x01})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := ParseRegistration(b)
