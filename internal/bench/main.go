@@ -107,6 +107,9 @@ func parseArgs(args []string, stderr io.Writer) (Config, cliOptions, error) {
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: sybench [flags]   (a vllm bench serve compatible load generator)")
+		for name := range subcommands {
+			fmt.Fprintf(stderr, "       sybench %s ...   (sybench %s --help)\n", name, name)
+		}
 		fs.PrintDefaults()
 	}
 
@@ -257,9 +260,27 @@ func parseArgs(args []string, stderr io.Writer) (Config, cliOptions, error) {
 	return cfg, o, nil
 }
 
+// Subcommand is a command Main runs instead of the benchmark when the first
+// argument names it; args exclude the name.
+type Subcommand func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+
+var subcommands = map[string]Subcommand{}
+
+// RegisterSubcommand makes Main dispatch "sybench NAME args..." to fn
+// (cmd/sybench registers "scenario"). Call it before Main, not concurrently.
+// Without a registered first argument Main behaves as before: sybench
+// takes no positional arguments, so a name cannot shadow a valid command
+// line.
+func RegisterSubcommand(name string, fn Subcommand) { subcommands[name] = fn }
+
 // Main runs the sybench command line: it parses args, runs the benchmark,
 // prints vLLM's report to stdout and optionally saves the JSON result.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 {
+		if fn := subcommands[args[0]]; fn != nil {
+			return fn(ctx, args[1:], stdout, stderr)
+		}
+	}
 	cfg, o, err := parseArgs(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil

@@ -41,6 +41,10 @@ type failure struct {
 	retry   bool // another pair may succeed
 	errType string
 	relay   *buffered // upstream error response to relay instead of msg
+
+	// pair: the KV transfer between P and D failed (KV-wait timeout); the
+	// fault is the pair's unless blameP/blameD name a side (pairHealth.failed).
+	pair, blameP, blameD bool
 }
 
 // buffered is a small upstream response kept in memory.
@@ -55,10 +59,15 @@ type buffered struct {
 type leg struct {
 	name    string
 	w       *worker.Worker
-	done    func(bool)
+	done    func(worker.Outcome)
 	release func()
 	sent    time.Time
-	once    sync.Once
+	once    sync.Once // slot, gauges, span
+	outOnce sync.Once // breaker outcome
+	// holdOK: a success passed to finish/end is not recorded; settle records
+	// the outcome later. The prefill of a concurrent connector has done its
+	// job only once its KV reached the decode (D's first byte).
+	holdOK bool
 
 	running, inflight prometheus.Gauge       // per-worker and per-role in-flight gauges (nil without metrics)
 	outcomes          *prometheus.CounterVec // circuit-breaker outcomes (nil without metrics)
@@ -68,20 +77,40 @@ type leg struct {
 // finish records the leg's breaker outcome, releases its in-flight slot and
 // ends its span; only the first call counts.
 func (l *leg) finish(success bool) {
+	if success {
+		l.end(worker.OutcomeSuccess)
+	} else {
+		l.end(worker.OutcomeFailure)
+	}
+}
+
+// end releases the leg's in-flight slot and ends its span (first call only)
+// and records o on the breaker, unless o is a success held by holdOK.
+func (l *leg) end(o worker.Outcome) {
 	l.once.Do(func() {
-		l.done(success)
 		l.release()
 		if l.running != nil {
 			l.running.Dec()
 			l.inflight.Dec()
-			o := "failure"
-			if success {
-				o = "success"
-			}
-			l.outcomes.WithLabelValues(l.w.Key(), o).Inc()
 		}
 		if l.span != nil {
 			l.span.End()
+		}
+	})
+	if o == worker.OutcomeSuccess && l.holdOK {
+		return
+	}
+	l.settle(o)
+}
+
+// settle records the leg's breaker outcome; only the first call counts.
+// Neutral outcomes are not counted in the outcome metric (the breaker
+// records nothing for them).
+func (l *leg) settle(o worker.Outcome) {
+	l.outOnce.Do(func() {
+		l.done(o)
+		if l.outcomes != nil && o != worker.OutcomeNeutral {
+			l.outcomes.WithLabelValues(l.w.Key(), o.String()).Inc()
 		}
 	})
 }
@@ -89,7 +118,7 @@ func (l *leg) finish(success bool) {
 // startLeg reserves the breaker slot and the in-flight count of w, and
 // starts the leg's client span (child of the server span in ctx).
 func (e *Engine) startLeg(ctx context.Context, name string, w *worker.Worker, st *reqState, pr *Pair) (*leg, bool) {
-	done, ok := w.Breaker().Start()
+	done, ok := w.Breaker().StartOutcome()
 	if !ok {
 		return nil, false
 	}
@@ -155,6 +184,7 @@ func (e *Engine) legFailed(l *leg, reason string, err error) {
 				e.m.WorkerHealth.WithLabelValues(l.w.Key()).Set(0)
 			}
 		}
+		e.markDown(l.w)
 	}
 	if e.m != nil {
 		if l.name == "prefill" {
@@ -315,8 +345,8 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 
 	var (
 		pRes     *prefillOut
-		pGood    bool // P finished OK with kv_transfer_params: commit trigger
 		pWatch   chan prefillOut
+		pDown    <-chan struct{} // closed when P, which answered, is seen dead
 		written  chan struct{}
 		dch      chan decodeOut
 		dResp    *http.Response
@@ -325,7 +355,6 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 		firstEOF bool
 		gotFirst bool
 		kvTimer  <-chan time.Time
-		kvFired  bool
 		dl       *leg
 		pl       *leg
 	)
@@ -335,6 +364,15 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 		}
 	}
 
+	// The prefill's breaker outcome (holdOK) is a success only once its KV
+	// reached the decode (D's first byte) or the attempt ended for another
+	// reason than the transfer: settled here unless recorded before.
+	defer func() {
+		if pl != nil {
+			pl.settle(worker.OutcomeSuccess)
+		}
+	}()
+
 	// Sequential: the prefill completes first.
 	var dParams []byte
 	if order == Sequential {
@@ -343,6 +381,7 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 			return &failure{leg: "prefill", reason: "breaker_open", w: pr.P, status: http.StatusServiceUnavailable, retry: true,
 				errType: "server_selection", msg: "prefill worker " + pr.P.Key() + " circuit breaker is open"}
 		}
+		pl.holdOK = true
 		prof.start(pr.P)
 		out := e.runPrefill(ctx, pctx, st, pr, pl, pBody)
 		prof.stop(pr.P)
@@ -350,7 +389,7 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 			return e.ctxFailure(ctx, st, out.fail)
 		}
 		observeP(out)
-		pRes, pGood = &out, true
+		pRes = &out
 		if e.conn.NeedsPrefillParams(pr) && string(out.params) == "null" && !st.stream && stoppedAtFirstToken(st.kind, st.obj, out.body) {
 			// P's first token ended the generation (EOS or a stop string):
 			// vLLM hands off no KV, and P's answer is the whole answer.
@@ -395,12 +434,15 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 		prof.start(pr.P)
 		// P is sent once D's request is on the wire (D no later than P);
 		// if D cannot even be reached, P is never sent.
-		written = make(chan struct{})
+		// The trace callback closes its own copy: the attempt may set
+		// written to nil (D answered first) while the callback runs.
+		wc := make(chan struct{})
+		written = wc
 		var once sync.Once
 		dreq = dreq.WithContext(httptrace.WithClientTrace(dctx, &httptrace.ClientTrace{
 			WroteRequest: func(i httptrace.WroteRequestInfo) {
 				if i.Err == nil {
-					once.Do(func() { close(written) })
+					once.Do(func() { close(wc) })
 				}
 			},
 		}))
@@ -450,15 +492,31 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 		dl.finish(true) // no-op when the outcome was already recorded
 		if pl != nil {
 			pl.finish(true)
+			pl.settle(worker.OutcomeSuccess)
 		}
 	}
 	decodeFail := func(reason string, status int, retry bool, err error, msg string) *failure {
 		e.legFailed(dl, reason, err)
-		et := "decode"
-		if reason == "kv_wait_timeout" {
-			et = "kv_wait_timeout"
+		return &failure{leg: "decode", reason: reason, w: pr.D, status: status, retry: retry, errType: "decode", msg: msg}
+	}
+	// kvTimeout: D produced no byte within KVWaitTimeout. The pair failed;
+	// each side's breaker records a failure only if the pair health blames
+	// it (it failed with two distinct partners), else nothing.
+	kvTimeout := func() *failure {
+		blameP, blameD := e.pairs.failed(pr.P.Key(), pr.D.Key())
+		if e.m != nil {
+			e.m.PDLegErrors.WithLabelValues("decode", "kv_wait_timeout").Inc()
 		}
-		return &failure{leg: "decode", reason: reason, w: pr.D, status: status, retry: retry, errType: et, msg: msg}
+		tracing.Fail(dl.span, "kv_wait_timeout", nil)
+		e.blame(dl, blameD)
+		if pl != nil {
+			e.blame(pl, blameP)
+		}
+		cleanup(true)
+		return &failure{leg: "decode", reason: "kv_wait_timeout", w: pr.D, status: http.StatusGatewayTimeout, retry: true,
+			errType: "kv_wait_timeout", pair: true, blameP: blameP, blameD: blameD,
+			msg: fmt.Sprintf("decode worker %s produced no output within %s (KV cache from prefill worker %s never arrived?)",
+				pr.D.Key(), e.o.KVWaitTimeout, pr.P.Key())}
 	}
 	startFirstRead := func() {
 		firstCh = make(chan firstRead, 1)
@@ -494,13 +552,16 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 			return &failure{leg: "prefill", reason: "breaker_open", w: pr.P, status: http.StatusServiceUnavailable, retry: true,
 				errType: "server_selection", msg: "prefill worker " + pr.P.Key() + " circuit breaker is open"}
 		}
+		pl.holdOK = true
 		pWatch = make(chan prefillOut, 1)
 		go func(l *leg, ch chan prefillOut) { ch <- e.runPrefill(ctx, pctx, st, pr, l, pBody) }(pl, pWatch)
 		return nil
 	}
 
-	// Wait until D's status is known and (D produced a byte or P is done OK).
-	for !(dResp != nil && (gotFirst || pGood)) {
+	// Wait until D's status is known and D produced its first body byte (or
+	// ended its body). Until then nothing reached the client, so a KV-wait
+	// timeout or a dead prefill can still fail over to another pair.
+	for !(dResp != nil && gotFirst) {
 		select {
 		case <-written:
 			if f := launchP(); f != nil {
@@ -517,7 +578,9 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 			}
 			observeP(out)
 			pRes = &out
-			pGood = isPresent(out.params)
+			// D still waits for the KV this P sends after answering: stop
+			// waiting if P is seen dead meanwhile
+			pDown = e.watchDown(pr.P)
 
 		case d := <-dch:
 			dch = nil
@@ -568,24 +631,33 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 		case fr := <-firstCh:
 			if err := onFirst(fr); err != nil {
 				var f *failure
-				switch {
-				case ctx.Err() != nil:
+				if ctx.Err() != nil {
 					cleanup(true)
 					return e.ctxFailure(ctx, st, nil)
-				case kvFired:
-					f = e.kvFailure(decodeFail, pr)
-				default:
-					f = decodeFail("error", http.StatusBadGateway, true, err, fmt.Sprintf("decode worker %s failed before its first byte: %v", pr.D.Key(), err))
 				}
+				f = decodeFail("error", http.StatusBadGateway, true, err, fmt.Sprintf("decode worker %s failed before its first byte: %v", pr.D.Key(), err))
 				cleanup(true)
 				return f
 			}
 
 		case <-kvTimer:
-			kvTimer, kvFired = nil, true
-			f := e.kvFailure(decodeFail, pr)
+			kvTimer = nil
+			return kvTimeout()
+
+		case <-pDown:
+			// P answered, then was seen dead (connect failure, left the
+			// registry) before D produced a byte: its KV may never come.
+			pDown = nil
+			tracing.Fail(pl.span, "down", nil)
+			pl.finish(false)
+			if e.m != nil {
+				e.m.PDPrefillErrors.WithLabelValues(pr.P.Key()).Inc()
+				e.m.PDLegErrors.WithLabelValues("prefill", "down").Inc()
+			}
 			cleanup(true)
-			return f
+			return &failure{leg: "prefill", reason: "down", w: pr.P, status: http.StatusBadGateway, retry: true, errType: "prefill",
+				msg: fmt.Sprintf("prefill worker %s went away (connect failure or left the registry) before decode worker %s received its KV cache",
+					pr.P.Key(), pr.D.Key())}
 
 		case <-ctx.Done():
 			cleanup(true)
@@ -593,7 +665,12 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 		}
 	}
 
-	// Commit: D's status is known and D produced a byte or P completed.
+	// Commit: D's status is known and D produced a byte (or ended its body).
+	// The KV arrived: the pair is fine, and so is a prefill already done.
+	e.pairs.succeeded(pr.P.Key(), pr.D.Key())
+	if pl != nil && pWatch == nil {
+		pl.settle(worker.OutcomeSuccess)
+	}
 	if e.m != nil {
 		d := e.o.Now().Sub(st.start).Seconds()
 		e.m.PDRequestDur.WithLabelValues(st.route).Observe(d)
@@ -608,6 +685,7 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 		}
 		if pl != nil {
 			pl.finish(true)
+			pl.settle(worker.OutcomeSuccess) // no-op if P failed meanwhile
 		}
 	}
 	defer func() {
@@ -631,31 +709,6 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 		h.Set("Content-Length", strconv.FormatInt(dResp.ContentLength, 10))
 	}
 	w.WriteHeader(dResp.StatusCode)
-	_ = http.NewResponseController(w).Flush()
-
-	if !gotFirst {
-		// committed because P completed; D still owes its first byte
-		var ferr error
-		select {
-		case fr := <-firstCh:
-			ferr = onFirst(fr)
-		case <-kvTimer:
-			kvFired = true
-			dcancel()
-			<-firstCh
-			firstCh = nil
-			ferr = errors.New("kv wait timeout")
-		case <-ctx.Done():
-			dcancel()
-			<-firstCh
-			firstCh = nil
-			ferr = ctx.Err()
-		}
-		if ferr != nil {
-			e.endAfterCommit(ctx, w, proxy.RelayResult{DownstreamOK: true, AtEventBoundary: true}, st, pr, dl, kvFired, ferr)
-			return nil
-		}
-	}
 
 	var body io.Reader = dResp.Body
 	if firstEOF {
@@ -686,22 +739,33 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 		if err == nil {
 			err = ctx.Err()
 		}
-		e.endAfterCommit(ctx, w, res, st, pr, dl, false, err)
+		e.endAfterCommit(ctx, w, res, st, pr, dl, err)
 	}
 	return nil
 }
 
-// kvFailure is the failure for a decode that produced no byte within
-// KVWaitTimeout (its KV never arrived, or it is stuck).
-func (e *Engine) kvFailure(decodeFail func(string, int, bool, error, string) *failure, pr *Pair) *failure {
-	return decodeFail("kv_wait_timeout", http.StatusGatewayTimeout, true, nil,
-		fmt.Sprintf("decode worker %s produced no output within %s (KV cache from prefill worker %s never arrived?)",
-			pr.D.Key(), e.o.KVWaitTimeout, pr.P.Key()))
+// blame ends a leg of a pair whose KV transfer failed: a failure on its
+// worker's breaker (and error metrics) when the pair health blames that
+// worker, else a neutral outcome (the pair is at fault, not the worker).
+func (e *Engine) blame(l *leg, blamed bool) {
+	if !blamed {
+		l.end(worker.OutcomeNeutral)
+		return
+	}
+	tracing.Fail(l.span, "kv_wait_timeout", nil)
+	l.finish(false)
+	if e.m != nil {
+		if l.name == "prefill" {
+			e.m.PDPrefillErrors.WithLabelValues(l.w.Key()).Inc()
+		} else {
+			e.m.PDDecodeErrors.WithLabelValues(l.w.Key()).Inc()
+		}
+	}
 }
 
 // endAfterCommit ends a response whose status line was already sent: the
 // stream gets an SSE error event (never a silent truncated 200).
-func (e *Engine) endAfterCommit(ctx context.Context, w http.ResponseWriter, res proxy.RelayResult, st *reqState, pr *Pair, dl *leg, kv bool, err error) {
+func (e *Engine) endAfterCommit(ctx context.Context, w http.ResponseWriter, res proxy.RelayResult, st *reqState, pr *Pair, dl *leg, err error) {
 	var msg, reason string
 	status := http.StatusBadGateway
 	switch {
@@ -712,11 +776,6 @@ func (e *Engine) endAfterCommit(ctx context.Context, w http.ResponseWriter, res 
 		reason, status = "request_timeout", http.StatusGatewayTimeout
 		msg = fmt.Sprintf("request timed out after %s while decode worker %s was streaming", e.o.RequestTimeout, pr.D.Key())
 		dl.finish(true)
-	case kv:
-		reason, status = "kv_wait_timeout", http.StatusGatewayTimeout
-		msg = fmt.Sprintf("decode worker %s produced no output within %s (KV cache from prefill worker %s never arrived?)", pr.D.Key(), e.o.KVWaitTimeout, pr.P.Key())
-		e.legFailed(dl, reason, nil)
-		st.pairFailed = true
 	case errors.Is(err, proxy.ErrIdleTimeout):
 		reason, status = "idle_timeout", http.StatusGatewayTimeout
 		msg = fmt.Sprintf("decode worker %s stream was idle for more than %s", pr.D.Key(), e.o.StreamIdleTimeout)

@@ -12,10 +12,15 @@
 //   - Sequential connectors never call D unless P answered 2xx with the
 //     kv_transfer_params D needs.
 //   - Concurrent connectors send D no later than P and keep watching P; a P
-//     failure before D's first body byte cancels D at once.
-//   - Nothing is committed to the client before D's status is known; a
-//     failure before any byte reached the client may fail over to another
-//     pair; a failure after that ends a stream with an SSE error event.
+//     failure before D's first body byte cancels D at once, and so does P
+//     being seen dead after it answered (its KV may never come).
+//   - Nothing is committed to the client before D's status is known and D
+//     produced its first body byte (or ended its body): a failure before
+//     that, KV-wait timeouts included, may fail over to another pair; a
+//     failure after that ends a stream with an SSE error event.
+//   - A KV-wait timeout is a failure of the (P, D) pair, not of D: it is
+//     recorded in the pair health, and on a worker's circuit breaker only
+//     once the same worker failed transfers with two distinct partners.
 //   - Request bodies are patched byte-faithfully through rawjson.
 package pd
 
@@ -97,8 +102,11 @@ type Options struct {
 	NewID func() [16]byte  // random 16 bytes (nil = crypto/rand); v4 bits are set by the engine
 
 	// PairFailureThreshold consecutive KV-wait timeouts between one P and
-	// one D make the pair avoided for PairCooldown while another compatible
-	// decode exists (defaults 3 and 30 s).
+	// one D make the pair suspect for PairCooldown (defaults 3 and 30 s):
+	// avoided while a non-suspect pair exists, and a P suspect with every
+	// usable decode is passed over. The same window is the one in which a
+	// worker that failed transfers with two distinct partners is blamed
+	// (the timeout then counts on its circuit breaker).
 	PairFailureThreshold int
 	PairCooldown         time.Duration
 
@@ -122,11 +130,15 @@ type Engine struct {
 	boot *bootstrapper
 	// pairs avoids P/D pairs whose transfers keep timing out.
 	pairs *pairHealth
-	log   *slog.Logger
-	m     *metrics.Metrics
-	tr    *tracing.Tracer
-	rr    atomic.Uint64
-	hash  []string
+	// down wakes attempts waiting for the KV of a prefill seen dead.
+	downMu sync.Mutex
+	down   map[*worker.Worker]chan struct{}
+	unsub  func()
+	log    *slog.Logger
+	m      *metrics.Metrics
+	tr     *tracing.Tracer
+	rr     atomic.Uint64
+	hash   []string
 
 	bg     sync.WaitGroup
 	closed atomic.Bool
@@ -189,6 +201,12 @@ func New(o Options) (*Engine, error) {
 	}
 	e := &Engine{o: o, log: log.With("component", "pd"), m: o.Metrics, tr: o.Tracer}
 	e.pairs = newPairHealth(o.PairFailureThreshold, o.PairCooldown, o.Now)
+	e.down = map[*worker.Worker]chan struct{}{}
+	e.unsub = o.Registry.Subscribe(func(c worker.Change) {
+		for _, w := range c.Removed {
+			e.markDown(w)
+		}
+	})
 	for _, h := range o.HashHeaders {
 		e.hash = append(e.hash, http.CanonicalHeaderKey(strings.TrimSpace(h)))
 	}
@@ -215,6 +233,7 @@ func (e *Engine) Close() {
 	if e.closed.Swap(true) {
 		return
 	}
+	e.unsub()
 	if e.boot != nil {
 		e.boot.close()
 	}
@@ -311,9 +330,13 @@ type reqState struct {
 	start  time.Time
 	cli    context.Context // the client's own context (disconnect)
 
-	pairFailed bool // the KV transfer of the committed pair timed out
-	attempt    int  // 1-based number of the current (P, D) attempt
-	rc         *proxy.Receipt
+	// badPairs are the pairs whose KV transfer failed during this request
+	// (never picked again for it); avoid holds their workers, avoided while
+	// a pair without them exists.
+	badPairs map[[2]string]bool
+	avoid    map[string]bool
+	attempt  int // 1-based number of the current (P, D) attempt
+	rc       *proxy.Receipt
 }
 
 // Dispatch serves one PD generation request.
@@ -427,11 +450,7 @@ func (e *Engine) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call)
 		rc.Reason = pr.reason
 		f := e.attempt(ctx, tw, st, &pr.Pair)
 		if f == nil {
-			e.pairs.record(pr.P.Key(), pr.D.Key(), !st.pairFailed)
 			return
-		}
-		if f.reason == "kv_wait_timeout" {
-			e.pairs.record(pr.P.Key(), pr.D.Key(), false)
 		}
 		last = f
 		if f.reason != "client_disconnect" {
@@ -443,8 +462,26 @@ func (e *Engine) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call)
 			return
 		}
 		failovers++
-		rc.Failovers = append(rc.Failovers, f.leg+" "+f.w.Key()+": "+f.reason)
-		exclude[f.w.Key()] = true
+		if f.pair {
+			// the transfer between P and D failed: never this pair again,
+			// preferably neither of its workers, and a blamed one not at all
+			pk, dk := pr.P.Key(), pr.D.Key()
+			rc.Failovers = append(rc.Failovers, "pair "+pk+"+"+dk+": "+f.reason)
+			if st.badPairs == nil {
+				st.badPairs, st.avoid = map[[2]string]bool{}, map[string]bool{}
+			}
+			st.badPairs[[2]string{pk, dk}] = true
+			st.avoid[pk], st.avoid[dk] = true, true
+			if f.blameP {
+				exclude[pk] = true
+			}
+			if f.blameD {
+				exclude[dk] = true
+			}
+		} else {
+			rc.Failovers = append(rc.Failovers, f.leg+" "+f.w.Key()+": "+f.reason)
+			exclude[f.w.Key()] = true
+		}
 		if e.m != nil {
 			e.m.PDFailovers.WithLabelValues(f.reason).Inc()
 		}
@@ -458,6 +495,12 @@ type pickedPair struct {
 }
 
 // pickPair chooses P, then D among the decodes compatible with P.
+//
+// Pairs whose transfers keep failing (pair health) and the pairs that
+// failed during this request are avoided: a P all of whose usable decodes
+// are suspect with it is the likely culprit, so the next P is tried; only
+// when no other pair exists is the first such suspect pair used. After a
+// failed transfer, a pair sharing no worker with it is preferred.
 func (e *Engine) pickPair(r *http.Request, c *proxy.Call, st *reqState, exclude map[string]bool) (*pickedPair, *failure) {
 	snap := e.o.Registry.Snapshot()
 	sel := func(msg string) *failure {
@@ -490,64 +533,156 @@ func (e *Engine) pickPair(r *http.Request, c *proxy.Call, st *reqState, exclude 
 			}
 		}
 	}
-	req := &policy.Request{Path: st.path, Headers: e.policyHeaders(r), Body: c.Body, Exclude: ex}
-	pc := policy.Candidates{Gen: snap.Gen, Workers: snap.Prefill}
-
-	if pp, ok := e.o.PrefillPolicy.(policy.PairPolicy); ok {
-		p, d, err := pp.PickPair(req, pc, policy.Candidates{Gen: snap.Gen, Workers: snap.Decode})
-		if err == nil && p.Worker != nil && d.Worker != nil && req.Usable(p.Worker) && req.Usable(d.Worker) &&
-			p.Worker.Role == worker.RolePrefill && d.Worker.Role == worker.RoleDecode && e.conn.Compatible(p.Worker, d.Worker) &&
-			!e.pairs.suspects(p.Worker.Key(), []*worker.Worker{d.Worker})[d.Worker.Key()] {
-			return e.newPair(p, d), nil
+	hdr := e.policyHeaders(r)
+	if len(st.avoid) > 0 {
+		exA := make(map[string]bool, len(ex)+len(st.avoid))
+		for k := range ex {
+			exA[k] = true
+		}
+		for k := range st.avoid {
+			exA[k] = true
+		}
+		req := &policy.Request{Path: st.path, Headers: hdr, Body: c.Body, Exclude: exA}
+		if pr, _, _ := e.scanPairs(req, snap, st, exclude, dWhy, false); pr != nil {
+			return pr, nil
 		}
 	}
-	var modeMsg string
-	for range snap.Prefill {
-		p, err := e.o.PrefillPolicy.Pick(req, pc)
-		if err != nil || p.Worker == nil {
-			break
-		}
-		dc, tag := e.compatibleDecodes(snap, p.Worker)
-		if len(dc.Workers) == 0 {
-			modeMsg = fmt.Sprintf("no decode worker compatible with transfer mode %s", strings.ToUpper(p.Worker.TransferMode))
-			ex[p.Worker.Key()] = true
-			continue
-		}
-		var d policy.Choice
-		err = nil
-		if sus := e.pairs.suspects(p.Worker.Key(), dc.Workers); len(sus) > 0 {
-			// avoid decodes whose transfers with this prefill keep failing,
-			// unless nothing else is left
-			alt := *req
-			alt.Exclude = make(map[string]bool, len(ex)+len(sus))
-			for k := range ex {
-				alt.Exclude[k] = true
-			}
-			for k := range sus {
-				alt.Exclude[k] = true
-			}
-			d, err = e.o.DecodePolicy.Pick(&alt, dc)
-		}
-		if d.Worker == nil {
-			d, err = e.o.DecodePolicy.Pick(req, dc)
-		}
-		if err != nil || d.Worker == nil {
-			if tag != 0 {
-				modeMsg = fmt.Sprintf("no decode worker available with transfer mode %s (%d compatible, all unhealthy, open-circuit or excluded)",
-					strings.ToUpper(p.Worker.TransferMode), len(dc.Workers))
-			} else {
-				modeMsg = describe("decode", snap.Decode, exclude, dWhy)
-			}
-			ex[p.Worker.Key()] = true
-			continue
-		}
-		return e.newPair(p, d), nil
+	req := &policy.Request{Path: st.path, Headers: hdr, Body: c.Body, Exclude: ex}
+	pr, fallback, modeMsg := e.scanPairs(req, snap, st, exclude, dWhy, true)
+	if pr != nil {
+		return pr, nil
+	}
+	if fallback != nil {
+		return fallback, nil
 	}
 	if modeMsg != "" {
 		return nil, sel(modeMsg)
 	}
 	return nil, sel(describe("prefill", snap.Prefill, exclude, pWhy))
 }
+
+// scanPairs looks for a pair none of whose workers req excludes and whose
+// transfers are not suspect. Prefills with only suspect (or, in this
+// request, failed) pairs are set aside; fallback is the first of them
+// paired with a suspect decode (when wantFallback), for when nothing better
+// exists. req.Exclude is modified.
+func (e *Engine) scanPairs(req *policy.Request, snap *worker.Snapshot, st *reqState, exclude map[string]bool, dWhy string,
+	wantFallback bool) (pr, fallback *pickedPair, modeMsg string) {
+	ex := req.Exclude
+	pc := policy.Candidates{Gen: snap.Gen, Workers: snap.Prefill}
+	if pp, ok := e.o.PrefillPolicy.(policy.PairPolicy); ok {
+		p, d, err := pp.PickPair(req, pc, policy.Candidates{Gen: snap.Gen, Workers: snap.Decode})
+		if err == nil && p.Worker != nil && d.Worker != nil && req.Usable(p.Worker) && req.Usable(d.Worker) &&
+			p.Worker.Role == worker.RolePrefill && d.Worker.Role == worker.RoleDecode && e.conn.Compatible(p.Worker, d.Worker) &&
+			!st.badPairs[[2]string{p.Worker.Key(), d.Worker.Key()}] &&
+			!e.pairs.suspects(p.Worker.Key(), []*worker.Worker{d.Worker})[d.Worker.Key()] {
+			return e.newPair(p, d), nil, ""
+		}
+	}
+	var fbP policy.Choice
+	var fbD policy.Candidates
+	for range snap.Prefill {
+		p, err := e.o.PrefillPolicy.Pick(req, pc)
+		if err != nil || p.Worker == nil {
+			break
+		}
+		pk := p.Worker.Key()
+		dc, tag := e.compatibleDecodes(snap, p.Worker)
+		if len(dc.Workers) == 0 {
+			modeMsg = fmt.Sprintf("no decode worker compatible with transfer mode %s", strings.ToUpper(p.Worker.TransferMode))
+			ex[pk] = true
+			continue
+		}
+		// decodes usable with p at all (pairs failed in this request never are)
+		usable := 0
+		for _, d := range dc.Workers {
+			if req.Usable(d) && !st.badPairs[[2]string{pk, d.Key()}] {
+				usable++
+			}
+		}
+		if usable == 0 {
+			if tag != 0 {
+				modeMsg = fmt.Sprintf("no decode worker available with transfer mode %s (%d compatible, all unhealthy, open-circuit or excluded)",
+					strings.ToUpper(p.Worker.TransferMode), len(dc.Workers))
+			} else {
+				modeMsg = describe("decode", snap.Decode, e.withBadPairs(exclude, st, pk), dWhy)
+			}
+			ex[pk] = true
+			continue
+		}
+		alt := *req
+		alt.Exclude = e.withBadPairs(ex, st, pk)
+		for k := range e.pairs.suspects(pk, dc.Workers) {
+			alt.Exclude[k] = true
+		}
+		if d, err := e.o.DecodePolicy.Pick(&alt, dc); err == nil && d.Worker != nil {
+			return e.newPair(p, d), nil, ""
+		}
+		// every usable decode is suspect with p: p is the likely culprit
+		if fbP.Worker == nil {
+			fbP, fbD = p, dc
+		}
+		ex[pk] = true
+	}
+	if wantFallback && fbP.Worker != nil {
+		alt := *req
+		alt.Exclude = e.withBadPairs(ex, st, fbP.Worker.Key())
+		if d, err := e.o.DecodePolicy.Pick(&alt, fbD); err == nil && d.Worker != nil {
+			fallback = e.newPair(fbP, d)
+			fallback.reason += " (every pair suspect: transfers keep timing out)"
+		}
+	}
+	return nil, fallback, modeMsg
+}
+
+// withBadPairs returns a copy of ex plus the decodes whose pair with the
+// prefill pk failed during this request.
+func (e *Engine) withBadPairs(ex map[string]bool, st *reqState, pk string) map[string]bool {
+	out := make(map[string]bool, len(ex)+len(st.badPairs))
+	for k := range ex {
+		out[k] = true
+	}
+	for k := range st.badPairs {
+		if k[0] == pk {
+			out[k[1]] = true
+		}
+	}
+	return out
+}
+
+// watchDown returns a channel closed once the engine sees w dead: a
+// connect failure on one of its legs, or its removal from the registry
+// (e.g. its discovery registration expired). Already closed when w is
+// unhealthy or no longer registered.
+func (e *Engine) watchDown(w *worker.Worker) <-chan struct{} {
+	e.downMu.Lock()
+	defer e.downMu.Unlock()
+	if !w.Healthy() || e.o.Registry.Get(w.Key()) != w {
+		return closedCh
+	}
+	ch := e.down[w]
+	if ch == nil {
+		ch = make(chan struct{})
+		e.down[w] = ch
+	}
+	return ch
+}
+
+// markDown wakes the watchers of w.
+func (e *Engine) markDown(w *worker.Worker) {
+	e.downMu.Lock()
+	if ch := e.down[w]; ch != nil {
+		close(ch)
+		delete(e.down, w)
+	}
+	e.downMu.Unlock()
+}
+
+var closedCh = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
 
 // describe explains why no worker of a role could be picked.
 func describe(role string, ws []*worker.Worker, exclude map[string]bool, why string) string {

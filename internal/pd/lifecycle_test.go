@@ -209,27 +209,72 @@ func TestKVWaitTimeout(t *testing.T) {
 		}
 	})
 	t.Run("after-prefill-ok", func(t *testing.T) {
-		// P finished OK so D's headers were committed; D then never sends a
-		// token: the stream ends with an SSE error event, not a clean end.
+		// P finished OK, D sent its headers but never a token: nothing was
+		// committed (headers wait for D's first byte), so the client gets a
+		// 504, not a 200 stream with an error event. The timeout is the
+		// pair's: D's breaker records nothing.
 		dCancel := make(chan time.Time, 1)
 		P := newFake(t, prefillOK(`{"ok":true}`))
 		D := newFake(t, func(w http.ResponseWriter, r *http.Request, rec *recorded) {
 			startSSE(w)
 			blockUntilCancelled(dCancel)(w, r, rec)
 		})
-		reg := worker.NewRegistry(worker.BreakerConfig{})
-		addWorker(t, reg, P.URL(), worker.RolePrefill, zmqAddr4(pZMQ, "WRITE"))
-		addWorker(t, reg, D.URL(), worker.RoleDecode, zmqAddr4(dZMQ, "WRITE"))
-		h := newHarness(t, reg, Options{Connector: "moriio", KVWaitTimeout: 150 * time.Millisecond})
+		reg := worker.NewRegistry(worker.BreakerConfig{FailureThreshold: 1})
+		pw := addWorker(t, reg, P.URL(), worker.RolePrefill, zmqAddr4(pZMQ, "WRITE"))
+		dw := addWorker(t, reg, D.URL(), worker.RoleDecode, zmqAddr4(dZMQ, "WRITE"))
+		m := metrics.NewForTest()
+		h := newHarness(t, reg, Options{Connector: "moriio", KVWaitTimeout: 150 * time.Millisecond, Metrics: m})
 		res := h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`)
-		if res.status != 200 {
-			t.Fatalf("status %d", res.status)
-		}
-		data := sseData(res.body)
-		if len(data) != 2 || !strings.Contains(data[0], `"error"`) || !strings.Contains(data[0], "produced no output") || data[1] != "[DONE]" {
-			t.Fatalf("body %q", res.body)
+		if res.status != 504 || !strings.Contains(res.body, "produced no output within") || strings.Contains(res.body, "data:") {
+			t.Fatalf("status %d body %q", res.status, res.body)
 		}
 		waitDone(t, dCancel, time.Second, "decode cancellation")
+		waitIdle(t, pw, dw)
+		if pw.Breaker().State() != worker.BreakerClosed || dw.Breaker().State() != worker.BreakerClosed {
+			t.Fatalf("a single pair's KV-wait timeout opened a breaker (P %v, D %v)", pw.Breaker().State(), dw.Breaker().State())
+		}
+		for _, w := range []*worker.Worker{pw, dw} {
+			if v := counter(t, m.CBOutcomes.WithLabelValues(w.Key(), "failure")); v != 0 {
+				t.Fatalf("%s: %v breaker failures", w.Key(), v)
+			}
+		}
+		if v := counter(t, m.PDLegErrors.WithLabelValues("decode", "kv_wait_timeout")); v != 1 {
+			t.Fatalf("kv_wait_timeout leg errors %v", v)
+		}
+	})
+	t.Run("after-prefill-ok-fails-over", func(t *testing.T) {
+		// the same stuck decode with a failover budget: the request moves
+		// to a pair sharing no worker with the failed one, and the client
+		// sees one clean stream
+		dCancel := make(chan time.Time, 1)
+		P1 := newFake(t, prefillOK(`{"ok":true}`))
+		P2 := newFake(t, prefillOK(`{"ok":true}`))
+		D1 := newFake(t, func(w http.ResponseWriter, r *http.Request, rec *recorded) {
+			startSSE(w)
+			blockUntilCancelled(dCancel)(w, r, rec)
+		})
+		D2 := newFake(t, decodeSSE)
+		reg := worker.NewRegistry(worker.BreakerConfig{FailureThreshold: 1})
+		p1 := addWorker(t, reg, P1.URL(), worker.RolePrefill, zmqAddr4(pZMQ, "WRITE"))
+		p2 := addWorker(t, reg, P2.URL(), worker.RolePrefill, zmqAddr4("host:127.0.0.4,handshake:6303,notify:61007", "WRITE"))
+		d1 := addWorker(t, reg, D1.URL(), worker.RoleDecode, zmqAddr4(dZMQ, "WRITE"))
+		d2 := addWorker(t, reg, D2.URL(), worker.RoleDecode, zmqAddr4("host:127.0.0.3,handshake:6301,notify:61005", "WRITE"))
+		h := newHarness(t, reg, Options{Connector: "moriio", KVWaitTimeout: 100 * time.Millisecond, MaxFailovers: 1,
+			PrefillPolicy: &prefer{urls: []string{P1.URL()}}, DecodePolicy: &prefer{urls: []string{D1.URL()}}})
+		res := h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`)
+		if res.status != 200 || res.body != sseAll() {
+			t.Fatalf("status %d body %q", res.status, res.body)
+		}
+		waitDone(t, dCancel, time.Second, "stuck decode cancellation")
+		rc := h.last.Load().Receipt
+		if rc.Attempts != 2 || len(rc.Failovers) != 1 || rc.Failovers[0] != "pair "+p1.Key()+"+"+d1.Key()+": kv_wait_timeout" ||
+			rc.Prefill != p2.Key() || rc.Decode != d2.Key() {
+			t.Fatalf("receipt %+v", rc)
+		}
+		waitIdle(t, p1, p2, d1, d2)
+		if d1.Breaker().State() != worker.BreakerClosed || p1.Breaker().State() != worker.BreakerClosed {
+			t.Fatal("the failed pair's workers were charged on their breakers")
+		}
 	})
 }
 

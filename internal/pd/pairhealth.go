@@ -2,6 +2,7 @@ package pd
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/worker"
@@ -13,18 +14,26 @@ import (
 // or a prefill whose writer thread died for one peer. After threshold
 // consecutive transfer failures the pair is avoided for cooldown whenever
 // another compatible decode exists; one success clears it.
+//
+// A KV-wait timeout alone does not say which side failed. The evidence
+// comes from the other pairs: a worker whose transfers failed recently
+// (within cooldown) with at least two distinct partners is blamed (failed
+// reports it), and the engine then records the timeout on that worker's
+// circuit breaker; otherwise the timeout stays a pair failure only.
 type pairHealth struct {
 	threshold int
 	cooldown  time.Duration
 	now       func() time.Time
 
+	n  atomic.Int64 // len(m), for the lock-free fast paths
 	mu sync.Mutex
 	m  map[[2]string]*pairState
 }
 
 type pairState struct {
-	fails int
-	until time.Time
+	fails int       // consecutive transfer failures
+	last  time.Time // time of the last one
+	until time.Time // avoided until then (set once fails >= threshold)
 }
 
 const maxTrackedPairs = 4096
@@ -41,13 +50,33 @@ func newPairHealth(threshold int, cooldown time.Duration, now func() time.Time) 
 
 // record notes the outcome of a transfer between p and d.
 func (h *pairHealth) record(p, d string, ok bool) {
+	if ok {
+		h.succeeded(p, d)
+		return
+	}
+	h.failed(p, d)
+}
+
+// succeeded clears the pair: its KV arrived.
+func (h *pairHealth) succeeded(p, d string) {
+	if h.n.Load() == 0 {
+		return
+	}
+	h.mu.Lock()
+	delete(h.m, [2]string{p, d})
+	h.n.Store(int64(len(h.m)))
+	h.mu.Unlock()
+}
+
+// failed records a failed transfer between p and d and reports whether p
+// (blameP), resp. d (blameD), has now failed transfers with at least two
+// distinct partners within the cooldown window: the fault then follows the
+// worker across pairs rather than staying with one pair.
+func (h *pairHealth) failed(p, d string) (blameP, blameD bool) {
 	k := [2]string{p, d}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if ok {
-		delete(h.m, k)
-		return
-	}
+	now := h.now()
 	st := h.m[k]
 	if st == nil {
 		if len(h.m) >= maxTrackedPairs {
@@ -55,15 +84,33 @@ func (h *pairHealth) record(p, d string, ok bool) {
 		}
 		st = &pairState{}
 		h.m[k] = st
+		h.n.Store(int64(len(h.m)))
 	}
 	st.fails++
+	st.last = now
 	if st.fails >= h.threshold {
-		st.until = h.now().Add(h.cooldown)
+		st.until = now.Add(h.cooldown)
 	}
+	var ds, ps int // distinct recent failing partners of p, of d
+	for pk, ps2 := range h.m {
+		if now.Sub(ps2.last) >= h.cooldown {
+			continue
+		}
+		if pk[0] == p {
+			ds++
+		}
+		if pk[1] == d {
+			ps++
+		}
+	}
+	return ds >= 2, ps >= 2
 }
 
 // suspects returns the decodes among ds that are currently avoided with p.
 func (h *pairHealth) suspects(p string, ds []*worker.Worker) map[string]bool {
+	if h.n.Load() == 0 {
+		return nil
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if len(h.m) == 0 {
@@ -82,9 +129,18 @@ func (h *pairHealth) suspects(p string, ds []*worker.Worker) map[string]bool {
 	return out
 }
 
-// pruneLocked drops pairs that are not in cooldown.
+// pruneLocked drops pairs that are neither in cooldown nor recently failed,
+// and if that is not enough, every pair not in cooldown.
 func (h *pairHealth) pruneLocked() {
 	now := h.now()
+	for k, st := range h.m {
+		if !now.Before(st.until) && now.Sub(st.last) >= h.cooldown {
+			delete(h.m, k)
+		}
+	}
+	if len(h.m) < maxTrackedPairs {
+		return
+	}
 	for k, st := range h.m {
 		if !now.Before(st.until) {
 			delete(h.m, k)

@@ -130,12 +130,51 @@ func (b *Breaker) Allow() bool {
 	return true
 }
 
+// Outcome is what a finished request tells its worker's breaker.
+type Outcome uint8
+
+// Outcomes.
+const (
+	OutcomeSuccess Outcome = iota
+	OutcomeFailure
+	// OutcomeNeutral records nothing: neither a success nor a failure
+	// (consecutive counts, failure-rate window and state are left as they
+	// are); it only gives back a half-open probe slot. For a request whose
+	// end says nothing about this worker, e.g. a PD decode whose KV never
+	// arrived from its prefill.
+	OutcomeNeutral
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeFailure:
+		return "failure"
+	case OutcomeNeutral:
+		return "neutral"
+	default:
+		return "success"
+	}
+}
+
 // Start is called when a request is dispatched to the worker. It returns the
 // function that records the outcome; a half-open probe slot is held until
 // then. It reports ok=false if the breaker refuses the request.
 func (b *Breaker) Start() (done func(success bool), ok bool) {
+	d, ok := b.StartOutcome()
+	return func(success bool) {
+		if success {
+			d(OutcomeSuccess)
+		} else {
+			d(OutcomeFailure)
+		}
+	}, ok
+}
+
+// StartOutcome is Start with a three-way outcome (OutcomeNeutral included).
+// Only the first call of done counts.
+func (b *Breaker) StartOutcome() (done func(Outcome), ok bool) {
 	if b == nil || b.cfg.Disabled {
-		return func(bool) {}, true
+		return func(Outcome) {}, true
 	}
 	b.mu.Lock()
 	now := b.cfg.Now()
@@ -144,20 +183,38 @@ func (b *Breaker) Start() (done func(success bool), ok bool) {
 	switch b.state {
 	case BreakerOpen:
 		b.mu.Unlock()
-		return func(bool) {}, false
+		return func(Outcome) {}, false
 	case BreakerHalfOpen:
 		if b.probes >= b.cfg.HalfOpenMax {
 			b.mu.Unlock()
-			return func(bool) {}, false
+			return func(Outcome) {}, false
 		}
 		b.probes++
 		probe = true
 	}
 	b.mu.Unlock()
 	var once sync.Once
-	return func(success bool) {
-		once.Do(func() { b.record(success, probe) })
+	return func(o Outcome) {
+		once.Do(func() {
+			if o == OutcomeNeutral {
+				b.release(probe)
+				return
+			}
+			b.record(o == OutcomeSuccess, probe)
+		})
 	}, true
+}
+
+// release gives back a half-open probe slot without recording an outcome.
+func (b *Breaker) release(probe bool) {
+	if !probe {
+		return
+	}
+	b.mu.Lock()
+	if b.probes > 0 {
+		b.probes--
+	}
+	b.mu.Unlock()
 }
 
 // Record records an outcome that was not started with Start (e.g. a

@@ -176,3 +176,87 @@ func TestBreakerFailureRate(t *testing.T) {
 		t.Fatal("expired failures must not count")
 	}
 }
+
+// TestBreakerNeutralOutcome: a neutral outcome neither resets nor extends
+// the consecutive-failure count, never enters the failure-rate window and
+// only gives back a half-open probe slot.
+func TestBreakerNeutralOutcome(t *testing.T) {
+	now := time.Unix(0, 0)
+	newB := func(threshold, minReq int) *Breaker {
+		return NewBreaker(BreakerConfig{FailureThreshold: threshold, SuccessThreshold: 1, OpenDuration: 10 * time.Second,
+			Window: 10 * time.Second, FailureRate: 0.5, MinRequests: minReq, HalfOpenMax: 1, Now: func() time.Time { return now }})
+	}
+	start := func(b *Breaker) func(Outcome) {
+		t.Helper()
+		done, ok := b.StartOutcome()
+		if !ok {
+			t.Fatal("refused")
+		}
+		return done
+	}
+
+	// consecutive failures: neutral outcomes in between neither count nor reset
+	b := newB(2, 1000)
+	start(b)(OutcomeFailure)
+	for range 5 {
+		start(b)(OutcomeNeutral)
+	}
+	if b.State() != BreakerClosed {
+		t.Fatal("neutral outcomes counted as failures")
+	}
+	done := start(b)
+	done(OutcomeFailure)
+	done(OutcomeSuccess) // only the first call counts
+	if b.State() != BreakerOpen {
+		t.Fatal("neutral outcomes reset the consecutive failures")
+	}
+
+	// failure rate: neutral outcomes are not in the window (2 failures of
+	// 2 outcomes, not of 7)
+	r := newB(100, 2)
+	start(r)(OutcomeFailure)
+	for range 5 {
+		start(r)(OutcomeNeutral)
+	}
+	if r.State() != BreakerClosed {
+		t.Fatal("neutral outcomes entered the window as failures")
+	}
+	start(r)(OutcomeFailure)
+	if r.State() != BreakerOpen {
+		t.Fatal("neutral outcomes entered the window as successes")
+	}
+
+	// half-open: a neutral probe gives its slot back and changes nothing
+	now = now.Add(10 * time.Second)
+	probe := start(b)
+	if _, ok := b.StartOutcome(); ok {
+		t.Fatal("second concurrent probe must be refused")
+	}
+	probe(OutcomeNeutral)
+	if b.State() != BreakerHalfOpen || !b.Allow() {
+		t.Fatalf("a neutral probe must give its slot back and leave the state (%v)", b.State())
+	}
+	start(b)(OutcomeSuccess)
+	if b.State() != BreakerClosed {
+		t.Fatalf("state %v after a successful probe", b.State())
+	}
+
+	// the bool form is unchanged
+	for range 2 {
+		d, ok := b.Start()
+		if !ok {
+			t.Fatal("refused")
+		}
+		d(false)
+	}
+	if b.State() != BreakerOpen {
+		t.Fatal("Start's done(false) must record failures")
+	}
+	// a nil breaker accepts anything
+	var nb *Breaker
+	f, ok := nb.StartOutcome()
+	if !ok {
+		t.Fatal("nil breaker refused")
+	}
+	f(OutcomeFailure)
+}

@@ -76,13 +76,14 @@ func TestKillPrefillWrite(t *testing.T) {
 	killPrefillWrite(t, []string{"--kv-wait-timeout-secs", "2", "--request-timeout-secs", "10"})
 }
 
-// TestKillPrefillWriteDefaults is the same crash with the default timeouts.
+// TestKillPrefillWriteDefaults is the same crash with the default timeouts
+// (--kv-wait-timeout-secs 300, --request-timeout-secs 1800), far longer than
+// the client deadline: a decode still waiting for the KV of the killed
+// prefill must not be left waiting for them. The router stops waiting as
+// soon as it sees the prefill dead (a connect failure, or its discovery
+// registration expiring) and, since nothing was committed before the
+// decode's first byte, fails the request over.
 func TestKillPrefillWriteDefaults(t *testing.T) {
-	t.Skip("BUG: with the default --kv-wait-timeout-secs 0, a prefill killed after answering but before its " +
-		"write_done went out leaves its requests hanging (the decode waits for KV forever; short run: 8 of ~3600 " +
-		"requests hung past the 30 s client deadline, 4 of them after a 200 status line) until --request-timeout-secs " +
-		"(1800 s): internal/pd/attempt.go commits once the prefill answered and nothing cancels the decode legs still " +
-		"waiting for KV from a prefill the router has since seen die")
 	killPrefillWrite(t, nil)
 }
 
@@ -123,6 +124,10 @@ func killPrefillWrite(t *testing.T, routerArgs []string) {
 			t.Errorf("decode %d saw corrupted KV: %+v", i, st.Transfers)
 		}
 	}
+	m := f.r.scrape(t)
+	t.Logf("pd: failovers %v, of which decodes stopped waiting for the dead prefill's KV %v, kv_wait_timeout legs %v",
+		metricSum(m, "vllm_router_pd_failovers_total"), metricSum(m, "vllm_router_pd_failovers_total", `reason="down"`),
+		metricSum(m, "vllm_router_pd_leg_errors_total", `reason="kv_wait_timeout"`))
 	figures(t, faults, c)
 	f.r.checkNoLeak(t, 15*time.Second)
 }
@@ -180,10 +185,6 @@ func TestDropWriteDone(t *testing.T) { dropWriteDone(t, false) }
 // prefill, the faulty prefill is taken out, and the healthy decodes keep
 // serving throughout.
 func TestDropWriteDoneFailover(t *testing.T) {
-	t.Skip("BUG: a prefill that drops write_done opens the circuit breakers of every healthy decode " +
-		"(internal/pd/attempt.go records kv_wait_timeout against the decode leg only), so the whole PD fleet answers " +
-		"503 'no decode workers available' while one prefill and both decodes are healthy; and the streaming " +
-		"response is committed (200 + headers) as soon as the prefill completes, so a KV-wait timeout can never fail over")
 	dropWriteDone(t, true)
 }
 

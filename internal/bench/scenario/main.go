@@ -1,0 +1,296 @@
+package scenario
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+)
+
+const usage = `Usage: sybench scenario pd|overhead|ceiling [flags]
+
+Starts the router (switchyard) and simulated workers (vllm-sim) from --bin-dir
+as child processes on free loopback ports, runs the benchmark in-process
+against them, stops every child (also on failure and Ctrl-C) and prints the
+tables; with --out-dir it also writes them (Markdown, and a PNG for pd).
+
+  pd        MoRI-IO READ vs WRITE, 1P1D deepseek-r1-1p1d preset, ZMQ discovery
+            (MORIIO-RESULTS.md's sweep, scaled down)      -> pd-readwrite.md/.png
+  overhead  direct vs switchyard regular vs switchyard PD, zero-latency
+            workers: added TTFT and router CPU per 1000 requests -> overhead.md
+  ceiling   ramp concurrent streams through PD MoRI-IO WRITE until
+            requests fail                                 -> ceiling.md
+
+Run "sybench scenario NAME --help" for the flags of one scenario.
+`
+
+// Main runs "sybench scenario NAME [flags]" (args start after "scenario").
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stderr, usage)
+		if len(args) == 0 {
+			return errors.New("scenario: missing scenario name")
+		}
+		return nil
+	}
+	name, rest := args[0], args[1:]
+	o := Options{Out: stdout, Command: "sybench scenario " + strings.Join(args, " ")}
+	switch name {
+	case "pd":
+		c, err := parsePD(rest, &o, stderr)
+		if err != nil {
+			return helpOK(err)
+		}
+		_, err = RunPD(ctx, o, c)
+		return err
+	case "overhead":
+		c, err := parseOverhead(rest, &o, stderr)
+		if err != nil {
+			return helpOK(err)
+		}
+		_, err = RunOverhead(ctx, o, c)
+		return err
+	case "ceiling":
+		c, err := parseCeiling(rest, &o, stderr)
+		if err != nil {
+			return helpOK(err)
+		}
+		rep, err := RunCeiling(ctx, o, c)
+		if err == nil && rep.FirstFailing() > 0 {
+			return fmt.Errorf("ceiling: requests failed from C=%d on", rep.FirstFailing())
+		}
+		return err
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("scenario: unknown scenario %q (want pd, overhead or ceiling)", name)
+}
+
+func helpOK(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	return err
+}
+
+// intList is a comma-separated list of positive integers.
+type intList []int
+
+func (l *intList) String() string {
+	if l == nil {
+		return ""
+	}
+	s := make([]string, len(*l))
+	for i, v := range *l {
+		s[i] = strconv.Itoa(v)
+	}
+	return strings.Join(s, ",")
+}
+
+func (l *intList) Set(v string) error {
+	var out []int
+	for _, p := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil || n <= 0 {
+			return fmt.Errorf("invalid positive integer %q", p)
+		}
+		out = append(out, n)
+	}
+	*l = out
+	return nil
+}
+
+// strList is a comma-separated list of words.
+type strList []string
+
+func (l *strList) String() string {
+	if l == nil {
+		return ""
+	}
+	return strings.Join(*l, ",")
+}
+
+func (l *strList) Set(v string) error {
+	var out []string
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	if len(out) == 0 {
+		return errors.New("empty list")
+	}
+	*l = out
+	return nil
+}
+
+// quickRequested reports whether args ask for --quick (decides which
+// defaults the real parse starts from).
+func quickRequested(args []string) bool {
+	q := false
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && name == "quick" {
+			q = !hasVal || val == "true" || val == "1"
+		}
+	}
+	return q
+}
+
+// commonFlags registers the flags every scenario has.
+func commonFlags(fs *flag.FlagSet, o *Options, defMax time.Duration) {
+	o.BinDir = "bin"
+	o.MaxDuration = defMax
+	fs.StringVar(&o.BinDir, "bin-dir", o.BinDir, "directory holding the switchyard and vllm-sim binaries (go build -o bin/ ./cmd/...)")
+	fs.StringVar(&o.OutDir, "out-dir", "", "write the Markdown (and PNG) outputs here (default: print only)")
+	fs.StringVar(&o.LogDir, "log-dir", "", "keep the child processes' logs here (default: a temporary directory, removed after a successful run)")
+	fs.DurationVar(&o.MaxDuration, "max-duration", o.MaxDuration, "bound on the whole scenario; points that do not fit are skipped")
+	fs.BoolVar(&o.Quick, "quick", false, "fewer, smaller points (smoke run)")
+}
+
+func newFlagSet(name string, stderr io.Writer, help string) *flag.FlagSet {
+	fs := flag.NewFlagSet("sybench scenario "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: sybench scenario %s [flags]\n\n%s\n\nFlags:\n", name, help)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+func finishParse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	return nil
+}
+
+func parsePD(args []string, o *Options, stderr io.Writer) (PDConfig, error) {
+	c := DefaultPDConfig()
+	if quickRequested(args) {
+		c = QuickPDConfig()
+	}
+	fs := newFlagSet("pd", stderr, "MoRI-IO READ vs WRITE through switchyard on a simulated DeepSeek-R1 1P1D fleet (one fresh fleet per mode).")
+	commonFlags(fs, o, 13*time.Minute)
+	fs.StringVar(&c.Preset, "preset", c.Preset, "vllm-sim --profile-preset of both workers")
+	modes := strList(c.Modes)
+	fs.Var(&modes, "modes", "MoRI-IO transfer modes, one fleet each")
+	var short, long PDInput
+	ins := intList{}
+	for _, in := range c.Inputs {
+		ins = append(ins, in.Len)
+		if in.Len < 4000 && short.Len == 0 {
+			short = in
+		} else if in.Len >= 4000 && long.Len == 0 {
+			long = in
+		}
+	}
+	if long.Len == 0 {
+		long = PDInput{Concurrency: short.Concurrency, MaxWarmups: 4}
+	}
+	shortC, longC := intList(short.Concurrency), intList(long.Concurrency)
+	fs.Var(&ins, "input-lens", "input lengths (tokens)")
+	fs.Var(&shortC, "concurrency", "concurrency points for inputs < 4000 tokens")
+	fs.Var(&longC, "long-concurrency", "concurrency points for inputs >= 4000 tokens")
+	fs.IntVar(&short.MaxWarmups, "max-warmups", short.MaxWarmups, "warm-ups per point: min(C, this) for inputs < 4000")
+	fs.IntVar(&long.MaxWarmups, "long-max-warmups", long.MaxWarmups, "warm-ups per point: min(C, this) for inputs >= 4000")
+	fs.IntVar(&c.OutputLen, "output-len", c.OutputLen, "--random-output-len of every point")
+	fs.Float64Var(&c.PromptsPerC, "prompts-per-concurrency", c.PromptsPerC, "--num-prompts = ceil(this × C)")
+	fs.Float64Var(&c.GoodputTTFT, "goodput-ttft-ms", c.GoodputTTFT, "--goodput ttft:MS")
+	fs.Int64Var(&c.Seed, "seed", c.Seed, "dataset seed")
+	fs.StringVar(&c.Policy, "policy", c.Policy, "switchyard --policy")
+	fs.DurationVar(&c.PointTimeout, "point-max-duration", c.PointTimeout, "bound on one point (sybench --max-duration)")
+	if err := finishParse(fs, args); err != nil {
+		return c, err
+	}
+	c.Modes = nil
+	for _, m := range modes {
+		m = strings.ToUpper(m)
+		if m != "READ" && m != "WRITE" {
+			return c, fmt.Errorf("invalid mode %q (want READ or WRITE)", m)
+		}
+		c.Modes = append(c.Modes, m)
+	}
+	c.Inputs = nil
+	for _, n := range ins {
+		in := short
+		in.Concurrency = shortC
+		if n >= 4000 {
+			in = long
+			in.Concurrency = longC
+		}
+		in.Len = n
+		c.Inputs = append(c.Inputs, in)
+	}
+	if c.OutputLen <= 0 || c.PromptsPerC <= 0 {
+		return c, errors.New("--output-len and --prompts-per-concurrency must be positive")
+	}
+	return c, nil
+}
+
+func parseOverhead(args []string, o *Options, stderr io.Writer) (OverheadConfig, error) {
+	c := DefaultOverheadConfig()
+	if quickRequested(args) {
+		c = QuickOverheadConfig()
+	}
+	fs := newFlagSet("overhead", stderr, "The same load sent directly to a worker, through switchyard regular mode and through switchyard PD mode (zero-latency workers): added TTFT and router CPU.")
+	commonFlags(fs, o, 12*time.Minute)
+	fs.StringVar(&c.Preset, "preset", c.Preset, "vllm-sim --profile-preset of every worker")
+	cs := intList(c.Concurrency)
+	fs.Var(&cs, "concurrency", "concurrency points")
+	fs.IntVar(&c.Input, "input-len", c.Input, "--random-input-len")
+	fs.IntVar(&c.OutputLen, "output-len", c.OutputLen, "--random-output-len")
+	fs.Float64Var(&c.PromptsPerC, "prompts-per-concurrency", c.PromptsPerC, "--num-prompts = max(--min-prompts, ceil(this × C))")
+	fs.IntVar(&c.MinPrompts, "min-prompts", c.MinPrompts, "lower bound of --num-prompts")
+	fs.Int64Var(&c.Seed, "seed", c.Seed, "dataset seed")
+	fs.StringVar(&c.Policy, "policy", c.Policy, "switchyard --policy (both routers)")
+	fs.StringVar(&c.PDMode, "pd-mode", c.PDMode, "MoRI-IO transfer mode of the PD fleet")
+	fs.IntVar(&c.Repeats, "repeats", c.Repeats, "interleaved repetitions of every (C, target) run; tables report medians")
+	fs.DurationVar(&c.PointTimeout, "point-max-duration", c.PointTimeout, "bound on one measured run")
+	if err := finishParse(fs, args); err != nil {
+		return c, err
+	}
+	c.Concurrency = cs
+	c.PDMode = strings.ToUpper(c.PDMode)
+	if c.PDMode != "READ" && c.PDMode != "WRITE" {
+		return c, fmt.Errorf("invalid --pd-mode %q (want READ or WRITE)", c.PDMode)
+	}
+	return c, nil
+}
+
+func parseCeiling(args []string, o *Options, stderr io.Writer) (CeilingConfig, error) {
+	c := DefaultCeilingConfig()
+	if quickRequested(args) {
+		c = QuickCeilingConfig()
+	}
+	fs := newFlagSet("ceiling", stderr, "Ramp concurrent streams through switchyard PD (MoRI-IO) and report the first concurrency with a failed request. Exits 1 if any request failed.")
+	commonFlags(fs, o, 10*time.Minute)
+	fs.StringVar(&c.Preset, "preset", c.Preset, "vllm-sim --profile-preset of both workers")
+	fs.StringVar(&c.Mode, "mode", c.Mode, "MoRI-IO transfer mode")
+	cs := intList(c.Concurrency)
+	fs.Var(&cs, "concurrency", "concurrency ramp")
+	fs.IntVar(&c.Input, "input-len", c.Input, "--random-input-len")
+	fs.IntVar(&c.OutputLen, "output-len", c.OutputLen, "--random-output-len")
+	fs.Float64Var(&c.PromptsPerC, "prompts-per-concurrency", c.PromptsPerC, "--num-prompts = ceil(this × C)")
+	fs.Int64Var(&c.Seed, "seed", c.Seed, "dataset seed")
+	fs.StringVar(&c.Policy, "policy", c.Policy, "switchyard --policy")
+	fs.DurationVar(&c.StepTimeout, "step-max-duration", c.StepTimeout, "bound on one step")
+	if err := finishParse(fs, args); err != nil {
+		return c, err
+	}
+	c.Concurrency = cs
+	c.Mode = strings.ToUpper(c.Mode)
+	if c.Mode != "READ" && c.Mode != "WRITE" {
+		return c, fmt.Errorf("invalid --mode %q (want READ or WRITE)", c.Mode)
+	}
+	return c, nil
+}
