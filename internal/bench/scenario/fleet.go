@@ -184,15 +184,18 @@ func waitHTTP(ctx context.Context, p *proc, url string, within time.Duration) er
 		} else {
 			last = err.Error()
 		}
+		t := time.NewTimer(pollInterval)
 		select {
 		case <-p.done:
+			t.Stop()
 			return errors.New(p.crashSummary())
 		case <-ctx.Done():
+			t.Stop()
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				return fmt.Errorf("%s: %s not ready within %v (last: %s); log:\n%s", p.name, url, within, last, p.logTail(2000))
 			}
 			return ctx.Err()
-		case <-time.After(pollInterval):
+		case <-t.C:
 		}
 	}
 }
