@@ -38,7 +38,7 @@ func discoveryFlood(t *testing.T, bombs bool) {
 	before := f.r.scrape(t)
 	live := registrationsOf(t, f)
 
-	l := startLoad(loadConfig{base: f.r.base, conc: s.conc, dur: s.dur, deadline: s.deadline})
+	l := startLoad(loadConfig{base: f.r.Base, conc: s.conc, dur: s.dur, deadline: s.deadline})
 	time.Sleep(s.at(0.1))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -65,7 +65,7 @@ func discoveryFlood(t *testing.T, bombs bool) {
 		sent++
 		if i%1000 == 999 {
 			if mb := f.r.rssMB(); mb > maxRouterRSSMB {
-				f.r.kill() // protect the shared machine
+				f.r.Kill() // protect the shared machine
 				t.Fatalf("router RSS %d MiB after %d discovery messages (limit %d MiB)", mb, i+1, maxRouterRSSMB)
 			}
 		}
@@ -76,7 +76,7 @@ func discoveryFlood(t *testing.T, bombs bool) {
 	var after string
 	waitFor(t, 30*time.Second, "the listener to process the flood", func() bool {
 		if mb := f.r.rssMB(); mb > maxRouterRSSMB {
-			f.r.kill()
+			f.r.Kill()
 			t.Fatalf("router RSS %d MiB after the flood (limit %d MiB)", mb, maxRouterRSSMB)
 		}
 		after = f.r.scrape(t)
@@ -158,7 +158,7 @@ func registrationsOf(t *testing.T, f *pdFleet) [][]byte {
 			TransferMode string `json:"transfer_mode"`
 		} `json:"workers"`
 	}
-	getJSON(t, f.r.base+"/workers", &ws)
+	getJSON(t, f.r.Base+"/workers", &ws)
 	var out [][]byte
 	for _, w := range ws.Workers {
 		typ := "P"

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/test/internal/harness"
 )
 
 // scale is the size of a run: the short form keeps the whole package under
@@ -42,7 +44,7 @@ type pdFleet struct {
 // them all.
 func startPDFleet(t *testing.T, nP, nD int, routerArgs []string, simExtra ...string) *pdFleet {
 	t.Helper()
-	zport := freePort(t)
+	zport := harness.FreePort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", zport)
 	args := append([]string{"--vllm-pd-disaggregation", "--kv-connector", "moriio", "--vllm-discovery-address", addr,
 		"--policy", "round_robin", "--discovery-ttl-secs", "1.5"}, routerArgs...)
@@ -56,9 +58,9 @@ func startPDFleet(t *testing.T, nP, nD int, routerArgs []string, simExtra ...str
 	for range nD {
 		f.d = append(f.d, f.addSim(t, "decode"))
 	}
-	f.r.waitReady(t, 10*time.Second)
+	f.r.WaitReady(t, 10*time.Second)
 	f.waitListed(t, nP+nD)
-	warmUp(t, f.r.base, 8)
+	warmUp(t, f.r.Base, 8)
 	return f
 }
 
@@ -99,8 +101,8 @@ func startRegularFleet(t *testing.T, n int, routerArgs []string, simExtra ...str
 	}
 	args := append(append([]string{"--worker-urls"}, urls...), "--policy", "round_robin")
 	f.r = startRouter(t, append(args, routerArgs...)...)
-	f.r.waitReady(t, 10*time.Second)
-	warmUp(t, f.r.base, 8)
+	f.r.WaitReady(t, 10*time.Second)
+	warmUp(t, f.r.Base, 8)
 	return f
 }
 

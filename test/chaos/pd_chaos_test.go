@@ -16,15 +16,15 @@ func TestKillDecodeMidStream(t *testing.T) {
 	s := scaleFor()
 	f := startPDFleet(t, 2, 2, nil)
 	f.r.markBaseline(t)
-	l := startLoad(loadConfig{base: f.r.base, conc: s.conc, dur: s.dur, deadline: s.deadline})
+	l := startLoad(loadConfig{base: f.r.Base, conc: s.conc, dur: s.dur, deadline: s.deadline})
 
 	time.Sleep(s.at(0.3))
-	inflight := f.d[0].stats(t).Requests.InFlight
+	inflight := f.d[0].Stats(t).Requests.InFlight
 	if inflight == 0 {
 		t.Fatalf("decode 0 has no stream in flight before the kill")
 	}
 	kill1 := time.Now()
-	f.d[0].kill()
+	f.d[0].Kill()
 	faults := "kill -9 decode"
 	t.Logf("killed decode 0 with %d requests in flight", inflight)
 	var kill2 time.Time
@@ -33,12 +33,12 @@ func TestKillDecodeMidStream(t *testing.T) {
 		time.Sleep(s.at(0.2))
 		f.d = append(f.d, f.addSim(t, "decode")) // a replacement joins
 		time.Sleep(s.at(0.2))
-		if f.d[2].stats(t).Requests.DecodeLeg == 0 {
+		if f.d[2].Stats(t).Requests.DecodeLeg == 0 {
 			t.Errorf("the replacement decode received no traffic")
 		}
-		inflight2 = f.d[1].stats(t).Requests.InFlight
+		inflight2 = f.d[1].Stats(t).Requests.InFlight
 		kill2 = time.Now()
-		f.d[1].kill()
+		f.d[1].Kill()
 		faults = "kill -9 decode, replacement joins, kill -9 the other decode"
 		t.Logf("killed decode 1 with %d requests in flight", inflight2)
 	}
@@ -91,19 +91,19 @@ func killPrefillWrite(t *testing.T, routerArgs []string) {
 	s := scaleFor()
 	f := startPDFleet(t, 2, 2, routerArgs)
 	f.r.markBaseline(t)
-	l := startLoad(loadConfig{base: f.r.base, conc: s.conc, dur: s.dur, deadline: s.deadline})
+	l := startLoad(loadConfig{base: f.r.Base, conc: s.conc, dur: s.dur, deadline: s.deadline})
 
 	time.Sleep(s.at(0.3))
-	pInflight := f.p[0].stats(t).Requests.InFlight
+	pInflight := f.p[0].Stats(t).Requests.InFlight
 	kill := time.Now()
-	f.p[0].kill()
+	f.p[0].Kill()
 	t.Logf("killed prefill 0 with %d prefill legs in flight", pInflight)
 	faults := "kill -9 prefill"
 	if s.long {
 		time.Sleep(s.at(0.3))
 		f.p = append(f.p, f.addSim(t, "prefill"))
 		time.Sleep(s.at(0.2))
-		if f.p[2].stats(t).Requests.PrefillLeg == 0 {
+		if f.p[2].Stats(t).Requests.PrefillLeg == 0 {
 			t.Errorf("the replacement prefill received no traffic")
 		}
 		faults += ", replacement joins"
@@ -120,7 +120,7 @@ func killPrefillWrite(t *testing.T, routerArgs []string) {
 		t.Errorf("%d explicit errors after killing a prefill with %d legs in flight", c.errors(), pInflight)
 	}
 	for i, d := range f.d {
-		if st := d.stats(t); st.Transfers.KVDigestMismatch != 0 || st.Transfers.KVGarbage != 0 {
+		if st := d.Stats(t); st.Transfers.KVDigestMismatch != 0 || st.Transfers.KVGarbage != 0 {
 			t.Errorf("decode %d saw corrupted KV: %+v", i, st.Transfers)
 		}
 	}
@@ -143,14 +143,14 @@ func TestStallDecodeFirstToken(t *testing.T) {
 	f := startPDFleet(t, 2, 2, []string{"--kv-wait-timeout-secs", "1", "--request-timeout-secs", "8",
 		"--cb-timeout-duration-secs", "2"})
 	f.r.markBaseline(t)
-	l := startLoad(loadConfig{base: f.r.base, conc: s.conc, dur: s.dur, deadline: s.deadline, mix: streamOnly})
+	l := startLoad(loadConfig{base: f.r.Base, conc: s.conc, dur: s.dur, deadline: s.deadline, mix: streamOnly})
 
 	time.Sleep(s.at(0.15))
 	stall := time.Now()
-	f.d[0].setFaults(t, map[string]any{"stall_first_token_ms": 600000})
+	f.d[0].SetFaults(t, map[string]any{"stall_first_token_ms": 600000})
 	time.Sleep(s.at(0.45))
 	unstall := time.Now()
-	f.d[0].setFaults(t, map[string]any{"stall_first_token_ms": 0})
+	f.d[0].SetFaults(t, map[string]any{"stall_first_token_ms": 0})
 	res := l.wait()
 	f.r.alive(t)
 
@@ -195,14 +195,14 @@ func dropWriteDone(t *testing.T, strict bool) {
 	f := startPDFleet(t, 2, 2, []string{"--kv-wait-timeout-secs", "1", "--request-timeout-secs", "8",
 		"--cb-timeout-duration-secs", "2"})
 	f.r.markBaseline(t)
-	l := startLoad(loadConfig{base: f.r.base, conc: s.conc, dur: s.dur, deadline: s.deadline, mix: streamOnly})
+	l := startLoad(loadConfig{base: f.r.Base, conc: s.conc, dur: s.dur, deadline: s.deadline, mix: streamOnly})
 
 	time.Sleep(s.at(0.15))
 	drop := time.Now()
-	f.p[0].setFaults(t, map[string]any{"drop_write_done": true})
+	f.p[0].SetFaults(t, map[string]any{"drop_write_done": true})
 	time.Sleep(s.at(0.35))
 	restore := time.Now()
-	f.p[0].setFaults(t, map[string]any{"drop_write_done": false})
+	f.p[0].SetFaults(t, map[string]any{"drop_write_done": false})
 	res := l.wait()
 	f.r.alive(t)
 
@@ -232,25 +232,25 @@ func TestHeartbeatExpiry(t *testing.T) {
 	s := scaleFor()
 	f := startPDFleet(t, 2, 2, nil)
 	f.r.markBaseline(t)
-	l := startLoad(loadConfig{base: f.r.base, conc: s.conc, dur: s.dur, deadline: s.deadline})
+	l := startLoad(loadConfig{base: f.r.Base, conc: s.conc, dur: s.dur, deadline: s.deadline})
 
 	time.Sleep(s.at(0.2))
-	f.d[0].signal(t, syscall.SIGUSR1)
+	f.d[0].Signal(t, syscall.SIGUSR1)
 	off := time.Now()
 	expired := waitFor(t, 5*time.Second, "decode 0 to expire from discovery", func() bool { return !f.r.workers(t).has(f.d[0].URL()) })
 	t.Logf("decode 0 expired %v after its heartbeats stopped (ttl 1.5 s)", expired.Round(10*time.Millisecond))
 	time.Sleep(500 * time.Millisecond) // requests picked just before the expiry reach it
-	legs := f.d[0].stats(t).Requests.DecodeLeg
+	legs := f.d[0].Stats(t).Requests.DecodeLeg
 	time.Sleep(s.at(0.3))
-	if now := f.d[0].stats(t).Requests.DecodeLeg; now != legs {
+	if now := f.d[0].Stats(t).Requests.DecodeLeg; now != legs {
 		t.Errorf("expired decode received %d decode legs after it left discovery", now-legs)
 	}
-	f.d[0].signal(t, syscall.SIGUSR1)
+	f.d[0].Signal(t, syscall.SIGUSR1)
 	waitFor(t, 5*time.Second, "decode 0 to re-register", func() bool { return f.r.workers(t).has(f.d[0].URL()) })
 	back := time.Now()
 	res := l.wait()
 	f.r.alive(t)
-	if now := f.d[0].stats(t).Requests.DecodeLeg; now == legs {
+	if now := f.d[0].Stats(t).Requests.DecodeLeg; now == legs {
 		t.Errorf("re-registered decode received no traffic")
 	}
 
@@ -271,20 +271,20 @@ func TestErrorBurstPD(t *testing.T) {
 	s := scaleFor()
 	f := startPDFleet(t, 2, 2, []string{"--cb-timeout-duration-secs", "2"})
 	f.r.markBaseline(t)
-	l := startLoad(loadConfig{base: f.r.base, conc: s.conc, dur: s.dur, deadline: s.deadline})
+	l := startLoad(loadConfig{base: f.r.Base, conc: s.conc, dur: s.dur, deadline: s.deadline})
 
 	time.Sleep(s.at(0.2))
 	failFor := 5 * time.Second
 	if s.long {
 		failFor = 20 * time.Second
 	}
-	f.p[0].setFaults(t, map[string]any{"fail_next": 100000000, "fail_status": 500})
-	f.d[1].setFaults(t, map[string]any{"fail_next": 100000000, "fail_status": 500})
+	f.p[0].SetFaults(t, map[string]any{"fail_next": 100000000, "fail_status": 500})
+	f.d[1].SetFaults(t, map[string]any{"fail_next": 100000000, "fail_status": 500})
 	time.Sleep(failFor)
-	f.p[0].setFaults(t, map[string]any{"fail_next": 0})
-	f.d[1].setFaults(t, map[string]any{"fail_next": 0})
+	f.p[0].SetFaults(t, map[string]any{"fail_next": 0})
+	f.d[1].SetFaults(t, map[string]any{"fail_next": 0})
 	recovered := time.Now()
-	p0, d1 := f.p[0].stats(t).Requests.PrefillLeg, f.d[1].stats(t).Requests.DecodeLeg
+	p0, d1 := f.p[0].Stats(t).Requests.PrefillLeg, f.d[1].Stats(t).Requests.DecodeLeg
 	res := l.wait()
 	f.r.alive(t)
 
@@ -298,7 +298,7 @@ func TestErrorBurstPD(t *testing.T) {
 	if metricSum(m, "vllm_router_pd_failovers_total") < 1 {
 		t.Errorf("no PD failover recorded")
 	}
-	if np, nd := f.p[0].stats(t).Requests.PrefillLeg, f.d[1].stats(t).Requests.DecodeLeg; np == p0 || nd == d1 {
+	if np, nd := f.p[0].Stats(t).Requests.PrefillLeg, f.d[1].Stats(t).Requests.DecodeLeg; np == p0 || nd == d1 {
 		t.Errorf("recovered workers got no traffic after the burst (prefill legs +%d, decode legs +%d)", np-p0, nd-d1)
 	}
 	_ = recovered

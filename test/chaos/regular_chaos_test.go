@@ -22,17 +22,17 @@ func TestErrorBurstRegular(t *testing.T) {
 	s := scaleFor()
 	f := startRegularFleet(t, 2, []string{"--cb-timeout-duration-secs", "2"})
 	f.r.markBaseline(t)
-	l := startLoad(loadConfig{base: f.r.base, conc: s.conc, dur: s.dur, deadline: s.deadline})
+	l := startLoad(loadConfig{base: f.r.Base, conc: s.conc, dur: s.dur, deadline: s.deadline})
 
 	time.Sleep(s.at(0.2))
 	failFor := 5 * time.Second
 	if s.long {
 		failFor = 20 * time.Second
 	}
-	f.w[0].setFaults(t, map[string]any{"fail_next": 100000000, "fail_status": 500})
+	f.w[0].SetFaults(t, map[string]any{"fail_next": 100000000, "fail_status": 500})
 	time.Sleep(failFor)
-	f.w[0].setFaults(t, map[string]any{"fail_next": 0})
-	served := f.w[0].stats(t).Requests.Plain
+	f.w[0].SetFaults(t, map[string]any{"fail_next": 0})
+	served := f.w[0].Stats(t).Requests.Plain
 	res := l.wait()
 	f.r.alive(t)
 
@@ -46,7 +46,7 @@ func TestErrorBurstRegular(t *testing.T) {
 	// probe successes, one probe at a time; on a busy machine the load may
 	// end first. Keep a trickle of requests going (bounded) until it closes.
 	for deadline := time.Now().Add(20 * time.Second); opens >= 1 && closes < 1 && time.Now().Before(deadline); {
-		resp, err := http.Post(f.r.base+"/v1/completions", "application/json",
+		resp, err := http.Post(f.r.Base+"/v1/completions", "application/json",
 			strings.NewReader(`{"prompt":"probe","max_tokens":2}`))
 		if err == nil {
 			_, _ = io.Copy(io.Discard, resp.Body)
@@ -62,7 +62,7 @@ func TestErrorBurstRegular(t *testing.T) {
 	if retries < 1 {
 		t.Errorf("no retry recorded")
 	}
-	if now := f.w[0].stats(t).Requests.Plain; now == served {
+	if now := f.w[0].Stats(t).Requests.Plain; now == served {
 		t.Errorf("the recovered worker got no traffic after the burst")
 	}
 	figures(t, "worker returns 500 for "+failFor.String(), c)
@@ -79,7 +79,7 @@ func TestAdmissionBurst(t *testing.T) {
 	const maxConc = 64
 	f := startRegularFleet(t, 2, []string{"--max-concurrent-requests", fmt.Sprint(maxConc), "--queue-size", "32", "--queue-timeout-secs", "1"})
 	f.r.markBaseline(t)
-	l := startLoad(loadConfig{base: f.r.base, conc: s.conc, dur: s.dur, deadline: s.deadline, maxTokens: 48})
+	l := startLoad(loadConfig{base: f.r.Base, conc: s.conc, dur: s.dur, deadline: s.deadline, maxTokens: 48})
 
 	var peak atomic.Int64
 	stop := make(chan struct{})
@@ -93,7 +93,7 @@ func TestAdmissionBurst(t *testing.T) {
 			}
 			var n int64
 			for _, w := range f.w {
-				n += w.stats(t).Requests.InFlight
+				n += w.Stats(t).Requests.InFlight
 			}
 			if n > peak.Load() {
 				peak.Store(n)
@@ -158,13 +158,13 @@ func TestSlowClients(t *testing.T) {
 	const readHeaderTimeout, bodyReadTimeout = 10 * time.Second, 60 * time.Second
 	f := startRegularFleet(t, 2, nil)
 	f.r.markBaseline(t)
-	host := strings.TrimPrefix(f.r.base, "http://")
+	host := strings.TrimPrefix(f.r.Base, "http://")
 	nHdr, nBody, nStuck := 100, 100, 32
 	if s.long {
 		nHdr, nBody, nStuck = 300, 300, 64
 	}
 
-	l := startLoad(loadConfig{base: f.r.base, conc: s.conc, dur: s.dur, deadline: s.deadline})
+	l := startLoad(loadConfig{base: f.r.Base, conc: s.conc, dur: s.dur, deadline: s.deadline})
 	var closedByRouter, hdrCount, bodyCount atomic.Int64
 	var lateClose atomic.Int64 // header slowloris not closed within the timeout
 	var bodyClosed atomic.Int64
@@ -261,7 +261,7 @@ func TestSlowClients(t *testing.T) {
 		fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", host, len(body), body)
 	}
 	time.Sleep(time.Second)
-	stuckUpstream := f.w[0].stats(t).Requests.InFlight + f.w[1].stats(t).Requests.InFlight
+	stuckUpstream := f.w[0].Stats(t).Requests.InFlight + f.w[1].Stats(t).Requests.InFlight
 	peak := f.r.resources(t)
 	t.Logf("with %d header slowloris, %d body slowloris, %d non-readers: router %d goroutines, %d fds; workers have %d in flight",
 		nHdr, nBody, nStuck, peak.goroutines, peak.fds, stuckUpstream)
@@ -269,7 +269,7 @@ func TestSlowClients(t *testing.T) {
 	res := l.wait()
 	f.r.alive(t)
 	// a fresh request still goes through
-	warmUp(t, f.r.base, 4)
+	warmUp(t, f.r.Base, 4)
 	clientClose.Store(time.Now().UnixNano())
 	close(done)
 	mu.Lock()
@@ -291,7 +291,7 @@ func TestSlowClients(t *testing.T) {
 	figures(t, fmt.Sprintf("%d header slowloris, %d unfinished bodies, %d non-reading streams", nHdr, nBody, nStuck), c)
 	// the non-readers' upstream streams are cancelled once they are gone
 	waitFor(t, 10*time.Second, "workers to drop the non-readers' streams", func() bool {
-		return f.w[0].stats(t).Requests.InFlight+f.w[1].stats(t).Requests.InFlight == 0
+		return f.w[0].Stats(t).Requests.InFlight+f.w[1].Stats(t).Requests.InFlight == 0
 	})
 	f.r.checkNoLeak(t, 20*time.Second)
 }
@@ -307,7 +307,7 @@ func TestSlowBodyTimeout(t *testing.T) {
 		bodyReadTimeout, args = 60*time.Second, nil // the default
 	}
 	f := startRegularFleet(t, 1, args)
-	host := strings.TrimPrefix(f.r.base, "http://")
+	host := strings.TrimPrefix(f.r.Base, "http://")
 	c, err := net.Dial("tcp", host)
 	if err != nil {
 		t.Fatal(err)
@@ -359,7 +359,7 @@ func TestSlowBodyTimeout(t *testing.T) {
 		t.Errorf("connection still open %v after the 408 (%v)", time.Since(opened).Round(time.Millisecond), err)
 	}
 	f.r.alive(t)
-	warmUp(t, f.r.base, 2)
+	warmUp(t, f.r.Base, 2)
 }
 
 func isTimeout(err error) bool {

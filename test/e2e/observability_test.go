@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/switchyard-llm/switchyard/internal/tracing/otlptest"
+	"github.com/switchyard-llm/switchyard/test/internal/harness"
 )
 
 // prefillBase makes every simulated prefill take at least this long, so
@@ -91,7 +92,7 @@ func promtoolCheck(t *testing.T, raw []byte) {
 // slow prefills, behind a router that exports traces to col.
 func startPhaseFleet(t *testing.T, mode string, col *otlptest.Collector) *fleet {
 	t.Helper()
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	addr := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
 	f := &fleet{r: startRouter(t, "--vllm-pd-disaggregation", "--kv-connector", "moriio", "--vllm-discovery-address", addr,
 		"--policy", "round_robin", "--discovery-ttl-secs", "1.5", "--route-receipt", "--log-level", "debug",
 		"--enable-trace", "--otlp-traces-endpoint", col.Addr(), "--otel-sampling-ratio", "1")}
@@ -99,7 +100,7 @@ func startPhaseFleet(t *testing.T, mode string, col *otlptest.Collector) *fleet 
 		"--heartbeat-interval", "200ms", "--prefill-base", prefillBase.String()}
 	f.p = append(f.p, startSim(t, append([]string{"--role", "prefill"}, simArgs...)...))
 	f.d = append(f.d, startSim(t, append([]string{"--role", "decode"}, simArgs...)...))
-	f.r.waitReady(t, 5*time.Second)
+	f.r.WaitReady(t, 5*time.Second)
 	return f
 }
 
@@ -130,19 +131,19 @@ func TestObservabilityPDPhases(t *testing.T) {
 			f := startPhaseFleet(t, tc.mode, col)
 			labels := map[string]string{"connector": "moriio", "mode": tc.order}
 
-			before, _ := scrape(t, f.r.metrics)
+			before, _ := scrape(t, f.r.Metrics)
 			ctx := ctxT(t, 60*time.Second)
 			const clientTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
 			for i := range n {
 				body := fmt.Sprintf(`{"model":"sim-model","prompt":"request %d: tell me about routers","max_tokens":8,"stream":true,"ignore_eos":true}`, i)
-				code, _, b := post(t, ctx, f.r.base+"/v1/completions", body,
+				code, _, b := post(t, ctx, f.r.Base+"/v1/completions", body,
 					"traceparent", fmt.Sprintf("00-%s-%016x-01", clientTrace, i+1))
 				if code != 200 {
 					t.Fatalf("request %d: %d %s", i, code, b)
 				}
-				sseText(t, b)
+				harness.SSEText(t, b)
 			}
-			after, raw := scrape(t, f.r.metrics)
+			after, raw := scrape(t, f.r.Metrics)
 
 			delta := func(name string) (uint64, float64) {
 				c0, s0 := hist(before, name, labels)
@@ -179,12 +180,12 @@ func TestObservabilityPDPhases(t *testing.T) {
 				t.Fatalf("router TTFT histogram counted %d streamed PD requests, want >= %d", c, n)
 			}
 			promtoolCheck(t, raw)
-			if logs := f.r.logs.String(); strings.Count(logs, `msg="route receipt"`) < n || !strings.Contains(logs, "decode="+f.d[0].URL()) {
-				t.Fatalf("route receipt debug lines missing from the router log:\n%s", tail(logs, 2000))
+			if logs := f.r.Logs.String(); strings.Count(logs, `msg="route receipt"`) < n || !strings.Contains(logs, "decode="+f.d[0].URL()) {
+				t.Fatalf("route receipt debug lines missing from the router log:\n%s", harness.Tail(logs, 2000))
 			}
 
 			// SIGTERM: the router drains and must flush its spans before exiting.
-			f.r.stop()
+			f.r.Stop()
 			checkPDTraces(t, col.Spans(), n, clientTrace, tc.order)
 		})
 	}
@@ -259,23 +260,23 @@ func TestObservabilityRegularTrace(t *testing.T) {
 	t.Cleanup(col.Stop)
 	w := startSim(t, "--role", "unified")
 	r := startRouter(t, "--worker-urls", w.URL(), "--policy", "round_robin", "--enable-trace", "--otlp-traces-endpoint", col.Addr())
-	r.waitReady(t, 5*time.Second)
+	r.WaitReady(t, 5*time.Second)
 	ctx := ctxT(t, 30*time.Second)
 	const clientTrace = "0af7651916cd43dd8448eb211c80319c"
-	code, _, b := post(t, ctx, r.base+"/v1/chat/completions",
+	code, _, b := post(t, ctx, r.Base+"/v1/chat/completions",
 		`{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"stream":true}`,
 		"traceparent", "00-"+clientTrace+"-b7ad6b7169203331-01")
 	if code != 200 {
 		t.Fatalf("%d %s", code, b)
 	}
 	for _, p := range []string{"/health", "/liveness", "/readiness"} {
-		resp, err := http.Get(r.base + p)
+		resp, err := http.Get(r.Base + p)
 		if err != nil {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
 	}
-	r.stop()
+	r.Stop()
 	spans := col.Spans()
 	var srv, cli otlptest.Span
 	for _, s := range spans {

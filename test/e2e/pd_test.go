@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/test/internal/harness"
 )
 
 // fleet is a router in front of simulated P and D workers, plus a unified
@@ -44,14 +46,14 @@ func (f *fleet) checkOutputs(t *testing.T) {
 		if code != 200 {
 			t.Fatalf("%s: oracle %d %s", rq.name, code, ob)
 		}
-		code, hdr, body := post(t, ctx, f.r.base+rq.path, rq.body, "x-request-id", "client-id-123")
+		code, hdr, body := post(t, ctx, f.r.Base+rq.path, rq.body, "x-request-id", "client-id-123")
 		if code != 200 {
 			t.Fatalf("%s: router %d %s", rq.name, code, body)
 		}
 		var got, want string
 		if rq.stream {
-			got, _ = sseText(t, body)
-			want, _ = sseText(t, ob)
+			got, _ = harness.SSEText(t, body)
+			want, _ = harness.SSEText(t, ob)
 		} else {
 			got, want = completionText(t, body), completionText(t, ob)
 		}
@@ -84,7 +86,7 @@ func startDiscoveredFleet(t *testing.T, connector, mode string, routerArgs ...st
 // startDiscoveredFleetWith is startDiscoveredFleet with extra P/D sim flags.
 func startDiscoveredFleetWith(t *testing.T, connector, mode string, simExtra []string, routerArgs ...string) *fleet {
 	t.Helper()
-	zport := freePort(t)
+	zport := harness.FreePort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", zport)
 	args := append([]string{"--vllm-pd-disaggregation", "--kv-connector", connector, "--vllm-discovery-address", addr,
 		"--policy", "round_robin", "--discovery-ttl-secs", "1.5", "--kv-wait-timeout-secs", "10"}, routerArgs...)
@@ -97,7 +99,7 @@ func startDiscoveredFleetWith(t *testing.T, connector, mode string, simExtra []s
 	f.p = append(f.p, startSim(t, append([]string{"--role", "prefill"}, simArgs...)...))
 	f.d = append(f.d, startSim(t, append([]string{"--role", "decode"}, simArgs...)...))
 	f.unified = startSim(t, "--role", "unified")
-	f.r.waitReady(t, 5*time.Second)
+	f.r.WaitReady(t, 5*time.Second)
 	return f
 }
 
@@ -106,14 +108,14 @@ func TestPDMoRIIO(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			f := startDiscoveredFleet(t, "moriio", mode)
 			f.checkOutputs(t)
-			pst, dst := f.p[0].stats(t), f.d[0].stats(t)
+			pst, dst := f.p[0].Stats(t), f.d[0].Stats(t)
 			if pst.Requests.PrefillLeg != int64(len(pdRequests)) || dst.Requests.DecodeLeg != int64(len(pdRequests)) {
 				t.Fatalf("legs: prefill %d decode %d, want %d each", pst.Requests.PrefillLeg, dst.Requests.DecodeLeg, len(pdRequests))
 			}
 			var workers struct {
 				Total int `json:"total"`
 			}
-			if getJSON(t, f.r.base+"/workers", &workers); workers.Total != 2 {
+			if getJSON(t, f.r.Base+"/workers", &workers); workers.Total != 2 {
 				t.Fatalf("/workers total %d, want 2 discovered workers", workers.Total)
 			}
 		})
@@ -130,7 +132,7 @@ func TestPDStaticNIXL(t *testing.T) {
 	d := startSim(t, "--role", "decode", "--kv-connector", "nixl", "--strict")
 	f := &fleet{p: []*sim{p}, d: []*sim{d}, unified: startSim(t, "--role", "unified")}
 	f.r = startRouter(t, "--vllm-pd-disaggregation", "--kv-connector", "nixl", "--prefill", p.URL(), "--decode", d.URL(), "--policy", "round_robin")
-	f.r.waitReady(t, 5*time.Second)
+	f.r.WaitReady(t, 5*time.Second)
 	f.checkOutputs(t)
 }
 
@@ -139,13 +141,13 @@ func TestPDStaticMooncake(t *testing.T) {
 	d := startSim(t, "--role", "decode", "--kv-connector", "mooncake", "--strict")
 	f := &fleet{p: []*sim{p}, d: []*sim{d}, unified: startSim(t, "--role", "unified")}
 	f.r = startRouter(t, "--vllm-pd-disaggregation", "--kv-connector", "mooncake",
-		"--prefill", p.URL(), fmt.Sprint(p.info.BootstrapPort), "--decode", d.URL(), "--policy", "round_robin")
-	f.r.waitReady(t, 5*time.Second)
+		"--prefill", p.URL(), fmt.Sprint(p.Info.BootstrapPort), "--decode", d.URL(), "--policy", "round_robin")
+	f.r.WaitReady(t, 5*time.Second)
 	// The bootstrap /query runs in the background; requests before it
 	// completes get a clear 503, so wait for the first success.
 	ctx := ctxT(t, 10*time.Second)
 	waitFor(t, 5*time.Second, "mooncake bootstrap", func() bool {
-		code, _, _ := post(t, ctx, f.r.base+"/v1/completions", `{"prompt":"warm up","max_tokens":2}`)
+		code, _, _ := post(t, ctx, f.r.Base+"/v1/completions", `{"prompt":"warm up","max_tokens":2}`)
 		return code == 200
 	})
 	f.checkOutputs(t)
@@ -156,16 +158,16 @@ func TestPDStaticMooncake(t *testing.T) {
 // client must get an explicit error quickly.
 func TestPDWritePrefillFailureFailsFast(t *testing.T) {
 	f := startDiscoveredFleet(t, "moriio", "WRITE", "--pd-max-failovers", "0")
-	f.p[0].setFaults(t, map[string]any{"fail_next": 1, "fail_status": 500})
+	f.p[0].SetFaults(t, map[string]any{"fail_next": 1, "fail_status": 500})
 	ctx := ctxT(t, 20*time.Second)
 	start := time.Now()
-	code, _, body := post(t, ctx, f.r.base+"/v1/completions", pdRequests[1].body)
+	code, _, body := post(t, ctx, f.r.Base+"/v1/completions", pdRequests[1].body)
 	took := time.Since(start)
 	if code < 500 || took > 2*time.Second {
 		t.Fatalf("prefill failure: status %d after %v (%s), want a 5xx within 2s", code, took, body)
 	}
 	waitFor(t, 2*time.Second, "the decode to release the request", func() bool {
-		st := f.d[0].stats(t)
+		st := f.d[0].Stats(t)
 		return st.Requests.InFlight == 0 && st.WaitingRemote == 0
 	})
 	// the fleet keeps serving afterwards
@@ -178,7 +180,7 @@ func TestPDClientDisconnectCancelsBothLegs(t *testing.T) {
 	f := startDiscoveredFleet(t, "moriio", "WRITE")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "POST", f.r.base+"/v1/completions",
+	req, _ := http.NewRequestWithContext(ctx, "POST", f.r.Base+"/v1/completions",
 		strings.NewReader(`{"prompt":"a b c d","max_tokens":5000,"stream":true,"ignore_eos":true}`))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -187,12 +189,12 @@ func TestPDClientDisconnectCancelsBothLegs(t *testing.T) {
 	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
 		t.Fatal(err)
 	}
-	if st := f.d[0].stats(t); st.Requests.InFlight != 1 {
+	if st := f.d[0].Stats(t); st.Requests.InFlight != 1 {
 		t.Fatalf("decode in_flight %d, want 1", st.Requests.InFlight)
 	}
 	cancel()
 	resp.Body.Close()
-	took := waitFor(t, 2*time.Second, "decode to see the disconnect", func() bool { return f.d[0].stats(t).Requests.InFlight == 0 })
+	took := waitFor(t, 2*time.Second, "decode to see the disconnect", func() bool { return f.d[0].Stats(t).Requests.InFlight == 0 })
 	t.Logf("client disconnect reached the decode in %v", took)
 	if took > 150*time.Millisecond {
 		t.Errorf("cancellation took %v, want <= 100 ms (+ polling slack)", took)
@@ -206,9 +208,9 @@ func TestPDModeRollout(t *testing.T) {
 	f := startDiscoveredFleet(t, "moriio", "READ")
 	f.checkOutputs(t)
 	addr := ""
-	for i, a := range f.r.cmd.Args {
+	for i, a := range f.r.Cmd.Args {
 		if a == "--vllm-discovery-address" {
-			addr = f.r.cmd.Args[i+1]
+			addr = f.r.Cmd.Args[i+1]
 		}
 	}
 	simArgs := []string{"--kv-connector", "moriio", "--proxy-address", addr, "--heartbeat-interval", "200ms", "--transfer-mode", "WRITE", "--strict"}
@@ -221,7 +223,7 @@ func TestPDModeRollout(t *testing.T) {
 		} `json:"workers"`
 	}
 	waitFor(t, 3*time.Second, "WRITE instances listed", func() bool {
-		getJSON(t, f.r.base+"/workers", &ws)
+		getJSON(t, f.r.Base+"/workers", &ws)
 		return len(ws.Workers) == 4
 	})
 	for _, w := range ws.Workers {
@@ -231,12 +233,12 @@ func TestPDModeRollout(t *testing.T) {
 		}
 	}
 	f.checkOutputs(t) // still served by READ
-	f.p[0].kill()
-	f.d[0].kill()
+	f.p[0].Kill()
+	f.d[0].Kill()
 	f.p, f.d = []*sim{wp}, []*sim{wd}
 	waitFor(t, 5*time.Second, "fleet switched to WRITE", func() bool {
-		code, _, _ := post(t, ctxT(t, 5*time.Second), f.r.base+"/v1/completions", `{"prompt":"x","max_tokens":2}`)
-		return code == 200 && wd.stats(t).Requests.DecodeLeg > 0
+		code, _, _ := post(t, ctxT(t, 5*time.Second), f.r.Base+"/v1/completions", `{"prompt":"x","max_tokens":2}`)
+		return code == 200 && wd.Stats(t).Requests.DecodeLeg > 0
 	})
 	f.checkOutputs(t)
 }
@@ -263,7 +265,7 @@ func TestPDMoRIIODataParallel(t *testing.T) {
 						errs <- fmt.Errorf("request %d: oracle: %w", i, err)
 						return
 					}
-					got, err := generate(ctx, f.r.base+"/v1/completions", body, i%2 == 0)
+					got, err := generate(ctx, f.r.Base+"/v1/completions", body, i%2 == 0)
 					if err != nil {
 						errs <- fmt.Errorf("request %d: router: %w", i, err)
 						return
@@ -282,15 +284,15 @@ func TestPDMoRIIODataParallel(t *testing.T) {
 				return
 			}
 			for _, s := range []*sim{f.p[0], f.d[0]} {
-				for _, e := range s.stats(t).Engines {
+				for _, e := range s.Stats(t).Engines {
 					if e.Steps == 0 {
-						t.Errorf("%s DP rank %d never ran a request: the router does not spread over P's DP ranks", s.info.Role, e.DPRank)
+						t.Errorf("%s DP rank %d never ran a request: the router does not spread over P's DP ranks", s.Info.Role, e.DPRank)
 					}
 				}
 			}
 			// Every transfer was released on the rank that pinned it.
 			waitFor(t, 5*time.Second, "prefill blocks released", func() bool {
-				st := f.p[0].stats(t)
+				st := f.p[0].Stats(t)
 				return st.KVBlocksUsed == 0 && st.Transfers.Pending == 0
 			})
 			f.assertClean(t)
@@ -331,7 +333,7 @@ func generate(ctx context.Context, url, body string, stream bool) (string, error
 	}
 	s := string(b)
 	if !strings.HasSuffix(s, "data: [DONE]\n\n") {
-		return "", fmt.Errorf("stream does not end with [DONE]: %q", tail(s, 300))
+		return "", fmt.Errorf("stream does not end with [DONE]: %q", harness.Tail(s, 300))
 	}
 	var text string
 	for _, ev := range strings.Split(strings.TrimSuffix(s, "\n\n"), "\n\n") {
@@ -406,7 +408,7 @@ func responsesText(t *testing.T, body []byte, stream bool) string {
 		}
 	}
 	if !completed {
-		t.Fatalf("/v1/responses stream without response.completed: %q", tail(string(body), 300))
+		t.Fatalf("/v1/responses stream without response.completed: %q", harness.Tail(string(body), 300))
 	}
 	return text
 }
@@ -426,7 +428,7 @@ func TestPDResponsesAndBatchedPrompts(t *testing.T) {
 				if code != 200 {
 					t.Fatalf("oracle: %d %s", code, ob)
 				}
-				code, _, rb := post(t, ctx, f.r.base+"/v1/responses", body)
+				code, _, rb := post(t, ctx, f.r.Base+"/v1/responses", body)
 				if code != 200 {
 					t.Fatalf("/v1/responses (stream=%t) through the PD router: %d %s", stream, code, rb)
 				}
@@ -435,12 +437,12 @@ func TestPDResponsesAndBatchedPrompts(t *testing.T) {
 				}
 			}
 			f.assertClean(t)
-			before := f.p[0].stats(t).Requests.Completions + f.d[0].stats(t).Requests.Completions
-			code, _, body := post(t, ctx, f.r.base+"/v1/completions", `{"model":"sim-model","prompt":["first prompt","second prompt"],"max_tokens":4,"ignore_eos":true}`)
+			before := f.p[0].Stats(t).Requests.Completions + f.d[0].Stats(t).Requests.Completions
+			code, _, body := post(t, ctx, f.r.Base+"/v1/completions", `{"model":"sim-model","prompt":["first prompt","second prompt"],"max_tokens":4,"ignore_eos":true}`)
 			if code != 400 {
 				t.Fatalf("batched completion in PD mode: %d %s, want 400 (one kv_transfer_params cannot serve several prompts)", code, body)
 			}
-			if after := f.p[0].stats(t).Requests.Completions + f.d[0].stats(t).Requests.Completions; after != before {
+			if after := f.p[0].Stats(t).Requests.Completions + f.d[0].Stats(t).Requests.Completions; after != before {
 				t.Errorf("the rejected batched completion reached the workers (%d -> %d completions)", before, after)
 			}
 			f.assertClean(t)

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/test/internal/harness"
 )
 
 const completionBody = `{"model":"sim-model","prompt":"the quick brown fox jumps over the lazy dog","max_tokens":12%s}`
@@ -20,7 +22,7 @@ func TestRegularProxy(t *testing.T) {
 	a := startSim(t, "--role", "unified")
 	b := startSim(t, "--role", "unified")
 	r := startRouter(t, "--worker-urls", a.URL(), b.URL(), "--policy", "round_robin", "--max-payload-size", "4096")
-	r.waitReady(t, 5*time.Second)
+	r.WaitReady(t, 5*time.Second)
 	ctx := ctxT(t, 30*time.Second)
 
 	// Oracle: the worker's own answer.
@@ -31,7 +33,7 @@ func TestRegularProxy(t *testing.T) {
 	want := completionText(t, direct)
 
 	t.Run("non-streaming", func(t *testing.T) {
-		code, hdr, body := post(t, ctx, r.base+"/v1/completions", fmt.Sprintf(completionBody, ""))
+		code, hdr, body := post(t, ctx, r.Base+"/v1/completions", fmt.Sprintf(completionBody, ""))
 		if code != 200 || completionText(t, body) != want {
 			t.Fatalf("got %d %s want text %q", code, body, want)
 		}
@@ -40,11 +42,11 @@ func TestRegularProxy(t *testing.T) {
 		}
 	})
 	t.Run("streaming", func(t *testing.T) {
-		code, hdr, body := post(t, ctx, r.base+"/v1/completions", fmt.Sprintf(completionBody, `,"stream":true,"stream_options":{"include_usage":true}`))
+		code, hdr, body := post(t, ctx, r.Base+"/v1/completions", fmt.Sprintf(completionBody, `,"stream":true,"stream_options":{"include_usage":true}`))
 		if code != 200 || !strings.HasPrefix(hdr.Get("Content-Type"), "text/event-stream") {
 			t.Fatalf("got %d %v", code, hdr)
 		}
-		text, events := sseText(t, body)
+		text, events := harness.SSEText(t, body)
 		if text != want || events != 12 {
 			t.Fatalf("stream text %q (%d events) want %q (12)", text, events, want)
 		}
@@ -53,13 +55,13 @@ func TestRegularProxy(t *testing.T) {
 		}
 	})
 	t.Run("round-robin spread", func(t *testing.T) {
-		sa, sb := a.stats(t).Requests.Completions, b.stats(t).Requests.Completions
+		sa, sb := a.Stats(t).Requests.Completions, b.Stats(t).Requests.Completions
 		for range 10 {
-			if code, _, body := post(t, ctx, r.base+"/v1/completions", fmt.Sprintf(completionBody, "")); code != 200 {
+			if code, _, body := post(t, ctx, r.Base+"/v1/completions", fmt.Sprintf(completionBody, "")); code != 200 {
 				t.Fatalf("%d %s", code, body)
 			}
 		}
-		da, db := a.stats(t).Requests.Completions-sa, b.stats(t).Requests.Completions-sb
+		da, db := a.Stats(t).Requests.Completions-sa, b.Stats(t).Requests.Completions-sb
 		if da != 5 || db != 5 {
 			t.Fatalf("round robin spread %d/%d, want 5/5", da, db)
 		}
@@ -76,7 +78,7 @@ func TestRegularProxy(t *testing.T) {
 			{"unknown path", "GET", "/no/such/path", ``, 404},
 		}
 		for _, c := range cases {
-			req, _ := http.NewRequestWithContext(ctx, c.method, r.base+c.path, strings.NewReader(c.body))
+			req, _ := http.NewRequestWithContext(ctx, c.method, r.Base+c.path, strings.NewReader(c.body))
 			req.Header.Set("Content-Type", "application/json")
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
@@ -104,11 +106,11 @@ func TestRegularProxy(t *testing.T) {
 func TestRegularStreamingFlushAndCancel(t *testing.T) {
 	slow := startSim(t, "--role", "unified", "--decode-step-base", "40ms")
 	r := startRouter(t, "--worker-urls", slow.URL(), "--policy", "round_robin")
-	r.waitReady(t, 5*time.Second)
+	r.WaitReady(t, 5*time.Second)
 
 	t.Run("flushed per event", func(t *testing.T) {
 		ctx := ctxT(t, 20*time.Second)
-		req, _ := http.NewRequestWithContext(ctx, "POST", r.base+"/v1/completions",
+		req, _ := http.NewRequestWithContext(ctx, "POST", r.Base+"/v1/completions",
 			strings.NewReader(`{"prompt":"a b c","max_tokens":10,"stream":true}`))
 		start := time.Now()
 		resp, err := http.DefaultClient.Do(req)
@@ -135,7 +137,7 @@ func TestRegularStreamingFlushAndCancel(t *testing.T) {
 	t.Run("client cancel propagates", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		req, _ := http.NewRequestWithContext(ctx, "POST", r.base+"/v1/completions",
+		req, _ := http.NewRequestWithContext(ctx, "POST", r.Base+"/v1/completions",
 			strings.NewReader(`{"prompt":"a b c","max_tokens":2000,"stream":true}`))
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -145,12 +147,12 @@ func TestRegularStreamingFlushAndCancel(t *testing.T) {
 		if _, err := br.ReadString('\n'); err != nil {
 			t.Fatal(err)
 		}
-		if st := slow.stats(t); st.Requests.InFlight != 1 {
+		if st := slow.Stats(t); st.Requests.InFlight != 1 {
 			t.Fatalf("worker in_flight %d, want 1", st.Requests.InFlight)
 		}
 		cancel()
 		resp.Body.Close()
-		took := waitFor(t, 2*time.Second, "worker to see the cancellation", func() bool { return slow.stats(t).Requests.InFlight == 0 })
+		took := waitFor(t, 2*time.Second, "worker to see the cancellation", func() bool { return slow.Stats(t).Requests.InFlight == 0 })
 		t.Logf("client cancel reached the worker in %v", took)
 		if took > 150*time.Millisecond {
 			t.Errorf("cancellation took %v, want <= 100 ms (+ polling slack)", took)
@@ -161,14 +163,14 @@ func TestRegularStreamingFlushAndCancel(t *testing.T) {
 // TestRegularUpstreamFailures: connect failure → 502 then the worker is
 // marked down → 503; upstream timeout → 504.
 func TestRegularUpstreamFailures(t *testing.T) {
-	dead := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	dead := fmt.Sprintf("http://127.0.0.1:%d", harness.FreePort(t))
 	r := startRouter(t, "--worker-urls", dead, "--policy", "round_robin", "--disable-retries")
 	ctx := ctxT(t, 20*time.Second)
-	code, _, body := post(t, ctx, r.base+"/v1/completions", fmt.Sprintf(completionBody, ""))
+	code, _, body := post(t, ctx, r.Base+"/v1/completions", fmt.Sprintf(completionBody, ""))
 	if code != 502 {
 		t.Fatalf("connect failure: %d %s, want 502", code, body)
 	}
-	code, _, body = post(t, ctx, r.base+"/v1/completions", fmt.Sprintf(completionBody, ""))
+	code, _, body = post(t, ctx, r.Base+"/v1/completions", fmt.Sprintf(completionBody, ""))
 	if code != 503 || !strings.Contains(string(body), "worker") {
 		t.Fatalf("dead worker not taken out: %d %s, want 503", code, body)
 	}
@@ -176,7 +178,7 @@ func TestRegularUpstreamFailures(t *testing.T) {
 	stall := startSim(t, "--role", "unified", "--stall-first-token", "5s")
 	r2 := startRouter(t, "--worker-urls", stall.URL(), "--policy", "round_robin", "--request-timeout-secs", "1", "--disable-retries")
 	start := time.Now()
-	code, _, body = post(t, ctx, r2.base+"/v1/completions", fmt.Sprintf(completionBody, ""))
+	code, _, body = post(t, ctx, r2.Base+"/v1/completions", fmt.Sprintf(completionBody, ""))
 	if code != 504 || time.Since(start) > 3*time.Second {
 		t.Fatalf("upstream timeout: %d %s after %v, want 504 after ~1s", code, body, time.Since(start))
 	}
