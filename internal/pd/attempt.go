@@ -717,14 +717,18 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 	if len(first) > 0 {
 		body = io.MultiReader(bytes.NewReader(first), body)
 	}
+	// token usage: the decode's own report (the prefill's 1-token leg is never counted)
+	observeUsage, finishUsage := proxy.NewUsageObserver(e.m)
 	res := proxy.Relay(ctx, w, readCloser{body, dResp.Body}, proxy.RelayOptions{
 		IdleTimeout: e.o.StreamIdleTimeout,
+		Observe:     observeUsage,
 		OnFirstByte: func() {
 			if e.m != nil && st.stream {
 				e.m.TTFT.WithLabelValues(st.route, "pd").Observe(e.o.Now().Sub(st.start).Seconds())
 			}
 		},
 	})
+	finishUsage(res.UpstreamErr == nil && res.DownstreamOK && dResp.StatusCode < 300)
 	if e.m != nil {
 		e.m.PDDecodeSeconds.WithLabelValues(labels...).Observe(e.o.Now().Sub(dl.sent).Seconds())
 	}
@@ -824,6 +828,7 @@ func (e *Engine) writeMerged(ctx context.Context, w http.ResponseWriter, st *req
 			return e.ctxFailure(ctx, st, nil)
 		}
 	}
+	decoded := data // the decode's own usage is counted, never the prefill's
 	if pRes != nil && dResp.StatusCode/100 == 2 {
 		data, _ = mergeLogprobs(st.kind, pRes.body, data)
 	}
@@ -832,6 +837,9 @@ func (e *Engine) writeMerged(ctx context.Context, w http.ResponseWriter, st *req
 	h.Set("Content-Length", strconv.Itoa(len(data)))
 	w.WriteHeader(dResp.StatusCode)
 	_, _ = w.Write(data)
+	if dResp.StatusCode < 300 {
+		proxy.CountUsage(e.m, decoded)
+	}
 	dl.finish(true)
 	if e.m != nil {
 		e.m.PDDecodeSeconds.WithLabelValues(labels...).Observe(e.o.Now().Sub(dl.sent).Seconds())

@@ -139,14 +139,18 @@ func (e *Engine) plainAttempt(ctx context.Context, w http.ResponseWriter, st *re
 	}
 	w.WriteHeader(resp.StatusCode)
 	_ = http.NewResponseController(w).Flush()
+	// token usage: this unsplit response is the whole generation
+	observeUsage, finishUsage := proxy.NewUsageObserver(e.m)
 	res := proxy.Relay(ctx, w, resp.Body, proxy.RelayOptions{
 		IdleTimeout: e.o.StreamIdleTimeout,
+		Observe:     observeUsage,
 		OnFirstByte: func() {
 			if e.m != nil && sse {
 				e.m.TTFT.WithLabelValues(st.route, "pd").Observe(e.o.Now().Sub(st.start).Seconds())
 			}
 		},
 	})
+	finishUsage(res.UpstreamErr == nil && res.DownstreamOK && resp.StatusCode < 300)
 	var reason, msg string
 	status := http.StatusBadGateway
 	switch {

@@ -2,7 +2,48 @@ package proxy
 
 import (
 	"bytes"
+
+	"github.com/switchyard-llm/switchyard/internal/metrics"
 )
+
+// NewUsageObserver returns the hooks that record vllm_router_tokens_total
+// for one relayed response, as the regular path does: observe is a
+// RelayOptions.Observe hook (it keeps the response's last bytes), and
+// finish(count) reads the last usage object from them and, when count is
+// true (the relay completed with a 2xx), adds its prompt_tokens and
+// completion_tokens. finish must be called exactly once; observe must not
+// be called after it. With m == nil, observe is nil and finish does nothing.
+func NewUsageObserver(m *metrics.Metrics) (observe func([]byte), finish func(count bool)) {
+	if m == nil {
+		return nil, func(bool) {}
+	}
+	tail := tailPool.Get().(*usageTail)
+	tail.reset()
+	return tail.observe, func(count bool) {
+		if count {
+			if pt, ct, ok := parseUsage(tail.bytes()); ok {
+				addUsage(m, pt, ct)
+			}
+		}
+		tailPool.Put(tail)
+	}
+}
+
+// CountUsage records vllm_router_tokens_total from the last usage object in
+// a complete, buffered response body. m may be nil.
+func CountUsage(m *metrics.Metrics, body []byte) {
+	if m == nil {
+		return
+	}
+	if pt, ct, ok := parseUsage(body); ok {
+		addUsage(m, pt, ct)
+	}
+}
+
+func addUsage(m *metrics.Metrics, prompt, completion int64) {
+	m.TokensTotal.WithLabelValues("prompt").Add(float64(prompt))
+	m.TokensTotal.WithLabelValues("completion").Add(float64(completion))
+}
 
 // usageTailSize bounds what the usage observer keeps: the usage object is at
 // the end of a response (non-streaming) or in the last chunk before
