@@ -259,7 +259,7 @@ func TestMaxWaiting503(t *testing.T) {
 	ctx := testCtx(t)
 	// One slot, so the second request queues and the third is rejected.
 	u := startSim(t, "--max-num-seqs", "1", "--max-waiting", "1", "--decode-step-base", "20ms")
-	body := map[string]any{"prompt": "a", "max_tokens": 20, "ignore_eos": true, "stream": true}
+	body := map[string]any{"prompt": "a", "max_tokens": 100, "ignore_eos": true, "stream": true}
 	done := make(chan struct{}, 2)
 	for range 2 {
 		go func() {
