@@ -34,27 +34,21 @@ type mooncake struct {
 }
 
 type mcRank struct {
-	mu    sync.Mutex
-	xfers map[string]*mcXfer
-	early map[string]*mcPull // pulls before the prefill request arrived
+	xferTable[*mcXfer]
+	early earlyMap[*mcPull] // pulls before the prefill request arrived
 }
 
 type mcPull struct {
 	msg   sidechan.Any
 	reply func([]byte) error
 	at    time.Time
-	timer *time.Timer
 }
 
 type mcXfer struct {
-	id        string
-	j         *job
-	rank      int
+	pinned
 	pull      *mcPull
 	linkAdded bool
 	finished  bool
-	timer     *time.Timer
-	done      bool
 }
 
 type mcQueryEntry struct {
@@ -69,7 +63,7 @@ func newMooncake(in *Instance) *mooncake {
 		queries: make(map[string]map[string]mcQueryEntry),
 	}
 	for range in.cfg.DPSize {
-		m.ranks = append(m.ranks, &mcRank{xfers: make(map[string]*mcXfer), early: make(map[string]*mcPull)})
+		m.ranks = append(m.ranks, &mcRank{xferTable: newXferTable[*mcXfer](), early: make(earlyMap[*mcPull])})
 	}
 	return m
 }
@@ -77,9 +71,7 @@ func newMooncake(in *Instance) *mooncake {
 func (m *mooncake) pending() int {
 	n := 0
 	for _, r := range m.ranks {
-		r.mu.Lock()
-		n += len(r.xfers)
-		r.mu.Unlock()
+		n += r.size()
 	}
 	return n
 }
@@ -128,21 +120,13 @@ func (m *mooncake) prefill(j *job) *apiError {
 	}
 	j.kind = "prefill"
 	j.req.KeepBlocks = true
-	x := &mcXfer{id: tid, j: j, rank: j.rank}
+	x := &mcXfer{pinned: pinned{id: tid, j: j, rank: j.rank}}
 	r := m.ranks[j.rank]
-	r.mu.Lock()
-	if old := r.xfers[tid]; old != nil {
-		r.mu.Unlock()
-		m.finish(old, false)
-		r.mu.Lock()
-	}
-	r.xfers[tid] = x
-	if e := r.early[tid]; e != nil {
-		e.timer.Stop()
-		delete(r.early, tid)
-		x.pull = e
-	}
-	r.mu.Unlock()
+	r.add(x, func(old *mcXfer) { m.finish(old, false) }, func() {
+		if e, ok := r.early.take(tid); ok {
+			x.pull = e
+		}
+	})
 	j.req.OnForward = func(h *engine.Handle, start time.Time, compute time.Duration) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -176,19 +160,10 @@ func (m *mooncake) prefill(j *job) *apiError {
 
 // pushed runs when the simulated push finished: answer D's pull.
 func (m *mooncake) pushed(x *mcXfer) {
-	r := m.ranks[x.rank]
-	r.mu.Lock()
-	if x.done {
-		r.mu.Unlock()
+	if !m.ranks[x.rank].complete(x) {
 		return
 	}
-	x.done = true
-	delete(r.xfers, x.id)
-	if x.timer != nil {
-		x.timer.Stop()
-	}
-	pull := x.pull
-	r.mu.Unlock()
+	pull := x.pull // fixed once x is done
 	in := m.in
 	if in.faults.dropWrites() {
 		in.ctr.writeDoneDropped.Add(1)
@@ -206,20 +181,9 @@ func (m *mooncake) pushed(x *mcXfer) {
 }
 
 func (m *mooncake) finish(x *mcXfer, ok bool) {
-	r := m.ranks[x.rank]
-	r.mu.Lock()
-	if x.done {
-		r.mu.Unlock()
+	if !m.ranks[x.rank].finish(x) {
 		return
 	}
-	x.done = true
-	if r.xfers[x.id] == x {
-		delete(r.xfers, x.id)
-	}
-	if x.timer != nil {
-		x.timer.Stop()
-	}
-	r.mu.Unlock()
 	m.in.links[x.rank].Cancel(x.id)
 	if !ok && x.finished {
 		m.in.ctr.transfersFailed.Add(1)
@@ -368,25 +332,14 @@ func (m *mooncake) onHandshakeSocket(offset int, payload []byte, reply func([]by
 	defer r.mu.Unlock()
 	x := r.xfers[msg.TransferID]
 	if x == nil {
-		tid := msg.TransferID
-		pull.timer = in.deferTimer(func() {
-			r.mu.Lock()
-			if r.early[tid] == pull {
-				delete(r.early, tid)
-			}
-			r.mu.Unlock()
-		})
-		r.early[tid] = pull
+		r.early.stash(in, &r.mu, msg.TransferID, pull)
 		return
 	}
 	if x.pull != nil || x.done {
 		return
 	}
 	x.pull = pull
-	if x.timer != nil {
-		x.timer.Stop()
-		x.timer = nil
-	}
+	x.disarm()
 	if x.linkAdded {
 		in.links[x.rank].Open(x.id, pull.at)
 	}

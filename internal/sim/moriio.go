@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -26,24 +25,18 @@ type moriio struct {
 
 // moriRank is the connector state of one DP rank (one vLLM worker).
 type moriRank struct {
-	mu      sync.Mutex
-	xfers   map[string]*pXfer    // P: pinned transfers by transfer_id
-	early   map[string]*earlyMsg // messages that arrived before their request
-	waiters map[string]*job      // D (WRITE): requests waiting for write_done
-	dead    bool                 // P: notify listener killed by an empty block list
-}
+	// P: pinned transfers by transfer_id; its mu guards the whole rank.
+	xferTable[*pXfer]
 
-type earlyMsg struct {
-	msg   sidechan.Any
-	timer *time.Timer
+	early   earlyMap[sidechan.Any] // messages that arrived before their request
+	waiters map[string]*job        // D (WRITE): requests waiting for write_done
+	dead    bool                   // P: notify listener killed by an empty block list
 }
 
 // pXfer is one prefill-side transfer: pinned blocks plus (WRITE) the
 // layer-wise writes towards D.
 type pXfer struct {
-	id         string
-	j          *job
-	rank       int
+	pinned
 	dst        moriAddr
 	hasDst     bool
 	decodeRank int
@@ -51,17 +44,15 @@ type pXfer struct {
 	linkAdded  bool
 	finished   bool
 	acks       int
-	timer      *time.Timer
-	done       bool
 }
 
 func newMoRIIO(in *Instance) *moriio {
 	m := &moriio{in: in, read: in.cfg.readMode()}
 	for range in.cfg.DPSize {
 		m.ranks = append(m.ranks, &moriRank{
-			xfers:   make(map[string]*pXfer),
-			early:   make(map[string]*earlyMsg),
-			waiters: make(map[string]*job),
+			xferTable: newXferTable[*pXfer](),
+			early:     make(earlyMap[sidechan.Any]),
+			waiters:   make(map[string]*job),
 		})
 	}
 	return m
@@ -137,7 +128,7 @@ func (m *moriio) prefill(j *job) *apiError {
 			}
 		}
 	}
-	x := &pXfer{id: tid, j: j, rank: j.rank}
+	x := &pXfer{pinned: pinned{id: tid, j: j, rank: j.rank}}
 	if !m.read {
 		if !okDst {
 			in.log.Warn("WRITE prefill has no decode address; write_done cannot be delivered", "request_id", j.g.requestID)
@@ -159,21 +150,16 @@ func (m *moriio) prefill(j *job) *apiError {
 	j.kind = "prefill"
 	j.req.KeepBlocks = true
 	r := m.ranks[j.rank]
-	r.mu.Lock()
-	if old := r.xfers[tid]; old != nil {
+	r.add(x, func(old *pXfer) {
 		in.log.Warn("transfer_id reused while a previous transfer is pinned; dropping the old one", "transfer_id", tid)
-		r.mu.Unlock()
 		m.finishXfer(old, false, "replaced")
-		r.mu.Lock()
-	}
-	r.xfers[tid] = x
-	if e := r.early[tid]; e != nil && e.msg.Type == sidechan.TypeRemoteBlocks {
-		e.timer.Stop()
-		delete(r.early, tid)
-		x.rbArrived = true
-		x.decodeRank = e.msg.DecodeRank
-	}
-	r.mu.Unlock()
+	}, func() {
+		if e := r.early[tid]; e != nil && e.val.Type == sidechan.TypeRemoteBlocks {
+			r.early.take(tid)
+			x.rbArrived = true
+			x.decodeRank = e.val.DecodeRank
+		}
+	})
 	j.onFinish = func(pr engine.Progress) { m.prefillFinished(x, pr) }
 	j.onAbort = func(bool) { m.finishXfer(x, false, "prefill aborted") }
 	j.responseKV = func() any { return m.prefillParams(x) }
@@ -228,18 +214,9 @@ func (m *moriio) onForward(x *pXfer, h *engine.Handle, start time.Time, compute 
 // writesDone runs when every layer write of x completed: send write_done
 // to D.notify_base + decode_rank + P tp rank, then free P's blocks.
 func (m *moriio) writesDone(x *pXfer) {
-	r := m.ranks[x.rank]
-	r.mu.Lock()
-	if x.done {
-		r.mu.Unlock()
+	if !m.ranks[x.rank].complete(x) {
 		return
 	}
-	x.done = true
-	delete(r.xfers, x.id)
-	if x.timer != nil {
-		x.timer.Stop()
-	}
-	r.mu.Unlock()
 	in := m.in
 	switch {
 	case in.faults.dropWrites():
@@ -284,20 +261,9 @@ func (m *moriio) prefillFinished(x *pXfer, p engine.Progress) {
 // finishXfer ends x without a successful handoff (or, ok, after READ's
 // release) and frees P's blocks.
 func (m *moriio) finishXfer(x *pXfer, ok bool, why string) {
-	r := m.ranks[x.rank]
-	r.mu.Lock()
-	if x.done {
-		r.mu.Unlock()
+	if !m.ranks[x.rank].finish(x) {
 		return
 	}
-	x.done = true
-	if r.xfers[x.id] == x {
-		delete(r.xfers, x.id)
-	}
-	if x.timer != nil {
-		x.timer.Stop()
-	}
-	r.mu.Unlock()
 	m.in.links[x.rank].Cancel(x.id)
 	if ok {
 		m.in.ctr.transfersCompleted.Add(1)
@@ -397,16 +363,10 @@ func (m *moriio) decodeWrite(j *job, tid string, pRank int, src moriAddr, okSrc 
 	}
 	r := m.ranks[j.rank]
 	r.mu.Lock()
-	r.waiters[tid] = j
-	early := r.early[tid]
-	if early != nil {
-		early.timer.Stop()
-		delete(r.early, tid)
-		delete(r.waiters, tid)
-	}
+	early, got := r.early.await(r.waiters, tid, j)
 	r.mu.Unlock()
-	if early != nil {
-		j.afterSubmit = func() { m.deliverWriteDone(j, early.msg) }
+	if got {
+		j.afterSubmit = func() { m.deliverWriteDone(j, early) }
 	}
 	j.req.OnAdmit = func(h *engine.Handle) {
 		blocks := h.Blocks()
@@ -421,13 +381,7 @@ func (m *moriio) decodeWrite(j *job, tid string, pRank int, src moriAddr, okSrc 
 			in.ctr.remoteBlocksSent.Add(1)
 		}
 	}
-	forget := func() {
-		r.mu.Lock()
-		if r.waiters[tid] == j {
-			delete(r.waiters, tid)
-		}
-		r.mu.Unlock()
-	}
+	forget := forgetWaiter(&r.mu, r.waiters, tid, j)
 	j.onFinish = func(engine.Progress) { forget() }
 	j.onAbort = func(admitted bool) {
 		forget()
@@ -646,10 +600,7 @@ func (m *moriio) onRemoteBlocks(r *moriRank, msg sidechan.Any) {
 	}
 	x.rbArrived = true
 	x.decodeRank = msg.DecodeRank
-	if x.timer != nil {
-		x.timer.Stop()
-		x.timer = nil
-	}
+	x.disarm()
 	if x.linkAdded {
 		m.in.links[x.rank].Open(x.id, time.Now())
 	}
@@ -698,19 +649,7 @@ func (m *moriio) onWriteDone(r *moriRank, msg sidechan.Any) {
 // stashEarly keeps a message whose request is not known yet (r.mu held),
 // as vLLM buffers ids that arrive before the mapping exists.
 func (m *moriio) stashEarly(r *moriRank, msg sidechan.Any) {
-	if old := r.early[msg.TransferID]; old != nil {
-		old.timer.Stop()
-	}
-	e := &earlyMsg{msg: msg}
-	tid := msg.TransferID
-	e.timer = m.in.deferTimer(func() {
-		r.mu.Lock()
-		if r.early[tid] == e {
-			delete(r.early, tid)
-		}
-		r.mu.Unlock()
-	})
-	r.early[tid] = e
+	r.early.stash(m.in, &r.mu, msg.TransferID, msg)
 }
 
 func (m *moriio) onHandshakeSocket(offset int, payload []byte, reply func([]byte) error) {
@@ -747,10 +686,7 @@ func (m *moriio) onHandshakeSocket(offset int, payload []byte, reply func([]byte
 // pinnedRank returns the DP rank holding transfer tid, or -1.
 func (m *moriio) pinnedRank(tid string) int {
 	for i, r := range m.ranks {
-		r.mu.Lock()
-		x := r.xfers[tid]
-		r.mu.Unlock()
-		if x != nil {
+		if r.lookup(tid) != nil {
 			return i
 		}
 	}

@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/sim/engine"
 	"github.com/switchyard-llm/switchyard/internal/sim/sidechan"
@@ -23,22 +21,17 @@ type nixl struct {
 }
 
 type nixlRank struct {
-	mu    sync.Mutex
-	xfers map[string]*nixlXfer // by remote_request_id
+	xferTable[*nixlXfer] // by remote_request_id
 }
 
 type nixlXfer struct {
-	id    string
-	j     *job
-	rank  int
-	timer *time.Timer
-	done  bool
+	pinned
 }
 
 func newNIXL(in *Instance) *nixl {
 	n := &nixl{in: in}
 	for range in.cfg.DPSize {
-		n.ranks = append(n.ranks, &nixlRank{xfers: make(map[string]*nixlXfer)})
+		n.ranks = append(n.ranks, &nixlRank{newXferTable[*nixlXfer]()})
 	}
 	return n
 }
@@ -46,9 +39,7 @@ func newNIXL(in *Instance) *nixl {
 func (n *nixl) pending() int {
 	c := 0
 	for _, r := range n.ranks {
-		r.mu.Lock()
-		c += len(r.xfers)
-		r.mu.Unlock()
+		c += r.size()
 	}
 	return c
 }
@@ -66,7 +57,7 @@ func (n *nixl) prefill(j *job) *apiError {
 	}
 	j.kind = "prefill"
 	j.req.KeepBlocks = true
-	x := &nixlXfer{id: j.g.requestID, j: j, rank: j.rank}
+	x := &nixlXfer{pinned{id: j.g.requestID, j: j, rank: j.rank}}
 	j.onFinish = func(pr engine.Progress) {
 		if pr.Reason != engine.FinishLength {
 			if h := j.handle(); h != nil {
@@ -74,16 +65,9 @@ func (n *nixl) prefill(j *job) *apiError {
 			}
 			return
 		}
-		r := n.ranks[x.rank]
-		r.mu.Lock()
-		if old := r.xfers[x.id]; old != nil {
-			r.mu.Unlock()
-			n.finish(old, false)
-			r.mu.Lock()
-		}
-		r.xfers[x.id] = x
-		x.timer = n.in.deferTimer(func() { n.in.ctr.deferExpired.Add(1); n.finish(x, false) })
-		r.mu.Unlock()
+		n.ranks[x.rank].add(x, func(old *nixlXfer) { n.finish(old, false) }, func() {
+			x.timer = n.in.deferTimer(func() { n.in.ctr.deferExpired.Add(1); n.finish(x, false) })
+		})
 	}
 	j.responseKV = func() any {
 		return map[string]any{
@@ -101,20 +85,9 @@ func (n *nixl) prefill(j *job) *apiError {
 }
 
 func (n *nixl) finish(x *nixlXfer, ok bool) {
-	r := n.ranks[x.rank]
-	r.mu.Lock()
-	if x.done {
-		r.mu.Unlock()
+	if !n.ranks[x.rank].finish(x) {
 		return
 	}
-	x.done = true
-	if r.xfers[x.id] == x {
-		delete(r.xfers, x.id)
-	}
-	if x.timer != nil {
-		x.timer.Stop()
-	}
-	r.mu.Unlock()
 	if ok {
 		n.in.ctr.transfersCompleted.Add(1)
 	} else {
@@ -243,9 +216,7 @@ func (n *nixl) onHandshakeSocket(offset int, payload []byte, reply func([]byte) 
 	r := n.ranks[in.cfg.rankForOffset(offset)]
 	switch msg.Type {
 	case sidechan.TypeRead:
-		r.mu.Lock()
-		x := r.xfers[msg.TransferID]
-		r.mu.Unlock()
+		x := r.lookup(msg.TransferID)
 		rep := sidechan.Reply{Type: sidechan.TypeReadReply, RPCID: msg.RPCID, OK: x != nil}
 		if x != nil {
 			in.ctr.readsServed.Add(1)
@@ -259,9 +230,7 @@ func (n *nixl) onHandshakeSocket(offset int, payload []byte, reply func([]byte) 
 		_ = reply(sidechan.Encode(rep))
 	case sidechan.TypeRelease:
 		in.ctr.releaseReceived.Add(1)
-		r.mu.Lock()
-		x := r.xfers[msg.TransferID]
-		r.mu.Unlock()
+		x := r.lookup(msg.TransferID)
 		if x != nil {
 			n.finish(x, true)
 		}

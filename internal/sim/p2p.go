@@ -17,18 +17,13 @@ type p2p struct {
 	in *Instance
 
 	mu       sync.Mutex
-	waiters  map[string]*job       // D: X-Request-Id -> waiting request
-	pushed   map[string]*p2pPushed // D: pushes that arrived first
-	inFlight int                   // P: pushes in flight
-}
-
-type p2pPushed struct {
-	msg   sidechan.Any
-	timer *time.Timer
+	waiters  map[string]*job        // D: X-Request-Id -> waiting request
+	pushed   earlyMap[sidechan.Any] // D: pushes that arrived first
+	inFlight int                    // P: pushes in flight
 }
 
 func newP2P(in *Instance) *p2p {
-	return &p2p{in: in, waiters: make(map[string]*job), pushed: make(map[string]*p2pPushed)}
+	return &p2p{in: in, waiters: make(map[string]*job), pushed: make(earlyMap[sidechan.Any])}
 }
 
 func (p *p2p) pendingCount() int {
@@ -126,24 +121,12 @@ func (p *p2p) decode(j *job) *apiError {
 	if old := p.waiters[key]; old != nil {
 		in.log.Warn("P2P-NCCL: duplicate request id on decode", "request_id", key)
 	}
-	p.waiters[key] = j
-	got := p.pushed[key]
-	if got != nil {
-		got.timer.Stop()
-		delete(p.pushed, key)
-		delete(p.waiters, key)
-	}
+	msg, got := p.pushed.await(p.waiters, key, j)
 	p.mu.Unlock()
-	if got != nil {
-		j.afterSubmit = func() { p.deliver(j, got.msg) }
+	if got {
+		j.afterSubmit = func() { p.deliver(j, msg) }
 	}
-	forget := func() {
-		p.mu.Lock()
-		if p.waiters[key] == j {
-			delete(p.waiters, key)
-		}
-		p.mu.Unlock()
-	}
+	forget := forgetWaiter(&p.mu, p.waiters, key, j)
 	j.onFinish = func(engine.Progress) { forget() }
 	j.onAbort = func(bool) { forget() }
 	return nil
@@ -168,19 +151,7 @@ func (p *p2p) onKVSocket(offset int, payload []byte) {
 	p.mu.Lock()
 	j := p.waiters[msg.RequestID]
 	if j == nil {
-		if old := p.pushed[msg.RequestID]; old != nil {
-			old.timer.Stop()
-		}
-		e := &p2pPushed{msg: msg}
-		key := msg.RequestID
-		e.timer = in.deferTimer(func() {
-			p.mu.Lock()
-			if p.pushed[key] == e {
-				delete(p.pushed, key)
-			}
-			p.mu.Unlock()
-		})
-		p.pushed[key] = e
+		p.pushed.stash(in, &p.mu, msg.RequestID, msg)
 		p.mu.Unlock()
 		return
 	}
