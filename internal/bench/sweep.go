@@ -76,6 +76,14 @@ func (s *Sweep) WriteMarkdown(w io.Writer) error {
 // concurrency (log2 axis). Each Router/Mode pair is one colour; P50 is
 // drawn solid and P99 dashed.
 func (s *Sweep) WritePlot(w io.Writer) error {
+	ttft, tpot := s.Panels()
+	return chart.WritePNG(w, chart.Options{Width: 1200, Height: 520, Title: s.Title}, ttft, tpot)
+}
+
+// Panels returns the TTFT and TPOT panels WritePlot draws: one colour per
+// Router/Mode pair in order of first appearance, P50 solid and P99 dashed,
+// points in row order.
+func (s *Sweep) Panels() (ttft, tpot chart.Panel) {
 	type key struct{ router, mode string }
 	var order []key
 	groups := map[key][]SweepRow{}
@@ -86,8 +94,8 @@ func (s *Sweep) WritePlot(w io.Writer) error {
 		}
 		groups[k] = append(groups[k], r)
 	}
-	ttft := chart.Panel{Title: "TTFT vs concurrency", XLabel: "concurrency", YLabel: "TTFT ms", LogX: true}
-	tpot := chart.Panel{Title: "TPOT vs concurrency", XLabel: "concurrency", YLabel: "TPOT ms", LogX: true}
+	ttft = chart.Panel{Title: "TTFT vs concurrency", XLabel: "concurrency", YLabel: "TTFT ms", LogX: true}
+	tpot = chart.Panel{Title: "TPOT vs concurrency", XLabel: "concurrency", YLabel: "TPOT ms", LogX: true}
 	for i, k := range order {
 		rows := groups[k]
 		col := chart.Palette[i%len(chart.Palette)]
@@ -110,5 +118,5 @@ func (s *Sweep) WritePlot(w io.Writer) error {
 			chart.Series{Name: name + " P50", X: x, Y: p50, Color: col},
 			chart.Series{Name: name + " P99", X: x, Y: p99, Color: col, Dashed: true})
 	}
-	return chart.WritePNG(w, chart.Options{Width: 1200, Height: 520, Title: s.Title}, ttft, tpot)
+	return ttft, tpot
 }

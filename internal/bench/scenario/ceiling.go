@@ -2,7 +2,6 @@ package scenario
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -93,35 +92,15 @@ func (r *CeilingReport) FirstFailing() int {
 // RunCeiling ramps the number of concurrent streams through one PD fleet
 // and reports, per step, completed and failed requests and the router's
 // peak fds and memory.
-func RunCeiling(ctx context.Context, o Options, c CeilingConfig) (rep *CeilingReport, err error) {
-	e, ctx, cancel, err := setup(ctx, o, 10*time.Minute)
-	if err != nil {
-		return nil, err
-	}
-	defer cancel()
-	defer func() { e.finish(err) }()
-	rep = &CeilingReport{Config: c, Options: e.o, Machine: e.m.String()}
-	e.printf("scenario ceiling: %s; logs in %s\n", e.m, e.o.LogDir)
-
-	runErr := e.runCeiling(ctx, c, rep)
-	rep.Elapsed = time.Since(e.start)
-	if runErr != nil && !errors.Is(runErr, errBudget) {
-		return rep, runErr
-	}
-	if errors.Is(runErr, errBudget) {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("The scenario's --max-duration (%v) was reached; the remaining steps were skipped.", e.o.MaxDuration))
-	}
-	e.printf("\n")
-	if err := rep.WriteMarkdown(e.o.Out); err != nil {
-		return rep, err
-	}
-	e.printf("scenario ceiling finished in %s\n", sec(rep.Elapsed))
-	if p, err := e.writeOut("ceiling.md", rep.WriteMarkdown); err != nil {
-		return rep, err
-	} else if p != "" {
-		e.printf("wrote %s\n", p)
-	}
-	return rep, nil
+func RunCeiling(ctx context.Context, o Options, c CeilingConfig) (*CeilingReport, error) {
+	return runScenario(ctx, o, scenarioSpec[*CeilingReport]{
+		name: "ceiling", defMax: 10 * time.Minute, skipped: "steps",
+		report: func(e *env) *CeilingReport {
+			return &CeilingReport{Config: c, Options: e.o, Machine: e.m.String()}
+		},
+		run:   func(ctx context.Context, e *env, rep *CeilingReport) error { return e.runCeiling(ctx, c, rep) },
+		files: []scenarioFile[*CeilingReport]{{"ceiling.md", (*CeilingReport).WriteMarkdown}},
+	})
 }
 
 func (e *env) runCeiling(ctx context.Context, c CeilingConfig, rep *CeilingReport) error {

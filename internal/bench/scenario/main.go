@@ -174,14 +174,58 @@ func finishParse(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-func parsePD(args []string, o *Options, stderr io.Writer) (PDConfig, error) {
-	c := DefaultPDConfig()
+// configFor is the quick config when args ask for --quick, else the
+// default one: the values the real parse starts from.
+func configFor[C any](args []string, def, quick func() C) C {
 	if quickRequested(args) {
-		c = QuickPDConfig()
+		return quick()
 	}
-	fs := newFlagSet("pd", stderr, "MoRI-IO READ vs WRITE through switchyard on a simulated DeepSeek-R1 1P1D fleet (one fresh fleet per mode).")
-	commonFlags(fs, o, 13*time.Minute)
-	fs.StringVar(&c.Preset, "preset", c.Preset, "vllm-sim --profile-preset of both workers")
+	return def()
+}
+
+// loadFlags are the fleet and load flags every scenario has; the help
+// texts carry what differs between scenarios.
+type loadFlags struct {
+	preset, policy *string
+	seed           *int64
+	outputLen      *int
+	promptsPerC    *float64
+	workers        string // whose preset: "both workers", "every worker"
+	policyHelp     string
+	outputHelp     string
+	promptsHelp    string
+}
+
+// scenarioFlags is the flag set of one scenario with the common flags
+// (commonFlags) and the load flags l registered.
+func scenarioFlags(name string, stderr io.Writer, help string, o *Options, defMax time.Duration, l loadFlags) *flag.FlagSet {
+	fs := newFlagSet(name, stderr, help)
+	commonFlags(fs, o, defMax)
+	fs.StringVar(l.preset, "preset", *l.preset, "vllm-sim --profile-preset of "+l.workers)
+	fs.StringVar(l.policy, "policy", *l.policy, l.policyHelp)
+	fs.Int64Var(l.seed, "seed", *l.seed, "dataset seed")
+	fs.IntVar(l.outputLen, "output-len", *l.outputLen, l.outputHelp)
+	fs.Float64Var(l.promptsPerC, "prompts-per-concurrency", *l.promptsPerC, l.promptsHelp)
+	return fs
+}
+
+// transferMode upper-cases a MoRI-IO transfer mode and checks it; what
+// names it in the error ("mode", "--mode", ...).
+func transferMode(m, what string) (string, error) {
+	m = strings.ToUpper(m)
+	if m != "READ" && m != "WRITE" {
+		return m, fmt.Errorf("invalid %s %q (want READ or WRITE)", what, m)
+	}
+	return m, nil
+}
+
+func parsePD(args []string, o *Options, stderr io.Writer) (PDConfig, error) {
+	c := configFor(args, DefaultPDConfig, QuickPDConfig)
+	fs := scenarioFlags("pd", stderr, "MoRI-IO READ vs WRITE through switchyard on a simulated DeepSeek-R1 1P1D fleet (one fresh fleet per mode).", o, 13*time.Minute, loadFlags{
+		preset: &c.Preset, policy: &c.Policy, seed: &c.Seed, outputLen: &c.OutputLen, promptsPerC: &c.PromptsPerC,
+		workers: "both workers", policyHelp: "switchyard --policy", outputHelp: "--random-output-len of every point",
+		promptsHelp: "--num-prompts = ceil(this × C)",
+	})
 	modes := strList(c.Modes)
 	fs.Var(&modes, "modes", "MoRI-IO transfer modes, one fleet each")
 	var short, long PDInput
@@ -203,20 +247,16 @@ func parsePD(args []string, o *Options, stderr io.Writer) (PDConfig, error) {
 	fs.Var(&longC, "long-concurrency", "concurrency points for inputs >= 4000 tokens")
 	fs.IntVar(&short.MaxWarmups, "max-warmups", short.MaxWarmups, "warm-ups per point: min(C, this) for inputs < 4000")
 	fs.IntVar(&long.MaxWarmups, "long-max-warmups", long.MaxWarmups, "warm-ups per point: min(C, this) for inputs >= 4000")
-	fs.IntVar(&c.OutputLen, "output-len", c.OutputLen, "--random-output-len of every point")
-	fs.Float64Var(&c.PromptsPerC, "prompts-per-concurrency", c.PromptsPerC, "--num-prompts = ceil(this × C)")
 	fs.Float64Var(&c.GoodputTTFT, "goodput-ttft-ms", c.GoodputTTFT, "--goodput ttft:MS")
-	fs.Int64Var(&c.Seed, "seed", c.Seed, "dataset seed")
-	fs.StringVar(&c.Policy, "policy", c.Policy, "switchyard --policy")
 	fs.DurationVar(&c.PointTimeout, "point-max-duration", c.PointTimeout, "bound on one point (sybench --max-duration)")
 	if err := finishParse(fs, args); err != nil {
 		return c, err
 	}
 	c.Modes = nil
 	for _, m := range modes {
-		m = strings.ToUpper(m)
-		if m != "READ" && m != "WRITE" {
-			return c, fmt.Errorf("invalid mode %q (want READ or WRITE)", m)
+		m, err := transferMode(m, "mode")
+		if err != nil {
+			return c, err
 		}
 		c.Modes = append(c.Modes, m)
 	}
@@ -238,21 +278,16 @@ func parsePD(args []string, o *Options, stderr io.Writer) (PDConfig, error) {
 }
 
 func parseOverhead(args []string, o *Options, stderr io.Writer) (OverheadConfig, error) {
-	c := DefaultOverheadConfig()
-	if quickRequested(args) {
-		c = QuickOverheadConfig()
-	}
-	fs := newFlagSet("overhead", stderr, "The same load sent directly to a worker, through switchyard regular mode and through switchyard PD mode (zero-latency workers): added TTFT and router CPU.")
-	commonFlags(fs, o, 12*time.Minute)
-	fs.StringVar(&c.Preset, "preset", c.Preset, "vllm-sim --profile-preset of every worker")
+	c := configFor(args, DefaultOverheadConfig, QuickOverheadConfig)
+	fs := scenarioFlags("overhead", stderr, "The same load sent directly to a worker, through switchyard regular mode and through switchyard PD mode (zero-latency workers): added TTFT and router CPU.", o, 12*time.Minute, loadFlags{
+		preset: &c.Preset, policy: &c.Policy, seed: &c.Seed, outputLen: &c.OutputLen, promptsPerC: &c.PromptsPerC,
+		workers: "every worker", policyHelp: "switchyard --policy (both routers)", outputHelp: "--random-output-len",
+		promptsHelp: "--num-prompts = max(--min-prompts, ceil(this × C))",
+	})
 	cs := intList(c.Concurrency)
 	fs.Var(&cs, "concurrency", "concurrency points")
 	fs.IntVar(&c.Input, "input-len", c.Input, "--random-input-len")
-	fs.IntVar(&c.OutputLen, "output-len", c.OutputLen, "--random-output-len")
-	fs.Float64Var(&c.PromptsPerC, "prompts-per-concurrency", c.PromptsPerC, "--num-prompts = max(--min-prompts, ceil(this × C))")
 	fs.IntVar(&c.MinPrompts, "min-prompts", c.MinPrompts, "lower bound of --num-prompts")
-	fs.Int64Var(&c.Seed, "seed", c.Seed, "dataset seed")
-	fs.StringVar(&c.Policy, "policy", c.Policy, "switchyard --policy (both routers)")
 	fs.StringVar(&c.PDMode, "pd-mode", c.PDMode, "MoRI-IO transfer mode of the PD fleet")
 	fs.IntVar(&c.Repeats, "repeats", c.Repeats, "interleaved repetitions of every (C, target) run; tables report medians")
 	fs.DurationVar(&c.PointTimeout, "point-max-duration", c.PointTimeout, "bound on one measured run")
@@ -260,37 +295,28 @@ func parseOverhead(args []string, o *Options, stderr io.Writer) (OverheadConfig,
 		return c, err
 	}
 	c.Concurrency = cs
-	c.PDMode = strings.ToUpper(c.PDMode)
-	if c.PDMode != "READ" && c.PDMode != "WRITE" {
-		return c, fmt.Errorf("invalid --pd-mode %q (want READ or WRITE)", c.PDMode)
-	}
-	return c, nil
+	var err error
+	c.PDMode, err = transferMode(c.PDMode, "--pd-mode")
+	return c, err
 }
 
 func parseCeiling(args []string, o *Options, stderr io.Writer) (CeilingConfig, error) {
-	c := DefaultCeilingConfig()
-	if quickRequested(args) {
-		c = QuickCeilingConfig()
-	}
-	fs := newFlagSet("ceiling", stderr, "Ramp concurrent streams through switchyard PD (MoRI-IO) and report the first concurrency with a failed request. Exits 1 if any request failed.")
-	commonFlags(fs, o, 10*time.Minute)
-	fs.StringVar(&c.Preset, "preset", c.Preset, "vllm-sim --profile-preset of both workers")
+	c := configFor(args, DefaultCeilingConfig, QuickCeilingConfig)
+	fs := scenarioFlags("ceiling", stderr, "Ramp concurrent streams through switchyard PD (MoRI-IO) and report the first concurrency with a failed request. Exits 1 if any request failed.", o, 10*time.Minute, loadFlags{
+		preset: &c.Preset, policy: &c.Policy, seed: &c.Seed, outputLen: &c.OutputLen, promptsPerC: &c.PromptsPerC,
+		workers: "both workers", policyHelp: "switchyard --policy", outputHelp: "--random-output-len",
+		promptsHelp: "--num-prompts = ceil(this × C)",
+	})
 	fs.StringVar(&c.Mode, "mode", c.Mode, "MoRI-IO transfer mode")
 	cs := intList(c.Concurrency)
 	fs.Var(&cs, "concurrency", "concurrency ramp")
 	fs.IntVar(&c.Input, "input-len", c.Input, "--random-input-len")
-	fs.IntVar(&c.OutputLen, "output-len", c.OutputLen, "--random-output-len")
-	fs.Float64Var(&c.PromptsPerC, "prompts-per-concurrency", c.PromptsPerC, "--num-prompts = ceil(this × C)")
-	fs.Int64Var(&c.Seed, "seed", c.Seed, "dataset seed")
-	fs.StringVar(&c.Policy, "policy", c.Policy, "switchyard --policy")
 	fs.DurationVar(&c.StepTimeout, "step-max-duration", c.StepTimeout, "bound on one step")
 	if err := finishParse(fs, args); err != nil {
 		return c, err
 	}
 	c.Concurrency = cs
-	c.Mode = strings.ToUpper(c.Mode)
-	if c.Mode != "READ" && c.Mode != "WRITE" {
-		return c, fmt.Errorf("invalid --mode %q (want READ or WRITE)", c.Mode)
-	}
-	return c, nil
+	var err error
+	c.Mode, err = transferMode(c.Mode, "--mode")
+	return c, err
 }

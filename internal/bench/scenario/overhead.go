@@ -2,7 +2,6 @@ package scenario
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -133,35 +132,15 @@ type OverheadReport struct {
 // each concurrency the three targets run back to back; each measured run
 // follows an unmeasured warm-up run on the same keep-alive pool. The
 // router's CPU time is read from /proc/<pid>/stat around the measured run.
-func RunOverhead(ctx context.Context, o Options, c OverheadConfig) (rep *OverheadReport, err error) {
-	e, ctx, cancel, err := setup(ctx, o, 12*time.Minute)
-	if err != nil {
-		return nil, err
-	}
-	defer cancel()
-	defer func() { e.finish(err) }()
-	rep = &OverheadReport{Config: c, Options: e.o, Machine: e.m.String()}
-	e.printf("scenario overhead: %s; logs in %s\n", e.m, e.o.LogDir)
-
-	runErr := e.runOverhead(ctx, c, rep)
-	rep.Elapsed = time.Since(e.start)
-	if runErr != nil && !errors.Is(runErr, errBudget) {
-		return rep, runErr
-	}
-	if errors.Is(runErr, errBudget) {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("The scenario's --max-duration (%v) was reached; the remaining points were skipped.", e.o.MaxDuration))
-	}
-	e.printf("\n")
-	if err := rep.WriteMarkdown(e.o.Out); err != nil {
-		return rep, err
-	}
-	e.printf("scenario overhead finished in %s\n", sec(rep.Elapsed))
-	if p, err := e.writeOut("overhead.md", rep.WriteMarkdown); err != nil {
-		return rep, err
-	} else if p != "" {
-		e.printf("wrote %s\n", p)
-	}
-	return rep, nil
+func RunOverhead(ctx context.Context, o Options, c OverheadConfig) (*OverheadReport, error) {
+	return runScenario(ctx, o, scenarioSpec[*OverheadReport]{
+		name: "overhead", defMax: 12 * time.Minute, skipped: "points",
+		report: func(e *env) *OverheadReport {
+			return &OverheadReport{Config: c, Options: e.o, Machine: e.m.String()}
+		},
+		run:   func(ctx context.Context, e *env, rep *OverheadReport) error { return e.runOverhead(ctx, c, rep) },
+		files: []scenarioFile[*OverheadReport]{{"overhead.md", (*OverheadReport).WriteMarkdown}},
+	})
 }
 
 func (e *env) runOverhead(ctx context.Context, c OverheadConfig, rep *OverheadReport) error {

@@ -102,43 +102,17 @@ type PDReport struct {
 // (switchyard in PD mode with ZMQ discovery, MoRI-IO prefill and decode
 // vllm-sims), then every input length and concurrency point through the
 // router. It writes pd-readwrite.md and pd-readwrite.png under OutDir.
-func RunPD(ctx context.Context, o Options, c PDConfig) (rep *PDReport, err error) {
-	e, ctx, cancel, err := setup(ctx, o, 13*time.Minute)
-	if err != nil {
-		return nil, err
-	}
-	defer cancel()
-	defer func() { e.finish(err) }()
-	rep = &PDReport{Config: c, Options: e.o, Machine: e.m.String()}
-	e.printf("scenario pd: %s; logs in %s\n", e.m, e.o.LogDir)
-
-	runErr := e.runPD(ctx, c, rep)
-	rep.Elapsed = time.Since(e.start)
-	if runErr != nil && !errors.Is(runErr, errBudget) {
-		if len(rep.Points) > 0 {
-			_ = rep.WriteMarkdown(e.o.Out)
-		}
-		return rep, runErr
-	}
-	if errors.Is(runErr, errBudget) {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("The scenario's --max-duration (%v) was reached; the remaining points were skipped.", e.o.MaxDuration))
-	}
-	e.printf("\n")
-	if err := rep.WriteMarkdown(e.o.Out); err != nil {
-		return rep, err
-	}
-	e.printf("scenario pd finished in %s\n", sec(rep.Elapsed))
-	if p, err := e.writeOut("pd-readwrite.md", rep.WriteMarkdown); err != nil {
-		return rep, err
-	} else if p != "" {
-		e.printf("wrote %s\n", p)
-	}
-	if p, err := e.writeOut("pd-readwrite.png", rep.WritePlot); err != nil {
-		return rep, err
-	} else if p != "" {
-		e.printf("wrote %s\n", p)
-	}
-	return rep, nil
+func RunPD(ctx context.Context, o Options, c PDConfig) (*PDReport, error) {
+	return runScenario(ctx, o, scenarioSpec[*PDReport]{
+		name: "pd", defMax: 13 * time.Minute, skipped: "points",
+		report:  func(e *env) *PDReport { return &PDReport{Config: c, Options: e.o, Machine: e.m.String()} },
+		run:     func(ctx context.Context, e *env, rep *PDReport) error { return e.runPD(ctx, c, rep) },
+		partial: func(rep *PDReport) bool { return len(rep.Points) > 0 },
+		files: []scenarioFile[*PDReport]{
+			{"pd-readwrite.md", (*PDReport).WriteMarkdown},
+			{"pd-readwrite.png", (*PDReport).WritePlot},
+		},
+	})
 }
 
 func (e *env) runPD(ctx context.Context, c PDConfig, rep *PDReport) error {
@@ -480,39 +454,11 @@ func (r *PDReport) WritePlot(w io.Writer) error {
 	return png.Encode(w, out)
 }
 
-// renderSweep draws one Sweep (TTFT and TPOT panels) as WritePlot does.
+// renderSweep draws one Sweep (TTFT and TPOT panels) as WritePlot does,
+// each line's points ordered by concurrency.
 func renderSweep(s bench.Sweep, title string, width, height int) *image.RGBA {
-	type key struct{ router, mode string }
-	var order []key
-	groups := map[key][]bench.SweepRow{}
-	for _, r := range s.Rows {
-		k := key{r.Router, r.Mode}
-		if _, ok := groups[k]; !ok {
-			order = append(order, k)
-		}
-		groups[k] = append(groups[k], r)
-	}
-	ttft := chart.Panel{Title: "TTFT vs concurrency", XLabel: "concurrency", YLabel: "TTFT ms", LogX: true}
-	tpot := chart.Panel{Title: "TPOT vs concurrency", XLabel: "concurrency", YLabel: "TPOT ms", LogX: true}
-	for i, k := range order {
-		rows := groups[k]
-		slices.SortFunc(rows, func(a, b bench.SweepRow) int { return a.Concurrency - b.Concurrency })
-		col := chart.Palette[i%len(chart.Palette)]
-		var x, t50, t99, p50, p99 []float64
-		for _, r := range rows {
-			x = append(x, float64(r.Concurrency))
-			t50 = append(t50, r.TTFTP50)
-			t99 = append(t99, r.TTFTP99)
-			p50 = append(p50, r.TPOTP50)
-			p99 = append(p99, r.TPOTP99)
-		}
-		name := k.router + " " + k.mode
-		ttft.Series = append(ttft.Series,
-			chart.Series{Name: name + " P50", X: x, Y: t50, Color: col},
-			chart.Series{Name: name + " P99", X: x, Y: t99, Color: col, Dashed: true})
-		tpot.Series = append(tpot.Series,
-			chart.Series{Name: name + " P50", X: x, Y: p50, Color: col},
-			chart.Series{Name: name + " P99", X: x, Y: p99, Color: col, Dashed: true})
-	}
+	s.Rows = slices.Clone(s.Rows)
+	slices.SortStableFunc(s.Rows, func(a, b bench.SweepRow) int { return a.Concurrency - b.Concurrency })
+	ttft, tpot := s.Panels()
 	return chart.Render(chart.Options{Width: width, Height: height, Title: title}, ttft, tpot)
 }
