@@ -20,7 +20,7 @@ run: build
 
 # The whole test suite: lint, unit + e2e tests under -race, fuzz and bench smoke.
 test: deps lint
-	$(GO) test -race -count=1 -timeout 20m ./...
+	$(GO) test -race -count=1 -p 1 -timeout 30m ./...
 	$(MAKE) fuzz-smoke bench-smoke
 
 test-short:
