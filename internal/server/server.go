@@ -266,7 +266,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		left := s.active.n()
 		s.log.Warn("shutdown deadline reached, cancelling in-flight requests", "in_flight", left)
 		cancelBase()
-		grace := min(max(s.o.ShutdownTimeout/4, 100*time.Millisecond), 5*time.Second)
+		grace := min(max(s.o.ShutdownTimeout/4, time.Second), 5*time.Second)
 		if !s.active.waitZero(grace) {
 			s.log.Warn("handlers still running after cancel; closing connections", "in_flight", s.active.n())
 		}
