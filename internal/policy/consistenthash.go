@@ -2,7 +2,6 @@ package policy
 
 import (
 	"cmp"
-	"fmt"
 	"slices"
 	"sort"
 	"strconv"
@@ -86,16 +85,7 @@ func (p *ConsistentHash) Pick(req *Request, c Candidates) (Choice, error) {
 // with the same key on their own ring, so a session keeps its P and its D.
 func (p *ConsistentHash) PickPair(req *Request, prefill, decode Candidates) (Choice, Choice, error) {
 	req = orEmpty(req)
-	key := p.keys.Key(req)
-	pc, err := p.pick(req, prefill, key)
-	if err != nil {
-		return Choice{}, Choice{}, fmt.Errorf("prefill: %w", err)
-	}
-	dc, err := p.pick(req, decode, key)
-	if err != nil {
-		return Choice{}, Choice{}, fmt.Errorf("decode: %w", err)
-	}
-	return pc, dc, nil
+	return pickPairByKey(p.pick, req, prefill, decode, p.keys.Key(req))
 }
 
 func (p *ConsistentHash) pick(req *Request, c Candidates, key string) (Choice, error) {

@@ -35,16 +35,7 @@ func (p *Rendezvous) Pick(req *Request, c Candidates) (Choice, error) {
 // PickPair implements PairPolicy (same key on both sides).
 func (p *Rendezvous) PickPair(req *Request, prefill, decode Candidates) (Choice, Choice, error) {
 	req = orEmpty(req)
-	key := p.keys.Key(req)
-	pc, err := p.pick(req, prefill, key)
-	if err != nil {
-		return Choice{}, Choice{}, fmt.Errorf("prefill: %w", err)
-	}
-	dc, err := p.pick(req, decode, key)
-	if err != nil {
-		return Choice{}, Choice{}, fmt.Errorf("decode: %w", err)
-	}
-	return pc, dc, nil
+	return pickPairByKey(p.pick, req, prefill, decode, p.keys.Key(req))
 }
 
 var zeroSep = []byte{0}
@@ -99,4 +90,18 @@ func (p *Rendezvous) pick(req *Request, c Candidates, key string) (Choice, error
 		}
 	}
 	return p.choice(best, reasonN("hrw fallback +", int64(rank))), nil
+}
+
+// pickPairByKey looks up the prefill and the decode with the same session
+// key, each among its own candidates, so a session keeps its P and its D.
+func pickPairByKey(pick func(*Request, Candidates, string) (Choice, error), req *Request, prefill, decode Candidates, key string) (Choice, Choice, error) {
+	pc, err := pick(req, prefill, key)
+	if err != nil {
+		return Choice{}, Choice{}, fmt.Errorf("prefill: %w", err)
+	}
+	dc, err := pick(req, decode, key)
+	if err != nil {
+		return Choice{}, Choice{}, fmt.Errorf("decode: %w", err)
+	}
+	return pc, dc, nil
 }
