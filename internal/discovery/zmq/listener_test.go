@@ -188,7 +188,12 @@ func TestListenerRegistersWithin100ms(t *testing.T) {
 	if w == nil || !w.Routable() || w.Role != worker.RolePrefill || e.l.FleetMode() != ModeWrite {
 		t.Fatalf("worker %+v mode %q", w, e.l.FleetMode())
 	}
+	// The registry announces the worker from inside the registration, before
+	// discovery publishes its own status snapshot: wait for that snapshot.
 	st := e.l.Status()
+	for deadline := time.Now().Add(time.Second); len(st.Instances) == 0 && time.Now().Before(deadline); st = e.l.Status() {
+		time.Sleep(time.Millisecond)
+	}
 	if st.FleetMode != ModeWrite || len(st.Instances) != 1 || st.Instances[0].HTTPAddress != "127.0.0.1:8100" ||
 		st.Instances[0].Held || st.Instances[0].LastSeen.IsZero() || st.TTLSeconds != 9 {
 		t.Fatalf("status %+v", st)
