@@ -286,6 +286,17 @@ func testCtx(t testing.TB) context.Context {
 }
 
 // counterValue reads a counter or gauge child.
+// eventuallyCounter waits up to a second for c to reach want and returns its
+// last value.
+func eventuallyCounter(t testing.TB, c any, want float64) float64 {
+	t.Helper()
+	v := counterValue(t, c)
+	for deadline := time.Now().Add(time.Second); v != want && time.Now().Before(deadline); v = counterValue(t, c) {
+		time.Sleep(time.Millisecond)
+	}
+	return v
+}
+
 func counterValue(t testing.TB, c any) float64 {
 	t.Helper()
 	m, ok := c.(prometheus.Metric)

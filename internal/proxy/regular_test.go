@@ -225,7 +225,9 @@ func TestNonRetryableStatusRelayed(t *testing.T) {
 	if code != 400 || !strings.Contains(body, "bad prompt") || hi.hits.Load() != 0 {
 		t.Fatalf("got %d %s, hi hits %d", code, body, hi.hits.Load())
 	}
-	if v := counterValue(t, f.m.CBOutcomes.WithLabelValues(lo.srv.URL, "success")); v != 1 {
+	// The outcome is recorded once the relay returns, which can be just after
+	// the client has read the whole (Content-Length) body.
+	if v := eventuallyCounter(t, f.m.CBOutcomes.WithLabelValues(lo.srv.URL, "success"), 1); v != 1 {
 		t.Errorf("4xx must count as breaker success, got %v", v)
 	}
 }

@@ -261,7 +261,9 @@ func TestMaxWaiting503(t *testing.T) {
 	u := startSim(t, "--max-num-seqs", "1", "--max-waiting", "1", "--decode-step-base", "20ms")
 	body := map[string]any{"prompt": "a", "max_tokens": 100, "ignore_eos": true, "stream": true}
 	done := make(chan struct{}, 2)
-	for range 2 {
+	// One after the other: sent together, the second can arrive while the
+	// first still queues, and is then (rightly) the one rejected.
+	for i, want := range []string{"one running", "one running and one waiting"} {
 		go func() {
 			resp, err := testClient.Do(newReq(t, ctx, http.MethodPost, u.url("/v1/completions"), body, nil))
 			if err == nil {
@@ -270,8 +272,8 @@ func TestMaxWaiting503(t *testing.T) {
 			}
 			done <- struct{}{}
 		}()
+		waitFor(t, want, func() bool { s := statsOf(t, u); return s.Running == 1 && s.Waiting == i })
 	}
-	waitFor(t, "one running and one waiting", func() bool { s := statsOf(t, u); return s.Running == 1 && s.Waiting == 1 })
 	r := postJSON(t, ctx, u.url("/v1/completions"), map[string]any{"prompt": "a", "max_tokens": 1}, nil)
 	if r.status != 503 {
 		t.Errorf("third request: %d, want 503", r.status)
