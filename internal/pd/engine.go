@@ -200,7 +200,11 @@ func New(o Options) (*Engine, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	e := &Engine{o: o, log: log.With("component", "pd"), m: o.Metrics, tr: o.Tracer}
-	e.pairs = newPairHealth(o.PairFailureThreshold, o.PairCooldown, o.Now)
+	probeTTL := time.Duration(0) // the cooldown, when no KV-wait bound exists
+	if o.KVWaitTimeout > 0 {
+		probeTTL = o.KVWaitTimeout + time.Second
+	}
+	e.pairs = newPairHealth(o.PairFailureThreshold, o.PairCooldown, probeTTL, o.Now)
 	e.down = map[*worker.Worker]chan struct{}{}
 	e.unsub = o.Registry.Subscribe(func(c worker.Change) {
 		for _, w := range c.Removed {
@@ -752,6 +756,9 @@ func (e *Engine) newPair(p, d policy.Choice) *pickedPair {
 	pr.RequestID = requestID(zmqAddr(p.Worker), zmqAddr(d.Worker), asV4(e.o.NewID()))
 	pr.TransferID = e.conn.TransferID(asV4(e.o.NewID()))
 	pr.reason = "prefill: " + p.Reason + "; decode: " + d.Reason
+	if e.pairs.claim(p.Worker.Key(), d.Worker.Key()) {
+		pr.reason += " (half-open probe of a pair whose transfers timed out)"
+	}
 	return pr
 }
 

@@ -55,7 +55,7 @@ func decodeUnlessFrom(bad string) func(http.ResponseWriter, *http.Request, *reco
 
 func TestPairHealthBlame(t *testing.T) {
 	now := time.Unix(0, 0)
-	h := newPairHealth(3, 10*time.Second, func() time.Time { return now })
+	h := newPairHealth(3, 10*time.Second, 0, func() time.Time { return now })
 	if bp, bd := h.failed("p1", "d1"); bp || bd {
 		t.Fatal("one pair's failure blames nobody")
 	}

@@ -13,7 +13,11 @@ import (
 // healthy on its own — e.g. a notify port unreachable from one decode host,
 // or a prefill whose writer thread died for one peer. After threshold
 // consecutive transfer failures the pair is avoided for cooldown whenever
-// another compatible decode exists; one success clears it.
+// another compatible decode exists; one success clears it. Once the cooldown
+// is over the pair is half-open: one request at a time probes it (claim),
+// the others keep avoiding it until the probe's KV arrives (the pair is
+// cleared) or does not (another cooldown). A probe whose outcome is never
+// reported (its client went away) is given up after probeTTL.
 //
 // A KV-wait timeout alone does not say which side failed. The evidence
 // comes from the other pairs: a worker whose transfers failed recently
@@ -23,6 +27,7 @@ import (
 type pairHealth struct {
 	threshold int
 	cooldown  time.Duration
+	probeTTL  time.Duration
 	now       func() time.Time
 
 	n  atomic.Int64 // len(m), for the lock-free fast paths
@@ -34,18 +39,30 @@ type pairState struct {
 	fails int       // consecutive transfer failures
 	last  time.Time // time of the last one
 	until time.Time // avoided until then (set once fails >= threshold)
+	probe time.Time // half-open: a probe is in flight until then
+}
+
+// halfOpenProbing reports whether st is past its cooldown with a probe in
+// flight at now.
+func (h *pairHealth) halfOpenProbing(st *pairState, now time.Time) bool {
+	return st.fails >= h.threshold && !now.Before(st.until) && now.Before(st.probe)
 }
 
 const maxTrackedPairs = 4096
 
-func newPairHealth(threshold int, cooldown time.Duration, now func() time.Time) *pairHealth {
+// probeTTL bounds how long a half-open probe is waited for; 0 means the
+// cooldown.
+func newPairHealth(threshold int, cooldown, probeTTL time.Duration, now func() time.Time) *pairHealth {
 	if threshold <= 0 {
 		threshold = 3
 	}
 	if cooldown <= 0 {
 		cooldown = 30 * time.Second
 	}
-	return &pairHealth{threshold: threshold, cooldown: cooldown, now: now, m: map[[2]string]*pairState{}}
+	if probeTTL <= 0 {
+		probeTTL = cooldown
+	}
+	return &pairHealth{threshold: threshold, cooldown: cooldown, probeTTL: probeTTL, now: now, m: map[[2]string]*pairState{}}
 }
 
 // record notes the outcome of a transfer between p and d.
@@ -88,6 +105,7 @@ func (h *pairHealth) failed(p, d string) (blameP, blameD bool) {
 	}
 	st.fails++
 	st.last = now
+	st.probe = time.Time{}
 	if st.fails >= h.threshold {
 		st.until = now.Add(h.cooldown)
 	}
@@ -119,7 +137,7 @@ func (h *pairHealth) suspects(p string, ds []*worker.Worker) map[string]bool {
 	now := h.now()
 	var out map[string]bool
 	for _, d := range ds {
-		if st := h.m[[2]string{p, d.Key()}]; st != nil && now.Before(st.until) {
+		if st := h.m[[2]string{p, d.Key()}]; st != nil && (now.Before(st.until) || h.halfOpenProbing(st, now)) {
 			if out == nil {
 				out = map[string]bool{}
 			}
@@ -127,6 +145,27 @@ func (h *pairHealth) suspects(p string, ds []*worker.Worker) map[string]bool {
 		}
 	}
 	return out
+}
+
+// claim is called when the pair p/d is picked. For a half-open pair it
+// takes the probe slot (the pair is then suspect to everyone else until the
+// outcome is recorded or probeTTL passes) and reports true.
+func (h *pairHealth) claim(p, d string) bool {
+	if h.n.Load() == 0 {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st := h.m[[2]string{p, d}]
+	if st == nil || st.fails < h.threshold {
+		return false
+	}
+	now := h.now()
+	if now.Before(st.until) || now.Before(st.probe) {
+		return false // still cooling down (a fallback pick), or probed already
+	}
+	st.probe = now.Add(h.probeTTL)
+	return true
 }
 
 // pruneLocked drops pairs that are neither in cooldown nor recently failed,

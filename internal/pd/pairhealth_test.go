@@ -3,6 +3,8 @@ package pd
 import (
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,7 +13,7 @@ import (
 
 func TestPairHealthUnit(t *testing.T) {
 	now := time.Unix(0, 0)
-	h := newPairHealth(2, 10*time.Second, func() time.Time { return now })
+	h := newPairHealth(2, 10*time.Second, 0, func() time.Time { return now })
 	d1 := worker.New(worker.Spec{URL: "http://d1", DPRank: -1}, worker.BreakerConfig{})
 	d2 := worker.New(worker.Spec{URL: "http://d2", DPRank: -1}, worker.BreakerConfig{})
 	ds := []*worker.Worker{d1, d2}
@@ -34,6 +36,50 @@ func TestPairHealthUnit(t *testing.T) {
 	h.record("p", d1.Key(), true)
 	if len(h.m) != 0 {
 		t.Fatal("success must clear the pair")
+	}
+}
+
+// TestPairHalfOpenProbe: after the cooldown one request at a time probes a
+// pair; the others keep avoiding it until the probe's outcome is known.
+func TestPairHalfOpenProbe(t *testing.T) {
+	now := time.Unix(0, 0)
+	h := newPairHealth(2, 10*time.Second, 3*time.Second, func() time.Time { return now })
+	d1 := worker.New(worker.Spec{URL: "http://d1", DPRank: -1}, worker.BreakerConfig{})
+	ds := []*worker.Worker{d1}
+	if h.claim("p", d1.Key()) {
+		t.Fatal("a pair never failed has no probe to claim")
+	}
+	h.record("p", d1.Key(), false)
+	h.record("p", d1.Key(), false)
+	if h.claim("p", d1.Key()) || !h.suspects("p", ds)[d1.Key()] {
+		t.Fatal("cooling down: no probe, suspect")
+	}
+	now = now.Add(11 * time.Second)
+	if h.suspects("p", ds)[d1.Key()] {
+		t.Fatal("half-open without a probe in flight must be pickable")
+	}
+	if !h.claim("p", d1.Key()) {
+		t.Fatal("the first pick after the cooldown is the probe")
+	}
+	if !h.suspects("p", ds)[d1.Key()] || h.claim("p", d1.Key()) {
+		t.Fatal("while the probe is in flight the pair is avoided and no second probe is granted")
+	}
+	now = now.Add(3 * time.Second)
+	if h.suspects("p", ds)[d1.Key()] || !h.claim("p", d1.Key()) {
+		t.Fatal("a probe never reported is given up after probeTTL")
+	}
+	h.record("p", d1.Key(), false) // the probe failed: another full cooldown
+	now = now.Add(9 * time.Second)
+	if !h.suspects("p", ds)[d1.Key()] || h.claim("p", d1.Key()) {
+		t.Fatal("a failed probe must start a new cooldown")
+	}
+	now = now.Add(2 * time.Second)
+	if !h.claim("p", d1.Key()) {
+		t.Fatal("second probe")
+	}
+	h.record("p", d1.Key(), true)
+	if len(h.suspects("p", ds)) != 0 || len(h.m) != 0 || h.claim("p", d1.Key()) {
+		t.Fatal("a successful probe clears the pair")
 	}
 }
 
@@ -63,5 +109,54 @@ func TestPairAvoidedAfterTransferTimeouts(t *testing.T) {
 	res := h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`)
 	if res.status != 200 || res.body != sseAll() {
 		t.Fatalf("pair not avoided: %d %q", res.status, res.body)
+	}
+}
+
+// TestPairHalfOpenOneProbeAtATime: once a suspect pair's cooldown is over,
+// concurrent requests send only one probe to it; the rest go elsewhere.
+func TestPairHalfOpenOneProbeAtATime(t *testing.T) {
+	P := newFake(t, prefillOK(`{"ok":true}`))
+	var d1Hits atomic.Int32
+	D1 := newFake(t, func(w http.ResponseWriter, r *http.Request, rec *recorded) {
+		d1Hits.Add(1)
+		startSSE(w)
+		<-r.Context().Done()
+	})
+	D2 := newFake(t, decodeSSE)
+	reg := worker.NewRegistry(worker.BreakerConfig{FailureThreshold: 100})
+	addWorker(t, reg, P.URL(), worker.RolePrefill, zmqAddr4(pZMQ, "WRITE"))
+	addWorker(t, reg, D1.URL(), worker.RoleDecode, zmqAddr4(dZMQ, "WRITE"))
+	addWorker(t, reg, D2.URL(), worker.RoleDecode, zmqAddr4("host:127.0.0.3,handshake:6301,notify:61005", "WRITE"))
+	h := newHarness(t, reg, Options{Connector: "moriio", KVWaitTimeout: 400 * time.Millisecond, MaxFailovers: -1,
+		PairFailureThreshold: 2, PairCooldown: 200 * time.Millisecond, DecodePolicy: &prefer{urls: []string{D1.URL()}}})
+	for i := range 2 {
+		if res := h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`); res.status != 504 {
+			t.Fatalf("request %d: want the stuck decode's 504, got %d %q", i, res.status, res.body)
+		}
+	}
+	time.Sleep(250 * time.Millisecond) // cooldown over: half-open
+	d1Hits.Store(0)
+	var wg sync.WaitGroup
+	codes := make([]int, 6)
+	for i := range codes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			codes[i] = h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`).status
+		}()
+		time.Sleep(20 * time.Millisecond) // the first one is the probe
+	}
+	wg.Wait()
+	if n := d1Hits.Load(); n != 1 {
+		t.Fatalf("the half-open pair got %d requests, want exactly one probe (codes %v)", n, codes)
+	}
+	ok := 0
+	for _, c := range codes {
+		if c == 200 {
+			ok++
+		}
+	}
+	if ok != len(codes)-1 {
+		t.Fatalf("codes %v: every request but the probe must succeed on the other decode", codes)
 	}
 }
