@@ -522,7 +522,7 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 		firstCh = make(chan firstRead, 1)
 		body := dResp.Body
 		go func() {
-			buf := make([]byte, 32<<10)
+			buf := make([]byte, 4<<10) // the first event(s); the relay reads the rest
 			for {
 				n, err := body.Read(buf)
 				if n > 0 || err != nil {

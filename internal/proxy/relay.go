@@ -171,9 +171,12 @@ func WriteSSEError(w http.ResponseWriter, res RelayResult, status int, message s
 	return nil
 }
 
-const bufSize = 32 << 10
+// bufSize is the relay's read size: a read returns what the upstream has
+// (one or a few SSE events), so a bigger buffer only helps large
+// non-streaming bodies, and costs memory on every open stream.
+const bufSize = 16 << 10
 
-// bufPool bounds the retained relay buffers (1024 × 32 KiB).
+// bufPool bounds the retained relay buffers (1024 × 16 KiB).
 var bufPool = make(chan *[]byte, 1024)
 
 func getBuf() *[]byte {

@@ -53,8 +53,12 @@ func NewTransport(o TransportOptions) *http.Transport {
 		DisableCompression:    true,
 		ForceAttemptHTTP2:     false,
 		ExpectContinueTimeout: 0,
-		WriteBufferSize:       32 << 10,
-		ReadBufferSize:        32 << 10,
+		// 8 KiB each way per upstream connection: SSE events are a few
+		// hundred bytes and bigger writes bypass the buffer anyway; at
+		// thousands of mostly idle streams these buffers are the router's
+		// memory (docs/BENCHMARKS.md, concurrency ceiling).
+		WriteBufferSize: 8 << 10,
+		ReadBufferSize:  8 << 10,
 	}
 }
 
