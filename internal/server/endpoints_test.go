@@ -191,9 +191,9 @@ func TestRegularEndpoints(t *testing.T) {
 				t.Fatalf("Allow %q", r.header.Get("Allow"))
 			}
 		}},
-		{"GET", "/v1/responses/abc?x=1", "", 200, func(t *testing.T, r resp) {
+		{"GET", "/v1/files/abc?x=1", "", 200, func(t *testing.T, r resp) {
 			m := r.json(t)
-			if m["passthrough"] != true || m["path"] != "/v1/responses/abc" || m["query"] != "x=1" {
+			if m["passthrough"] != true || m["path"] != "/v1/files/abc" || m["query"] != "x=1" {
 				t.Fatalf("body %s", r.body)
 			}
 		}},
@@ -369,7 +369,13 @@ func TestPDEndpoints(t *testing.T) {
 				t.Fatalf("ranks %v", ranks)
 			}
 		}},
-		{"GET", "/v1/responses/abc", "", 404, func(t *testing.T, r resp) { r.errMsg(t) }},
+		{"GET", "/v1/files/abc", "", 404, func(t *testing.T, r resp) { r.errMsg(t) }},
+		// fanned out to every worker; each answers 404, relayed as is
+		{"GET", "/v1/responses/abc", "", 404, func(t *testing.T, r resp) {
+			if !strings.Contains(string(r.body), "404 page not found") {
+				t.Fatalf("body %q", r.body)
+			}
+		}},
 		{"POST", "/v1/audio/foo", `{}`, 200, func(t *testing.T, r resp) {
 			if r.json(t)["passthrough"] != true {
 				t.Fatalf("body %s", r.body)

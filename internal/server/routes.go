@@ -64,6 +64,11 @@ func (s *Server) routes() {
 		rs = append(rs, route{"POST", p, accessNormal, kindGenerate, s.handleGenerate})
 	}
 	rs = append(rs,
+		route{"GET", "/v1/responses/{id}", accessNormal, kindOther, s.handleResponseFanOut},
+		route{"POST", "/v1/responses/{id}/cancel", accessNormal, kindOther, s.handleResponseFanOut},
+		route{"DELETE", "/v1/responses/{id}", accessNormal, kindOther, s.handleResponsesNotImplemented("delete")},
+		route{"GET", "/v1/responses/{id}/input", accessNormal, kindOther, s.handleResponsesNotImplemented("list input items")},
+
 		route{"POST", "/tokenize", accessNormal, kindOther, s.handlePassthrough},
 		route{"POST", "/detokenize", accessNormal, kindOther, s.handlePassthrough},
 

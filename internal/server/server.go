@@ -266,10 +266,15 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		left := s.active.n()
 		s.log.Warn("shutdown deadline reached, cancelling in-flight requests", "in_flight", left)
 		cancelBase()
+		// Shutdown again, not just a wait for the handlers: a handler that
+		// returned has not necessarily had its response flushed yet, and
+		// a connection only goes idle once it has.
 		grace := min(max(s.o.ShutdownTimeout/4, time.Second), 5*time.Second)
-		if !s.active.waitZero(grace) {
+		graceCtx, cancelGrace := context.WithTimeout(context.Background(), grace)
+		if hs.Shutdown(graceCtx) != nil {
 			s.log.Warn("handlers still running after cancel; closing connections", "in_flight", s.active.n())
 		}
+		cancelGrace()
 		_ = hs.Close()
 	}
 	if serr := <-errc; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
@@ -279,11 +284,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
-// activeCounter counts running handlers and lets shutdown wait for zero.
+// activeCounter counts running handlers (for the shutdown logs).
 type activeCounter struct {
-	mu     sync.Mutex
-	count  int
-	zeroCh chan struct{} // closed when count drops to 0 while someone waits
+	mu    sync.Mutex
+	count int
 }
 
 func (a *activeCounter) inc() {
@@ -295,10 +299,6 @@ func (a *activeCounter) inc() {
 func (a *activeCounter) dec() {
 	a.mu.Lock()
 	a.count--
-	if a.count == 0 && a.zeroCh != nil {
-		close(a.zeroCh)
-		a.zeroCh = nil
-	}
 	a.mu.Unlock()
 }
 
@@ -306,26 +306,4 @@ func (a *activeCounter) n() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.count
-}
-
-// waitZero waits up to d for the count to reach zero.
-func (a *activeCounter) waitZero(d time.Duration) bool {
-	a.mu.Lock()
-	if a.count == 0 {
-		a.mu.Unlock()
-		return true
-	}
-	if a.zeroCh == nil {
-		a.zeroCh = make(chan struct{})
-	}
-	ch := a.zeroCh
-	a.mu.Unlock()
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ch:
-		return true
-	case <-t.C:
-		return false
-	}
 }
