@@ -87,36 +87,22 @@ func TestPairHalfOpenProbe(t *testing.T) {
 // but never receives KV from one prefill is avoided for that prefill after
 // repeated KV-wait timeouts, before its circuit breaker would open.
 func TestPairAvoidedAfterTransferTimeouts(t *testing.T) {
-	P := newFake(t, prefillOK(`{"ok":true}`))
-	stuck := make(chan time.Time, 16)
-	D1 := newFake(t, func(w http.ResponseWriter, r *http.Request, rec *recorded) {
-		startSSE(w)
-		blockUntilCancelled(stuck)(w, r, rec)
-	})
-	D2 := newFake(t, decodeSSE)
-	reg := worker.NewRegistry(worker.BreakerConfig{FailureThreshold: 100})
-	addWorker(t, reg, P.URL(), worker.RolePrefill, zmqAddr4(pZMQ, "WRITE"))
-	addWorker(t, reg, D1.URL(), worker.RoleDecode, zmqAddr4(dZMQ, "WRITE"))
-	addWorker(t, reg, D2.URL(), worker.RoleDecode, zmqAddr4("host:127.0.0.3,handshake:6301,notify:61005", "WRITE"))
-	h := newHarness(t, reg, Options{Connector: "moriio", KVWaitTimeout: 100 * time.Millisecond, MaxFailovers: -1,
-		PairFailureThreshold: 2, DecodePolicy: &prefer{urls: []string{D1.URL()}}})
-	for i := range 2 {
-		res := h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`)
-		if res.status != 504 || !strings.Contains(res.body, "produced no output") {
-			t.Fatalf("request %d: want the stuck decode's 504 (no failover budget), got %d %q", i, res.status, res.body)
-		}
-	}
+	h, _ := stuckPairFleet(t, 100*time.Millisecond, 0)
 	res := h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`)
 	if res.status != 200 || res.body != sseAll() {
 		t.Fatalf("pair not avoided: %d %q", res.status, res.body)
 	}
 }
 
-// TestPairHalfOpenOneProbeAtATime: once a suspect pair's cooldown is over,
-// concurrent requests send only one probe to it; the rest go elsewhere.
-func TestPairHalfOpenOneProbeAtATime(t *testing.T) {
+// stuckPairFleet is one prefill and two decodes; the policy prefers D1,
+// which never gets its KV (its stream stays silent until cancelled). Two
+// requests have already timed out on P/D1, making the pair suspect
+// (PairFailureThreshold 2, no failover). It returns the harness and D1's
+// request counter.
+func stuckPairFleet(t *testing.T, kvWait, cooldown time.Duration) (*harness, *atomic.Int32) {
+	t.Helper()
 	P := newFake(t, prefillOK(`{"ok":true}`))
-	var d1Hits atomic.Int32
+	d1Hits := new(atomic.Int32)
 	D1 := newFake(t, func(w http.ResponseWriter, r *http.Request, rec *recorded) {
 		d1Hits.Add(1)
 		startSSE(w)
@@ -127,13 +113,21 @@ func TestPairHalfOpenOneProbeAtATime(t *testing.T) {
 	addWorker(t, reg, P.URL(), worker.RolePrefill, zmqAddr4(pZMQ, "WRITE"))
 	addWorker(t, reg, D1.URL(), worker.RoleDecode, zmqAddr4(dZMQ, "WRITE"))
 	addWorker(t, reg, D2.URL(), worker.RoleDecode, zmqAddr4("host:127.0.0.3,handshake:6301,notify:61005", "WRITE"))
-	h := newHarness(t, reg, Options{Connector: "moriio", KVWaitTimeout: 400 * time.Millisecond, MaxFailovers: -1,
-		PairFailureThreshold: 2, PairCooldown: 200 * time.Millisecond, DecodePolicy: &prefer{urls: []string{D1.URL()}}})
+	h := newHarness(t, reg, Options{Connector: "moriio", KVWaitTimeout: kvWait, MaxFailovers: -1,
+		PairFailureThreshold: 2, PairCooldown: cooldown, DecodePolicy: &prefer{urls: []string{D1.URL()}}})
 	for i := range 2 {
-		if res := h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`); res.status != 504 {
-			t.Fatalf("request %d: want the stuck decode's 504, got %d %q", i, res.status, res.body)
+		res := h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`)
+		if res.status != 504 || !strings.Contains(res.body, "produced no output") {
+			t.Fatalf("request %d: want the stuck decode's 504 (no failover budget), got %d %q", i, res.status, res.body)
 		}
 	}
+	return h, d1Hits
+}
+
+// TestPairHalfOpenOneProbeAtATime: once a suspect pair's cooldown is over,
+// concurrent requests send only one probe to it; the rest go elsewhere.
+func TestPairHalfOpenOneProbeAtATime(t *testing.T) {
+	h, d1Hits := stuckPairFleet(t, 400*time.Millisecond, 200*time.Millisecond)
 	time.Sleep(250 * time.Millisecond) // cooldown over: half-open
 	d1Hits.Store(0)
 	var wg sync.WaitGroup
