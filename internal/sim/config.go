@@ -68,6 +68,9 @@ type Config struct {
 	DeferTimeout   time.Duration
 	TransferTime   time.Duration
 
+	ResponsesStore    bool // VLLM_ENABLE_RESPONSES_API_STORE=1
+	ResponsesStoreMax int  // stored responses kept; the oldest is evicted
+
 	Faults FaultConfig
 
 	LogLevel string
@@ -188,6 +191,8 @@ func ParseArgs(args []string, stderr io.Writer) (Config, error) {
 	fs.DurationVar(&c.KVWaitTimeout, "kv-wait-timeout", 0, "decode: fail a request whose remote KV has not arrived after this long (0 = wait forever, like vLLM)")
 	fs.DurationVar(&c.DeferTimeout, "defer-timeout", 60*time.Second, "prefill: free pinned blocks no consumer claimed after this long")
 	fs.DurationVar(&c.TransferTime, "transfer-timeout", 30*time.Second, "handshake and KV read timeout")
+	fs.BoolVar(&c.ResponsesStore, "responses-store", false, "keep /v1/responses results for GET /v1/responses/{id} (mirrors vLLM's VLLM_ENABLE_RESPONSES_API_STORE=1)")
+	fs.IntVar(&c.ResponsesStoreMax, "responses-store-max", 10000, "responses kept by --responses-store; the oldest is evicted when full")
 
 	fs.IntVar(&c.Faults.FailNext, "fail-next", 0, "fail the next N generation requests with --fail-status")
 	fs.IntVar(&c.Faults.FailStatus, "fail-status", 500, "HTTP status used by --fail-next")
@@ -376,6 +381,9 @@ func (c *Config) Validate() error {
 	}
 	if c.TransferTime <= 0 {
 		bad("transfer-timeout", "must be > 0, got %v", c.TransferTime)
+	}
+	if c.ResponsesStoreMax < 1 {
+		bad("responses-store-max", "must be >= 1, got %d", c.ResponsesStoreMax)
 	}
 	f := c.Faults
 	if f.FailNext < 0 {

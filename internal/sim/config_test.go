@@ -43,6 +43,8 @@ func TestParseArgsRejectsBadValues(t *testing.T) {
 		{"--slow-factor", "0"},
 		{"--max-waiting", "-2"},
 		{"--max-model-len", "999999999"},
+		{"--responses-store-max", "0"},
+		{"--responses-store-max", "-1"},
 		{"--log-level", "loud"},
 	}
 	for _, args := range cases {
@@ -80,6 +82,31 @@ func TestParseArgsPresetsAndOverrides(t *testing.T) {
 	z, _, _ := Preset(PresetZero)
 	if z.PrefillTime(8000) != 0 || z.StepTime(100) != 0 || z.TransferTime(8000) != 0 {
 		t.Errorf("zero preset has latency: %+v", z)
+	}
+}
+
+func TestParseArgsResponsesStore(t *testing.T) {
+	for _, c := range []struct {
+		args  []string
+		store bool
+		max   int
+	}{
+		{nil, false, 10000},
+		{[]string{"--responses-store"}, true, 10000},
+		{[]string{"--responses-store", "--responses-store-max", "1"}, true, 1},
+	} {
+		cfg, err := ParseArgs(c.args, io.Discard)
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		if cfg.ResponsesStore != c.store || cfg.ResponsesStoreMax != c.max {
+			t.Errorf("%v: store %v max %d, want %v %d", c.args, cfg.ResponsesStore, cfg.ResponsesStoreMax, c.store, c.max)
+		}
+	}
+	var help strings.Builder
+	_, _ = ParseArgs([]string{"--help"}, &help)
+	if !strings.Contains(help.String(), "VLLM_ENABLE_RESPONSES_API_STORE=1") {
+		t.Errorf("--help does not name VLLM_ENABLE_RESPONSES_API_STORE=1:\n%s", help.String())
 	}
 }
 

@@ -39,8 +39,17 @@ func (in *Instance) routes() http.Handler {
 		"/sim/stats":           {map[string]http.HandlerFunc{http.MethodGet: in.handleStats}},
 		"/sim/faults":          {map[string]http.HandlerFunc{http.MethodGet: in.handleFaultsGet, http.MethodPost: in.handleFaultsPost}},
 	}
+	// Paths with parameters: a "{name}" segment matches one non-empty path
+	// segment, like a FastAPI path parameter.
+	params := []paramRoute{
+		{splitPath("/v1/responses/{response_id}"), route{map[string]http.HandlerFunc{http.MethodGet: in.handleRetrieveResponse}}},
+		{splitPath("/v1/responses/{response_id}/cancel"), route{map[string]http.HandlerFunc{http.MethodPost: in.handleCancelResponse}}},
+	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rt, ok := table[r.URL.Path]
+		if !ok {
+			rt, ok = matchParamRoute(params, r)
+		}
 		if !ok {
 			in.writeError(w, &apiError{status: http.StatusNotFound, typ: "Not Found", message: "Not Found"})
 			return
@@ -61,6 +70,42 @@ func (in *Instance) routes() http.Handler {
 		f(w, r)
 	})
 	return in.recoverMiddleware(h)
+}
+
+// paramRoute is a route whose path has "{name}" segments.
+type paramRoute struct {
+	segs []string
+	route
+}
+
+func splitPath(p string) []string { return strings.Split(strings.TrimPrefix(p, "/"), "/") }
+
+// matchParamRoute finds the parameterised route of r's path and sets its
+// parameters as r's path values.
+func matchParamRoute(params []paramRoute, r *http.Request) (route, bool) {
+	segs := splitPath(r.URL.Path)
+next:
+	for _, pr := range params {
+		if len(pr.segs) != len(segs) {
+			continue
+		}
+		for i, s := range pr.segs {
+			if !isParam(s) && s != segs[i] || isParam(s) && segs[i] == "" {
+				continue next
+			}
+		}
+		for i, s := range pr.segs {
+			if isParam(s) {
+				r.SetPathValue(s[1:len(s)-1], segs[i])
+			}
+		}
+		return pr.route, true
+	}
+	return route{}, false
+}
+
+func isParam(seg string) bool {
+	return len(seg) > 2 && seg[0] == '{' && seg[len(seg)-1] == '}'
 }
 
 // recoverMiddleware turns a handler panic into a 500 (or a cut stream).
@@ -128,6 +173,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 		http.Error(w, err.Error(), 500)
 		return
 	}
+	writeRawJSON(w, status, b)
+}
+
+// writeRawJSON writes an already encoded JSON body.
+func writeRawJSON(w http.ResponseWriter, status int, b []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(b)

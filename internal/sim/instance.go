@@ -72,6 +72,9 @@ type Instance struct {
 	wordsMu sync.Mutex
 	words   map[uint32]string
 
+	// respStore is the Responses API store (--responses-store); nil = off.
+	respStore *responseStore
+
 	// freshConns are accepted HTTP connections that have not carried a
 	// request yet (a client's spare dial). http.Server.Shutdown counts them
 	// as active for 5 s, so Close closes them itself.
@@ -167,6 +170,9 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Instance, error) {
 		slowFactor: cfg.Faults.SlowFactor, maxWaiting: cfg.Faults.MaxWaiting, failReads: cfg.Faults.FailReads,
 	}
 	in.heartbeatOn.Store(!cfg.Faults.NoHeartbeat)
+	if cfg.ResponsesStore {
+		in.respStore = newResponseStore(cfg.ResponsesStoreMax)
+	}
 	in.hs = &handshakes{in: in, m: make(map[string]*hsState)}
 	in.pool = sidechan.NewPool(ictx, in.log, 2*time.Second)
 	in.pool.OnDrop = func(string, error) { in.ctr.sideChannelDrops.Add(1) }

@@ -98,6 +98,7 @@ type genReq struct {
 	index           int    // choice index in a batch
 	instructions    *string
 	kvDropped       bool // /v1/responses: kv_transfer_params was sent and ignored
+	store           bool // /v1/responses: "store" is true or absent
 	created         int64
 }
 

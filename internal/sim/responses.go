@@ -14,7 +14,8 @@ import (
 
 // A minimal vLLM-like /v1/responses (OpenAI Responses API): text input
 // only, one assistant message as output, no tools, no reasoning, no
-// storage. It is served like a plain generation on every role: vLLM
+// background mode; final responses are kept for GET /v1/responses/{id} only
+// with --responses-store (responses_store.go). It is served like a plain generation on every role: vLLM
 // versions before PR #37424 have no kv_transfer_params on this route (the
 // request field is dropped and the response has none), so the route cannot
 // be PD-split; a kv_transfer_params sent here on a P or D is counted as a
@@ -29,6 +30,7 @@ type rawResponses struct {
 	IgnoreEOS       *bool           `json:"ignore_eos"`
 	Seed            *int64          `json:"seed"`
 	KVParams        json.RawMessage `json:"kv_transfer_params"`
+	Store           json.RawMessage `json:"store"`
 }
 
 // parseResponses validates a /v1/responses body. The prompt is the chat
@@ -52,6 +54,11 @@ func (in *Instance) parseResponses(body []byte, xrid string) (*genReq, *apiError
 		}
 		return g, badRequest("invalid JSON body: %v", err)
 	}
+	store, aerr := parseStore(raw.Store)
+	if aerr != nil {
+		return g, aerr
+	}
+	g.store = store
 	if len(raw.KVParams) > 0 && string(raw.KVParams) != "null" {
 		g.kvRaw = raw.KVParams
 		g.kvDropped = true
@@ -102,6 +109,28 @@ func (in *Instance) parseResponses(body []byte, xrid string) (*genReq, *apiError
 	g.requestID = "resp_" + id
 	g.respID = g.requestID
 	return g, nil
+}
+
+// parseStore reads "store": absent means true (the OpenAI default), null is
+// vLLM's None, which is falsy (not stored); anything but a boolean is a type
+// error like the other fields'.
+func parseStore(raw json.RawMessage) (bool, *apiError) {
+	if len(raw) == 0 {
+		return true, nil
+	}
+	if string(raw) == "null" {
+		return false, nil
+	}
+	var b bool
+	if err := json.Unmarshal(raw, &b); err != nil {
+		got := "value"
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			got = te.Value
+		}
+		return false, &apiError{status: 400, typ: "BadRequestError", message: fmt.Sprintf("invalid type for field %q: got JSON %s", "store", got), param: "store"}
+	}
+	return b, nil
 }
 
 // parseResponsesInput accepts a string (one user message) or a list of
@@ -227,7 +256,9 @@ func (in *Instance) responsesJSON(w http.ResponseWriter, r *http.Request, j *job
 	for i := range p.Generated {
 		text.WriteString(j.tokenPiece(i))
 	}
-	writeJSON(w, 200, j.responseObject(p, text.String()))
+	b, _ := json.Marshal(j.responseObject(p, text.String()))
+	in.storeResponse(j.g, b)
+	writeRawJSON(w, http.StatusOK, b)
 }
 
 // responsesStream serves a streaming /v1/responses request with vLLM's SSE
@@ -283,7 +314,10 @@ func (in *Instance) responsesStream(w http.ResponseWriter, r *http.Request, j *j
 		send("response.output_text.done", map[string]any{"item_id": msgID, "output_index": 0, "content_index": 0, "text": t, "logprobs": []any{}})
 		send("response.content_part.done", map[string]any{"item_id": msgID, "output_index": 0, "content_index": 0, "part": responseTextPart(t)})
 		send("response.output_item.done", map[string]any{"output_index": 0, "item": j.responseMessage("completed", t)})
-		send("response.completed", map[string]any{"response": j.responseObject(p, t)})
+		// vLLM stores the final object before it sends response.completed.
+		b, _ := json.Marshal(j.responseObject(p, t))
+		in.storeResponse(j.g, b)
+		send("response.completed", map[string]any{"response": json.RawMessage(b)})
 	}
 	_ = rc.Flush()
 	j.finished(p)
