@@ -389,6 +389,7 @@ func (a *app) buildServer(ctx context.Context) error {
 			StreamIdleTimeout: cfg.StreamIdleTimeout(),
 			MaxFailovers:      cfg.PDMaxFailovers,
 			SplitResponses:    cfg.PDSplitResponses,
+			Warmup:            cfg.PDWarmup,
 			Profile:           cfg.Profile,
 			Metrics:           a.m,
 			Logger:            a.log,

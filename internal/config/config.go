@@ -181,6 +181,7 @@ type Config struct {
 	PrefillDataParallelSize    int      `json:"prefill_data_parallel_size"` // 0 = --intra-node-data-parallel-size
 	DecodeDataParallelSize     int      `json:"decode_data_parallel_size"`  // 0 = --intra-node-data-parallel-size
 	PDSplitResponses           bool     `json:"pd_split_responses"`
+	PDWarmup                   bool     `json:"pd_warmup"`
 
 	// ConfigFile is --config; it cannot be set from inside a config file.
 	ConfigFile string `json:"-"`
@@ -235,6 +236,7 @@ func Default() *Config {
 		QueueSize:                  100,
 		QueueTimeoutSecs:           60,
 		ForwardClientAuthorization: true,
+		PDWarmup:                   true,
 		ShutdownTimeoutSecs:        30,
 		LogFormat:                  LogFormatText,
 		ConnectTimeoutSecs:         3,

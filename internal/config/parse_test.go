@@ -77,6 +77,7 @@ func TestDefaults(t *testing.T) {
 		QueueSize:                      100,
 		QueueTimeoutSecs:               60,
 		ForwardClientAuthorization:     true,
+		PDWarmup:                       true,
 		ShutdownTimeoutSecs:            30,
 		LogFormat:                      "text",
 		ConnectTimeoutSecs:             3,
@@ -203,6 +204,7 @@ var flagCases = []struct {
 	{"prefill-data-parallel-size", "2", func(c *Config) any { return c.PrefillDataParallelSize }, 2},
 	{"decode-data-parallel-size", "3", func(c *Config) any { return c.DecodeDataParallelSize }, 3},
 	{"pd-split-responses", "", func(c *Config) any { return c.PDSplitResponses }, true},
+	{"pd-warmup", "false", func(c *Config) any { return c.PDWarmup }, false},
 	{"config", "", nil, nil}, // covered by the config-file tests
 }
 

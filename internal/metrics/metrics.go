@@ -77,6 +77,7 @@ type Metrics struct {
 	PDDecodeSeconds  *prometheus.HistogramVec // connector, mode
 	PDLegErrors      *prometheus.CounterVec   // leg, reason
 	PDFailovers      *prometheus.CounterVec   // reason
+	PDWarmups        *prometheus.CounterVec   // result: ok | failed
 
 	// discovery
 	DiscoveryRegistrations *prometheus.CounterVec // role, format
@@ -141,6 +142,7 @@ func New(reg *prometheus.Registry) *Metrics {
 	m.PDDecodeSeconds = f.histVec("vllm_router_pd_decode_duration_seconds", "Decode leg duration from send to the last byte.", DurationBuckets, "connector", "mode")
 	m.PDLegErrors = f.counterVec("vllm_router_pd_leg_errors_total", "PD leg failures by leg and reason.", "leg", "reason")
 	m.PDFailovers = f.counterVec("vllm_router_pd_failovers_total", "PD pairs re-picked before the first byte, by reason.", "reason")
+	m.PDWarmups = f.counterVec("vllm_router_pd_warmups_total", "Warm-up requests sent through new prefill/decode pairs (--pd-warmup), by result.", "result")
 
 	m.DiscoveryRegistrations = f.counterVec("vllm_router_discovery_registrations_total", "Registration messages accepted, by role and format.", "role", "format")
 	m.DiscoveryDropped = f.counterVec("vllm_router_discovery_dropped_total", "Discovery messages dropped, by reason.", "reason")

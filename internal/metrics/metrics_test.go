@@ -70,6 +70,7 @@ func touchAll(m *Metrics) {
 	m.PDDecodeSeconds.WithLabelValues("moriio", "concurrent").Observe(1.5)
 	m.PDLegErrors.WithLabelValues("decode", "kv_wait_timeout").Inc()
 	m.PDFailovers.WithLabelValues("connect").Inc()
+	m.PDWarmups.WithLabelValues("ok").Inc()
 
 	m.DiscoveryRegistrations.WithLabelValues("prefill", "moriio-new").Inc()
 	m.DiscoveryDropped.WithLabelValues("malformed").Inc()
@@ -140,6 +141,7 @@ func TestGoldenExposition(t *testing.T) {
 		"vllm_router_pd_kv_wait_seconds",
 		"vllm_router_pd_decode_duration_seconds",
 		"vllm_router_pd_failovers_total",
+		"vllm_router_pd_warmups_total",
 		"vllm_router_discovery_instances",
 		"vllm_router_discovery_held_instances",
 	}

@@ -359,7 +359,7 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 		pl       *leg
 	)
 	observeP := func(out prefillOut) {
-		if e.m != nil && out.fail == nil {
+		if e.m != nil && !st.warmup && out.fail == nil {
 			e.m.PDPrefillSeconds.WithLabelValues(labels...).Observe(out.dur.Seconds())
 		}
 	}
@@ -537,7 +537,7 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 		if len(f.b) > 0 || errors.Is(f.err, io.EOF) {
 			gotFirst, first, firstEOF = true, f.b, errors.Is(f.err, io.EOF)
 			tracing.Event(dl.span, tracing.EventFirstByte)
-			if e.m != nil {
+			if e.m != nil && !st.warmup {
 				e.m.PDKVWaitSeconds.WithLabelValues(labels...).Observe(e.o.Now().Sub(dl.sent).Seconds())
 			}
 			return nil
@@ -668,10 +668,13 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 	// Commit: D's status is known and D produced a byte (or ended its body).
 	// The KV arrived: the pair is fine, and so is a prefill already done.
 	e.pairs.succeeded(pr.P.Key(), pr.D.Key())
+	if e.warm != nil {
+		e.warm.used(pr.P, pr.D)
+	}
 	if pl != nil && pWatch == nil {
 		pl.settle(worker.OutcomeSuccess)
 	}
-	if e.m != nil {
+	if e.m != nil && !st.warmup {
 		d := e.o.Now().Sub(st.start).Seconds()
 		e.m.PDRequestDur.WithLabelValues(st.route).Observe(d)
 		e.m.GenerateDur.Observe(d) // time to response headers, as on the regular path
@@ -723,13 +726,13 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 		IdleTimeout: e.o.StreamIdleTimeout,
 		Observe:     observeUsage,
 		OnFirstByte: func() {
-			if e.m != nil && st.stream {
+			if e.m != nil && !st.warmup && st.stream {
 				e.m.TTFT.WithLabelValues(st.route, "pd").Observe(e.o.Now().Sub(st.start).Seconds())
 			}
 		},
 	})
 	finishUsage(res.UpstreamErr == nil && res.DownstreamOK && dResp.StatusCode < 300)
-	if e.m != nil {
+	if e.m != nil && !st.warmup {
 		e.m.PDDecodeSeconds.WithLabelValues(labels...).Observe(e.o.Now().Sub(dl.sent).Seconds())
 	}
 	switch {
@@ -841,7 +844,7 @@ func (e *Engine) writeMerged(ctx context.Context, w http.ResponseWriter, st *req
 		proxy.CountUsage(e.m, decoded)
 	}
 	dl.finish(true)
-	if e.m != nil {
+	if e.m != nil && !st.warmup {
 		e.m.PDDecodeSeconds.WithLabelValues(labels...).Observe(e.o.Now().Sub(dl.sent).Seconds())
 	}
 	return nil
@@ -871,7 +874,7 @@ func (e *Engine) writeFailure(w http.ResponseWriter, st *reqState, f *failure) {
 		et = f.reason
 	}
 	e.countErr(et)
-	if e.m != nil {
+	if e.m != nil && !st.warmup {
 		e.m.PDRequestDur.WithLabelValues(st.route).Observe(e.o.Now().Sub(st.start).Seconds())
 	}
 	if f.reason == "client_disconnect" {

@@ -121,6 +121,10 @@ type Options struct {
 	// request is passed as is to one prefill worker (picked by
 	// PrefillPolicy), which serves it like any vLLM.
 	SplitResponses bool
+	// Warmup sends one 1-token request through every new prefill/decode
+	// instance pair, so its first-contact KV handshake happens before real
+	// traffic (warmup.go).
+	Warmup bool
 }
 
 // Engine is the PD dispatcher. It implements proxy.Dispatcher.
@@ -130,6 +134,8 @@ type Engine struct {
 	boot *bootstrapper
 	// pairs avoids P/D pairs whose transfers keep timing out.
 	pairs *pairHealth
+	// warm warms new pairs up (nil when Options.Warmup is off).
+	warm *warmer
 	// down wakes attempts waiting for the KV of a prefill seen dead.
 	downMu sync.Mutex
 	down   map[*worker.Worker]chan struct{}
@@ -206,9 +212,15 @@ func New(o Options) (*Engine, error) {
 	}
 	e.pairs = newPairHealth(o.PairFailureThreshold, o.PairCooldown, probeTTL, o.Now)
 	e.down = map[*worker.Worker]chan struct{}{}
+	if o.Warmup {
+		e.warm = newWarmer(e)
+	}
 	e.unsub = o.Registry.Subscribe(func(c worker.Change) {
 		for _, w := range c.Removed {
 			e.markDown(w)
+		}
+		if e.warm != nil {
+			e.warm.changed(c)
 		}
 	})
 	for _, h := range o.HashHeaders {
@@ -225,6 +237,9 @@ func New(o Options) (*Engine, error) {
 	if e.boot != nil {
 		e.boot.start()
 	}
+	if e.warm != nil {
+		e.warm.start()
+	}
 	return e, nil
 }
 
@@ -240,6 +255,9 @@ func (e *Engine) Close() {
 	e.unsub()
 	if e.boot != nil {
 		e.boot.close()
+	}
+	if e.warm != nil {
+		e.warm.stop()
 	}
 	e.bg.Wait()
 }
@@ -341,6 +359,7 @@ type reqState struct {
 	avoid    map[string]bool
 	attempt  int // 1-based number of the current (P, D) attempt
 	rc       *proxy.Receipt
+	warmup   bool // a pair warm-up (warmup.go): kept out of the request metrics
 }
 
 // Dispatch serves one PD generation request.
@@ -579,7 +598,8 @@ func (e *Engine) scanPairs(req *policy.Request, snap *worker.Snapshot, st *reqSt
 		if err == nil && p.Worker != nil && d.Worker != nil && req.Usable(p.Worker) && req.Usable(d.Worker) &&
 			p.Worker.Role == worker.RolePrefill && d.Worker.Role == worker.RoleDecode && e.conn.Compatible(p.Worker, d.Worker) &&
 			!st.badPairs[[2]string{p.Worker.Key(), d.Worker.Key()}] &&
-			!e.pairs.suspects(p.Worker.Key(), []*worker.Worker{d.Worker})[d.Worker.Key()] {
+			!e.pairs.suspects(p.Worker.Key(), []*worker.Worker{d.Worker})[d.Worker.Key()] &&
+			!e.warm.cold(p.Worker, d.Worker) {
 			return e.newPair(p, d), nil, ""
 		}
 	}
@@ -619,6 +639,13 @@ func (e *Engine) scanPairs(req *policy.Request, snap *worker.Snapshot, st *reqSt
 		for k := range e.pairs.suspects(pk, dc.Workers) {
 			alt.Exclude[k] = true
 		}
+		if e.warm != nil && e.warm.nCold.Load() > 0 {
+			for _, d := range dc.Workers {
+				if e.warm.cold(p.Worker, d) {
+					alt.Exclude[d.Key()] = true
+				}
+			}
+		}
 		if d, err := e.o.DecodePolicy.Pick(&alt, dc); err == nil && d.Worker != nil {
 			return e.newPair(p, d), nil, ""
 		}
@@ -633,7 +660,11 @@ func (e *Engine) scanPairs(req *policy.Request, snap *worker.Snapshot, st *reqSt
 		alt.Exclude = e.withBadPairs(ex, st, fbP.Worker.Key())
 		if d, err := e.o.DecodePolicy.Pick(&alt, fbD); err == nil && d.Worker != nil {
 			fallback = e.newPair(fbP, d)
-			fallback.reason += " (every pair suspect: transfers keep timing out)"
+			if e.warm.cold(fbP.Worker, d.Worker) && !e.pairs.suspects(fbP.Worker.Key(), []*worker.Worker{d.Worker})[d.Worker.Key()] {
+				fallback.reason += " (every pair suspect or still warming up)"
+			} else {
+				fallback.reason += " (every pair suspect: transfers keep timing out)"
+			}
 		}
 	}
 	return nil, fallback, modeMsg

@@ -275,6 +275,24 @@ func (t *Tracer) StartServer(r *http.Request, route string) (context.Context, tr
 	return ctx, span
 }
 
+// StartInternal starts a root span for work the router does on its own
+// (a PD pair warm-up), so the legs it sends have a parent. It returns ctx
+// and a nil span when t is disabled; end the span with End.
+func (t *Tracer) StartInternal(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	if t == nil {
+		return ctx, nil
+	}
+	return t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindInternal), trace.WithNewRoot(),
+		trace.WithAttributes(attrs...))
+}
+
+// End ends span. Nil-safe.
+func End(span trace.Span) {
+	if span != nil {
+		span.End()
+	}
+}
+
 // EndServer records the response on a server span and ends it: status
 // code, request id, error type; status Error on 5xx. Nil-safe.
 func EndServer(span trace.Span, status int, requestID, errType string) {

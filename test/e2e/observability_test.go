@@ -196,17 +196,29 @@ func TestObservabilityPDPhases(t *testing.T) {
 func checkPDTraces(t *testing.T, spans []otlptest.Span, n int, clientTrace, order string) {
 	t.Helper()
 	servers := map[string]otlptest.Span{} // span id → server span
+	warmups := map[string]otlptest.Span{} // span id → the router's pair warm-up
 	for _, s := range spans {
 		if s.Kind == 2 && s.Name == "POST /v1/completions" {
 			servers[s.SpanID] = s
+		}
+		if s.Kind == 1 && s.Name == "pd warm-up" {
+			warmups[s.SpanID] = s
 		}
 	}
 	if len(servers) != n {
 		t.Fatalf("%d server spans exported (of %d spans), want %d", len(servers), len(spans), n)
 	}
+	if len(warmups) > 1 {
+		t.Fatalf("%d warm-up spans for one pair", len(warmups))
+	}
 	legs := map[string]map[string]otlptest.Span{} // server span id → phase → leg
+	warmLegs := 0
 	for _, s := range spans {
 		if s.Kind != 3 {
+			continue
+		}
+		if w, ok := warmups[s.ParentID]; ok && s.TraceID == w.TraceID {
+			warmLegs++
 			continue
 		}
 		srv, ok := servers[s.ParentID]
@@ -217,6 +229,9 @@ func checkPDTraces(t *testing.T, spans []otlptest.Span, n int, clientTrace, orde
 			legs[s.ParentID] = map[string]otlptest.Span{}
 		}
 		legs[s.ParentID][s.Attrs["vllm.request_phase"]] = s
+	}
+	if warmLegs != 2*len(warmups) {
+		t.Fatalf("%d leg spans under %d warm-up span(s), want a prefill and a decode each", warmLegs, len(warmups))
 	}
 	for id, srv := range servers {
 		if srv.TraceID != clientTrace || srv.Service != "switchyard" || srv.Attrs["http.response.status_code"] != "200" {

@@ -109,8 +109,11 @@ func TestPDMoRIIO(t *testing.T) {
 			f := startDiscoveredFleet(t, "moriio", mode)
 			f.checkOutputs(t)
 			pst, dst := f.p[0].Stats(t), f.d[0].Stats(t)
-			if pst.Requests.PrefillLeg != int64(len(pdRequests)) || dst.Requests.DecodeLeg != int64(len(pdRequests)) {
-				t.Fatalf("legs: prefill %d decode %d, want %d each", pst.Requests.PrefillLeg, dst.Requests.DecodeLeg, len(pdRequests))
+			// plus the router's own warm-up of the pair (--pd-warmup), when it
+			// ran before the first request found the pair
+			want := int64(len(pdRequests)) + warmups(t, f.r)
+			if pst.Requests.PrefillLeg != want || dst.Requests.DecodeLeg != want {
+				t.Fatalf("legs: prefill %d decode %d, want %d each", pst.Requests.PrefillLeg, dst.Requests.DecodeLeg, want)
 			}
 			var workers struct {
 				Total int `json:"total"`
@@ -444,6 +447,59 @@ func TestPDResponsesAndBatchedPrompts(t *testing.T) {
 			}
 			if after := f.p[0].Stats(t).Requests.Completions + f.d[0].Stats(t).Requests.Completions; after != before {
 				t.Errorf("the rejected batched completion reached the workers (%d -> %d completions)", before, after)
+			}
+			f.assertClean(t)
+		})
+	}
+}
+
+// warmups is how many pair warm-ups the router has sent.
+func warmups(t *testing.T, r *router) int64 {
+	t.Helper()
+	mfs, _ := scrape(t, r.Metrics)
+	var n float64
+	if mf := mfs["vllm_router_pd_warmups_total"]; mf != nil {
+		for _, m := range mf.GetMetric() {
+			n += m.GetCounter().GetValue()
+		}
+	}
+	return int64(n)
+}
+
+// TestPDWarmupTakesTheHandshake: a new P/D pair's first request pays the
+// engines' first-contact KV handshake (1.5 s here) unless the router has
+// already warmed the pair up.
+func TestPDWarmupTakesTheHandshake(t *testing.T) {
+	const hs = 1500 * time.Millisecond
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{{"warm-up", nil}, {"no warm-up", []string{"--pd-warmup=false"}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := startDiscoveredFleetWith(t, "moriio", "WRITE", []string{"--handshake-time", hs.String()}, tc.args...)
+			if tc.args == nil {
+				waitFor(t, 10*time.Second, "the pair warmed up", func() bool { return warmups(t, f.r) == 1 })
+			} else {
+				time.Sleep(300 * time.Millisecond) // time a warm-up would have had
+			}
+			ctx := ctxT(t, 30*time.Second)
+			start := time.Now()
+			code, _, body := post(t, ctx, f.r.Base+"/v1/completions",
+				`{"model":"sim-model","prompt":"first request","max_tokens":4,"stream":true,"ignore_eos":true}`)
+			ttft := time.Since(start)
+			if code != 200 {
+				t.Fatalf("%d %s", code, body)
+			}
+			harness.SSEText(t, body)
+			t.Logf("%s: first request took %v", tc.name, ttft)
+			if tc.args == nil && ttft >= hs {
+				t.Fatalf("warmed pair: the first request took %v, it still paid the %v handshake", ttft, hs)
+			}
+			if tc.args != nil && ttft < hs {
+				t.Fatalf("--pd-warmup=false: the first request took only %v, no %v handshake: is warm-up still on?", ttft, hs)
+			}
+			if n := warmups(t, f.r); (n == 0) != (tc.args != nil) {
+				t.Fatalf("warm-ups %d", n)
 			}
 			f.assertClean(t)
 		})
