@@ -45,6 +45,9 @@
 // 300 (silence between two stream chunks, also on the regular proxy); 0
 // turns either off. Non-streaming PD decodes are bounded only by
 // --request-timeout-secs (docs/CONNECTORS.md explains why).
+// --pd-warmup (default true; =false turns it off) sends one 1-token PD
+// request through every new prefill/decode instance pair so that the
+// engines' first-contact KV handshake is not paid by real traffic.
 // --pd-split-responses PD-splits /v1/responses; by default it is served
 // unsplit by one prefill worker, because most vLLM versions drop
 // kv_transfer_params on that route.
