@@ -127,22 +127,28 @@ func stuckPairFleet(t *testing.T, kvWait, cooldown time.Duration) (*harness, *at
 // TestPairHalfOpenOneProbeAtATime: once a suspect pair's cooldown is over,
 // concurrent requests send only one probe to it; the rest go elsewhere.
 func TestPairHalfOpenOneProbeAtATime(t *testing.T) {
-	h, d1Hits := stuckPairFleet(t, 400*time.Millisecond, 200*time.Millisecond)
+	h, d1Hits := stuckPairFleet(t, 2*time.Second, 200*time.Millisecond)
 	time.Sleep(250 * time.Millisecond) // cooldown over: half-open
 	d1Hits.Store(0)
+	probe := make(chan int, 1)
+	go func() { probe <- h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`).status }()
+	waitUntil(t, 5*time.Second, "the probe reached the half-open pair", func() bool { return d1Hits.Load() == 1 })
+	// While the probe waits for its KV, nobody else is sent to the pair.
 	var wg sync.WaitGroup
-	codes := make([]int, 6)
+	codes := make([]int, 5)
 	for i := range codes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			codes[i] = h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`).status
 		}()
-		time.Sleep(20 * time.Millisecond) // the first one is the probe
 	}
 	wg.Wait()
 	if n := d1Hits.Load(); n != 1 {
 		t.Fatalf("the half-open pair got %d requests, want exactly one probe (codes %v)", n, codes)
+	}
+	if c := <-probe; c != 504 {
+		t.Fatalf("probe: %d, want the stuck decode's 504", c)
 	}
 	ok := 0
 	for _, c := range codes {
@@ -150,7 +156,7 @@ func TestPairHalfOpenOneProbeAtATime(t *testing.T) {
 			ok++
 		}
 	}
-	if ok != len(codes)-1 {
+	if ok != len(codes) {
 		t.Fatalf("codes %v: every request but the probe must succeed on the other decode", codes)
 	}
 }
