@@ -21,6 +21,7 @@ run: build
 # The whole test suite: lint, unit + e2e tests under -race, fuzz and bench smoke.
 test: deps lint
 	$(GO) test -race -count=1 -p 1 -timeout 30m ./...
+	$(GO) test -race -count=1 -tags czmq ./internal/discovery/zmq/
 	$(MAKE) fuzz-smoke bench-smoke
 
 test-short:
@@ -32,6 +33,7 @@ lint: vet
 
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags czmq ./internal/discovery/zmq/
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -3,6 +3,7 @@ module github.com/switchyard-llm/switchyard
 go 1.26.8
 
 require (
+	github.com/pebbe/zmq4 v1.4.0
 	github.com/prometheus/client_golang v1.25.0
 	go.uber.org/goleak v1.3.0
 	k8s.io/api v0.37.2

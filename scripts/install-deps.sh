@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs on a fresh Debian machine of this kind:
 # libzmq peers for the discovery interop tests (Debian python3-zmq/msgpack,
-# used through /usr/bin/python3), promtool for the metrics lint.
+# used through /usr/bin/python3), libzmq headers and pkg-config for the cgo
+# discovery backend (go test -tags czmq), promtool for the metrics lint.
 # Idempotent and quiet when everything is already present.
 set -euo pipefail
 
 need=()
 /usr/bin/python3 -c 'import zmq, msgpack' >/dev/null 2>&1 || need+=(python3-zmq python3-msgpack)
+command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+pkg-config --exists libzmq >/dev/null 2>&1 || need+=(libzmq3-dev)
 command -v promtool >/dev/null 2>&1 || [ -x /usr/bin/promtool ] || need+=(prometheus)
 
 if [ ${#need[@]} -gt 0 ]; then

@@ -3,8 +3,9 @@
 // proxy_ip/proxy_port (P2P-NCCL) or proxy_ping_port (MoRI-IO) connect a
 // DEALER socket to the router and send a msgpack registration every 3 s,
 // forever, with no unregister message. The Listener binds a receive-only
-// ROUTER socket (pure-Go go-zeromq), keeps one registry entry per instance,
-// and expires instances that stop sending.
+// ROUTER socket (pure-Go go-zeromq; libzmq with -tags czmq, see below),
+// keeps one registry entry per instance, and expires instances that stop
+// sending.
 //
 // # Wiring
 //
@@ -97,6 +98,43 @@
 // shutdown drain exactly the reader goroutines that hold a message. vLLM sets
 // no heartbeat options, but with the guard heartbeating peers keep one
 // stable connection too.
+//
+// # The cgo backend (-tags czmq)
+//
+// Built with -tags czmq (CGO_ENABLED=1 and libzmq's headers: Debian
+// libzmq3-dev, found through pkg-config; scripts/install-deps.sh installs
+// it), the Listener binds its ROUTER with libzmq through
+// github.com/pebbe/zmq4 instead, and go-zeromq and the guard are not built
+// in. Everything above the socket (formats, invariants, metrics, the
+// address forms, Addr with the real port, a bind failure at startup, Run
+// and Close) is the same. libzmq itself answers ZMTP heartbeats, survives
+// malformed peers and handshakes each connection without holding up the
+// others, so what differs is at the transport:
+//
+//   - MaxMessageBytes is ZMQ_MAXMSGSIZE: libzmq closes the connection of a
+//     peer that sends a larger frame. HandshakeTimeout is ZMQ_HANDSHAKE_IVL.
+//     MaxConnections is not enforced, and a multipart message is bounded
+//     per frame only (libzmq holds it whole until its last frame).
+//   - Transport-level drops are not counted (libzmq does not report them):
+//     no handshake, oversized, connections or command; frames and the
+//     payload drops are counted as in the default build.
+//   - A ROUTER takes one connection per peer identity. With
+//     ZMQ_ROUTER_HANDOVER the newest connection of an identity wins (an
+//     instance back after a host reset is heard at once); two live peers
+//     with one identity (P2P-NCCL's is its zmq_address, so two instances
+//     would have to share one) are not both heard. TCP keep-alive is on
+//     (15 s), as with net.Listen.
+//   - One goroutine owns the libzmq context and sockets (created, bound,
+//     received from and closed there; libzmq sockets are not
+//     goroutine-safe) and forwards messages to the receive goroutine. It
+//     waits in zmq_poll on the ROUTER and on an inproc PAIR to which Close
+//     writes one wake-up message, so an idle listener makes no calls and
+//     Close is immediate; Close returns once that goroutine has closed the
+//     sockets and terminated the context (the port is free again).
+//
+// The package's tests run under both builds:
+//
+//	CGO_ENABLED=1 go test -race -tags czmq ./internal/discovery/zmq/
 //
 // # Rolling a MoRI-IO fleet from READ to WRITE
 //

@@ -1,3 +1,5 @@
+//go:build !czmq
+
 package zmq
 
 import (
@@ -50,10 +52,6 @@ const (
 	zmtpGreetingLen = 64
 	maxFramesPerMsg = 16
 	pongWriteLimit  = time.Second
-
-	flagMore    = 0x01
-	flagLong    = 0x02
-	flagCommand = 0x04
 )
 
 // registerTransport registers the guarded transport with go-zeromq, whose

@@ -1,3 +1,5 @@
+//go:build !czmq
+
 package zmq
 
 import (

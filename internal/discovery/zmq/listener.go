@@ -12,8 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
-
 	"github.com/switchyard-llm/switchyard/internal/discovery"
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/worker"
@@ -51,20 +49,22 @@ type Options struct {
 	// gates routability on one transfer mode; p2pnccl requires an ip:port
 	// zmq_address; nixl and mooncake accept any valid registration.
 	Connector string
-	// MaxMessageBytes bounds one ZMTP message; larger ones close the
-	// sender's connection.
+	// MaxMessageBytes bounds one ZMTP message (one frame with -tags czmq);
+	// larger ones close the sender's connection.
 	MaxMessageBytes int
 	// MaxInstances bounds distinct registered instances; further new
 	// instances are dropped (too_many_instances).
 	MaxInstances int
-	// MaxConnections bounds concurrent TCP connections to the socket.
+	// MaxConnections bounds concurrent TCP connections to the socket (not
+	// enforced with -tags czmq).
 	MaxConnections int
 	// HandshakeTimeout bounds a new connection's ZMTP handshake.
 	HandshakeTimeout time.Duration
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
 
-	// rawTCP bypasses the guarded transport (tests measure bare go-zeromq).
+	// rawTCP bypasses the guarded transport (tests measure bare go-zeromq;
+	// ignored with -tags czmq).
 	rawTCP bool
 }
 
@@ -74,12 +74,10 @@ type Listener struct {
 	opts Options
 	log  *slog.Logger
 	now  func() time.Time
-	sock zmq4.Socket
-	g    *guard
+	sock routerSocket
 	f    *fleet
 	addr string
 
-	stopSock context.CancelFunc
 	kick     chan struct{}
 	closed   chan struct{}
 	stopOnce sync.Once
@@ -151,28 +149,13 @@ func New(opts Options) (*Listener, error) {
 	}
 	l.f = newFleet(opts.Registry, opts.Metrics, log, opts.TTL, opts.Connector == ConnectorMoRIIO, opts.MaxInstances)
 
-	scheme := "tcp"
-	ctx := context.Background()
-	if !opts.rawTCP {
-		if err := registerTransport(); err != nil {
-			return nil, fmt.Errorf("zmq discovery: %w", err)
-		}
-		scheme = transportName
-		l.g = newGuard(opts.MaxMessageBytes, opts.MaxConnections, opts.HandshakeTimeout, l.drop)
-		ctx = context.WithValue(ctx, guardKey{}, l.g)
+	sock, addr, err := listenRouter(opts, hostPort, log, l.drop)
+	if err != nil {
+		return nil, fmt.Errorf("zmq discovery: %w", err)
 	}
-	ctx, l.stopSock = context.WithCancel(ctx)
-	// No WithAutomaticReconnect: a bound ROUTER never dials, and the option
-	// races with Close. go-zeromq's own log lines go to debug.
-	l.sock = zmq4.NewRouter(ctx, zmq4.WithLogger(slog.NewLogLogger(log.Handler(), slog.LevelDebug)))
-	if err := l.sock.Listen(scheme + "://" + hostPort); err != nil {
-		_ = l.sock.Close()
-		l.stopSock()
-		return nil, fmt.Errorf("zmq discovery: bind %s: %w", opts.Address, err)
-	}
-	l.addr = l.sock.Addr().String()
+	l.sock, l.addr = sock, addr
 	log.Info("zmq discovery: listening", "address", l.addr, "connector", opts.Connector,
-		"ttl", opts.TTL.String(), "max_message_bytes", opts.MaxMessageBytes)
+		"ttl", opts.TTL.String(), "max_message_bytes", opts.MaxMessageBytes, "backend", routerBackend)
 	return l, nil
 }
 
@@ -232,31 +215,18 @@ func (l *Listener) Close() error {
 	return nil
 }
 
-// shutdown stops the receive goroutine, then drains go-zeromq's internal
-// queue until none of its reader goroutines is left blocked on it, then
-// closes the socket. The order matters: go-zeromq's Close also closes every
-// connection, which would hide from the guard which reader goroutines are
-// still holding a message (see guard.go).
+// shutdown closes the socket, which makes Recv fail (the receive goroutine
+// then sees closed and returns), and waits for the receive goroutine. The
+// socket's Close does what its backend needs first: go-zeromq's drains its
+// internal queue (router_zeromq.go), libzmq's stops the goroutine that owns
+// the socket (router_czmq.go).
 func (l *Listener) shutdown() {
 	l.stopOnce.Do(func() {
 		l.startMu.Lock() // no receive goroutine starts after this
 		close(l.closed)
 		l.startMu.Unlock()
-		l.stopSock() // cancels the socket's context: Recv returns
-		l.recvWG.Wait()
-		if l.g != nil {
-			l.g.closeAll()
-			deadline := time.Now().Add(2 * time.Second)
-			for l.g.pending.Load() > 0 && time.Now().Before(deadline) {
-				if _, err := l.sock.Recv(); err != nil {
-					time.Sleep(100 * time.Microsecond)
-				}
-			}
-			if n := l.g.pending.Load(); n > 0 {
-				l.log.Warn("zmq discovery: socket reader goroutines still blocked after close", "count", n)
-			}
-		}
 		_ = l.sock.Close()
+		l.recvWG.Wait()
 		l.log.Info("zmq discovery: stopped", "address", l.addr)
 	})
 }
@@ -264,25 +234,26 @@ func (l *Listener) shutdown() {
 // recvLoop is the one goroutine that calls Recv.
 func (l *Listener) recvLoop() {
 	for {
-		msg, err := l.sock.Recv()
+		frames, command, err := l.sock.Recv()
 		if err != nil {
 			select {
 			case <-l.closed:
 				return
 			default:
 			}
-			// go-zeromq only fails Recv when its socket is closed; if it ever
-			// does otherwise, do not spin.
+			// Recv only fails once the socket is closing; if it ever does
+			// otherwise, do not spin.
 			l.log.Debug("zmq discovery: receive error", "err", err)
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		l.handle(msg)
+		l.handle(frames, command)
 	}
 }
 
-// handle processes one message and never panics.
-func (l *Listener) handle(msg zmq4.Msg) {
+// handle processes one message (the identity frame, then the payload
+// frames; command for a ZMTP command) and never panics.
+func (l *Listener) handle(frames [][]byte, command bool) {
 	defer func() {
 		if p := recover(); p != nil {
 			l.log.Error("zmq discovery: bug: message handler panicked; message dropped",
@@ -290,15 +261,15 @@ func (l *Listener) handle(msg zmq4.Msg) {
 			l.count(ReasonInternal)
 		}
 	}()
-	if msg.Type == zmq4.CmdMsg {
+	if command {
 		l.drop(ReasonCommand, "ZMTP command frame (a peer with ZMQ heartbeats?)")
 		return
 	}
-	if len(msg.Frames) != 2 {
-		l.drop(ReasonFrames, fmt.Sprintf("%d frames, want [identity, payload]", len(msg.Frames)))
+	if len(frames) != 2 {
+		l.drop(ReasonFrames, fmt.Sprintf("%d frames, want [identity, payload]", len(frames)))
 		return
 	}
-	identity, payload := clip(string(msg.Frames[0])), msg.Frames[1]
+	identity, payload := clip(string(frames[0])), frames[1]
 	if len(payload) > l.opts.MaxMessageBytes {
 		l.drop(ReasonOversized, fmt.Sprintf("%d-byte payload from %q", len(payload), identity))
 		return

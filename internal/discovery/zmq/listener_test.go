@@ -232,10 +232,10 @@ func TestListenerDropsAndSurvives(t *testing.T) {
 
 func TestHandleSyntheticMessages(t *testing.T) {
 	e := startListener(t, nil)
-	e.l.handle(zmq4.NewMsgFrom([]byte("id")))
-	e.l.handle(zmq4.NewMsgFrom([]byte("id"), []byte("a"), []byte("b")))
-	e.l.handle(zmq4.Msg{Frames: [][]byte{[]byte("id"), []byte("\x04PING\x00\x00")}, Type: zmq4.CmdMsg})
-	e.l.handle(zmq4.NewMsgFrom([]byte("id"), make([]byte, DefaultMaxMessageBytes+1)))
+	e.l.handle([][]byte{[]byte("id")}, false)
+	e.l.handle([][]byte{[]byte("id"), []byte("a"), []byte("b")}, false)
+	e.l.handle([][]byte{[]byte("id"), []byte("\x04PING\x00\x00")}, true)
+	e.l.handle([][]byte{[]byte("id"), make([]byte, DefaultMaxMessageBytes+1)}, false)
 	if e.dropped(t, ReasonFrames) != 2 || e.dropped(t, ReasonCommand) != 1 || e.dropped(t, ReasonOversized) != 1 {
 		t.Fatal("synthetic drops not counted")
 	}
@@ -245,15 +245,15 @@ func TestListenerConnectorChecks(t *testing.T) {
 	p2p := must(t, map[string]any{"type": "D", "http_address": "127.0.0.1:8300", "zmq_address": "127.0.0.1:21001"})
 	t.Run("moriio needs transfer_mode", func(t *testing.T) {
 		e := startListener(t, nil)
-		e.l.handle(zmq4.NewMsgFrom([]byte("id"), p2p))
+		e.l.handle([][]byte{[]byte("id"), p2p}, false)
 		if e.dropped(t, ReasonMissingKey) != 1 || len(e.reg.Snapshot().All) != 0 {
 			t.Fatal("p2pnccl registration accepted by the moriio listener")
 		}
 	})
 	t.Run("p2pnccl needs ip:port zmq_address", func(t *testing.T) {
 		e := startListener(t, func(o *Options) { o.Connector = ConnectorP2PNCCL })
-		e.l.handle(zmq4.NewMsgFrom([]byte("id"), moriMsg(t, "D", "127.0.0.1:8301", ModeRead)))
-		e.l.handle(zmq4.NewMsgFrom([]byte("127.0.0.1:21001"), p2p))
+		e.l.handle([][]byte{[]byte("id"), moriMsg(t, "D", "127.0.0.1:8301", ModeRead)}, false)
+		e.l.handle([][]byte{[]byte("127.0.0.1:21001"), p2p}, false)
 		if e.dropped(t, ReasonConnector) != 1 || e.reg.Get("http://127.0.0.1:8300") == nil || e.l.FleetMode() != "" {
 			t.Fatal("connector checks wrong for p2pnccl")
 		}
@@ -511,154 +511,6 @@ func expectClosed(t *testing.T, c net.Conn, within time.Duration) {
 
 var dealerReady = zmtpReady(zmtpProp("Socket-Type", "DEALER"), zmtpProp("Identity", ""))
 
-func TestGuardPingPong(t *testing.T) {
-	e := startListener(t, nil)
-	c := rawPeer(t, e.l.Addr(), dealerReady)
-	ping := append([]byte{4}, "PING"...)
-	ping = append(ping, 0, 10) // TTL
-	ping = append(ping, "ctx-123"...)
-	if _, err := c.Write(zmtpFrame(flagCommand, ping)); err != nil {
-		t.Fatal(err)
-	}
-	flags, body := readFrame(t, c)
-	if flags != flagCommand || string(body) != "\x04PONGctx-123" {
-		t.Fatalf("got %x %q, want PONG with the context", flags, body)
-	}
-	// The stream is still in sync: a registration right after is accepted.
-	if _, err := c.Write(zmtpFrame(0, moriMsg(t, "P", "127.0.0.1:8600", ModeRead))); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, time.Second, "registration after PING", func() bool { return e.reg.Get("http://127.0.0.1:8600") != nil })
-	if e.dropped(t, ReasonCommand) != 0 {
-		t.Fatal("answered PING counted as a dropped message")
-	}
-	// Other commands are passed up and dropped by the listener.
-	if _, err := c.Write(zmtpFrame(flagCommand, append([]byte{5}, "HELLO"...))); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, time.Second, "command drop", func() bool { return e.dropped(t, ReasonCommand) == 1 })
-}
-
-func TestGuardRejectsHostilePeers(t *testing.T) {
-	e := startListener(t, func(o *Options) { o.HandshakeTimeout = 300 * time.Millisecond })
-	addr := e.l.Addr()
-	cases := []struct {
-		name   string
-		ready  []byte
-		then   []byte
-		reason string
-	}{
-		// Each of these crashes or wedges bare go-zeromq v0.17.0.
-		{"unknown socket type", zmtpReady(zmtpProp("Socket-Type", "FOO")), nil, ReasonHandshake},
-		{"no socket type", zmtpReady(zmtpProp("Identity", "x")), nil, ReasonHandshake},
-		{"truncated property", zmtpFrame(flagCommand, append(append([]byte{5}, "READY"...), 1)), nil, ReasonHandshake},
-		{"incompatible socket type", zmtpReady(zmtpProp("Socket-Type", "PUB")), nil, ReasonHandshake},
-		{"data before READY", zmtpFrame(0, []byte("hi")), nil, ReasonHandshake},
-		{"huge frame header", dealerReady, func() []byte {
-			h := make([]byte, 9)
-			h[0] = flagLong
-			binary.BigEndian.PutUint64(h[1:], 1<<62)
-			return h
-		}(), ReasonOversized},
-		{"oversized message", dealerReady, zmtpFrame(0, make([]byte, DefaultMaxMessageBytes+1)), ReasonOversized},
-		{"too many frames", dealerReady, func() []byte {
-			var b []byte
-			for range maxFramesPerMsg + 1 {
-				b = append(b, zmtpFrame(flagMore, []byte("x"))...)
-			}
-			return b
-		}(), ReasonFrames},
-		{"bad flags", dealerReady, []byte{0x80, 0}, ReasonDecode},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			before := e.dropped(t, tc.reason)
-			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(3 * time.Second))
-			_, _ = c.Write(zmtpGreeting())
-			_, _ = io.ReadFull(c, make([]byte, 64))
-			_, _ = c.Write(tc.ready)
-			_, _ = c.Write(tc.then)
-			expectClosed(t, c, 2*time.Second)
-			waitFor(t, time.Second, "drop counted", func() bool { return e.dropped(t, tc.reason) == before+1 })
-		})
-	}
-	// The listener survived all of it.
-	d := dealer(t, addr)
-	send(t, d, moriMsg(t, "D", "127.0.0.1:8700", ModeRead))
-	waitFor(t, time.Second, "registration", func() bool { return e.reg.Get("http://127.0.0.1:8700") != nil })
-}
-
-func TestGuardSilentPeerDoesNotBlockAccept(t *testing.T) {
-	const handshake = 500 * time.Millisecond
-	e := startListener(t, func(o *Options) { o.HandshakeTimeout = handshake })
-	t0 := time.Now()
-	var silent []net.Conn
-	for range 3 { // silent TCP clients: scanners, half-open connections
-		c, err := net.Dial("tcp", e.l.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		silent = append(silent, c)
-	}
-	time.Sleep(20 * time.Millisecond) // let them be accepted
-	t1 := time.Now()
-	d := dealer(t, e.l.Addr()) // the ZMTP handshake happens in Dial
-	send(t, d, moriMsg(t, "D", "127.0.0.1:8800", ModeRead))
-	waitFor(t, time.Second, "registration past silent peers", func() bool { return e.reg.Get("http://127.0.0.1:8800") != nil })
-	if lat := time.Since(t1); lat > 100*time.Millisecond {
-		t.Fatalf("dial+registration took %v with silent peers connected", lat)
-	}
-	// The silent peers are cut off at the handshake deadline.
-	for _, c := range silent {
-		expectClosed(t, c, 2*time.Second)
-	}
-	if waited := time.Since(t0); waited < handshake || waited > handshake+time.Second {
-		t.Fatalf("silent peers closed after %v, want about %v", waited, handshake)
-	}
-	waitFor(t, time.Second, "handshake drops", func() bool { return e.dropped(t, ReasonHandshake) == 3 })
-}
-
-func TestGuardMaxConnections(t *testing.T) {
-	e := startListener(t, func(o *Options) { o.MaxConnections = 2 })
-	rawPeer(t, e.l.Addr(), dealerReady)
-	rawPeer(t, e.l.Addr(), dealerReady)
-	c, err := net.Dial("tcp", e.l.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	expectClosed(t, c, 2*time.Second)
-	waitFor(t, time.Second, "drop counted", func() bool { return e.dropped(t, ReasonConnections) == 1 })
-}
-
-// TestRawGoZeroMQCommandFrames documents bare go-zeromq: a PING reaches
-// Recv as a CmdMsg (and is never answered); the listener drops it.
-func TestRawGoZeroMQCommandFrames(t *testing.T) {
-	e := startListener(t, func(o *Options) { o.rawTCP = true })
-	c := rawPeer(t, e.l.Addr(), dealerReady)
-	ping := append(append([]byte{4}, "PING"...), 0, 10)
-	if _, err := c.Write(zmtpFrame(flagCommand, ping)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Write(zmtpFrame(0, moriMsg(t, "P", "127.0.0.1:8900", ModeRead))); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, time.Second, "registration", func() bool { return e.reg.Get("http://127.0.0.1:8900") != nil })
-	if e.dropped(t, ReasonCommand) != 1 {
-		t.Fatal("PING not dropped as a command")
-	}
-	_ = c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-	if n, _ := c.Read(make([]byte, 16)); n != 0 {
-		t.Fatal("bare go-zeromq answered a PING")
-	}
-}
-
 func TestCloseStopsRun(t *testing.T) {
 	l, err := New(Options{Address: "127.0.0.1:0", Registry: worker.NewRegistry(worker.BreakerConfig{}), Connector: ConnectorNIXL})
 	if err != nil {
@@ -683,8 +535,8 @@ func TestCloseStopsRun(t *testing.T) {
 
 func TestListenerStatusShowsHeld(t *testing.T) {
 	e := startListener(t, nil)
-	e.l.handle(zmq4.NewMsgFrom([]byte("a"), moriMsg(t, "P", "127.0.0.1:9101", ModeRead)))
-	e.l.handle(zmq4.NewMsgFrom([]byte("b"), moriMsg(t, "D", "127.0.0.1:9102", ModeWrite)))
+	e.l.handle([][]byte{[]byte("a"), moriMsg(t, "P", "127.0.0.1:9101", ModeRead)}, false)
+	e.l.handle([][]byte{[]byte("b"), moriMsg(t, "D", "127.0.0.1:9102", ModeWrite)}, false)
 	st := e.l.Status()
 	if st.FleetMode != ModeRead || len(st.Instances) != 2 {
 		t.Fatalf("status %+v", st)
