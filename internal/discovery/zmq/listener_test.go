@@ -553,3 +553,30 @@ func TestListenerStatusShowsHeld(t *testing.T) {
 		t.Fatal("held decode is available to policies")
 	}
 }
+
+// pingPong sends a ZMTP 3.1 PING on a raw peer connection: the router (the
+// guard, or libzmq itself) must answer PONG with the context, the stream
+// must stay in sync (a registration right after is accepted) and no
+// command may be counted as a dropped message. It returns the connection.
+func pingPong(t *testing.T, e *lenv) net.Conn {
+	t.Helper()
+	c := rawPeer(t, e.l.Addr(), dealerReady)
+	ping := append([]byte{4}, "PING"...)
+	ping = append(ping, 0, 10) // TTL
+	ping = append(ping, "ctx-123"...)
+	if _, err := c.Write(zmtpFrame(flagCommand, ping)); err != nil {
+		t.Fatal(err)
+	}
+	flags, body := readFrame(t, c)
+	if flags != flagCommand || string(body) != "\x04PONGctx-123" {
+		t.Fatalf("got %x %q, want PONG with the context", flags, body)
+	}
+	if _, err := c.Write(zmtpFrame(0, moriMsg(t, "P", "127.0.0.1:8600", ModeRead))); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Second, "registration after PING", func() bool { return e.reg.Get("http://127.0.0.1:8600") != nil })
+	if e.dropped(t, ReasonCommand) != 0 {
+		t.Fatal("an answered PING was counted as a dropped message")
+	}
+	return c
+}

@@ -65,25 +65,7 @@ func TestCZMQAddressForms(t *testing.T) {
 // TestCZMQAnswersPing: libzmq answers a ZMTP 3.1 PING itself (with the
 // context), and no command reaches the listener.
 func TestCZMQAnswersPing(t *testing.T) {
-	e := startListener(t, nil)
-	c := rawPeer(t, e.l.Addr(), dealerReady)
-	ping := append([]byte{4}, "PING"...)
-	ping = append(ping, 0, 10) // TTL
-	ping = append(ping, "ctx-123"...)
-	if _, err := c.Write(zmtpFrame(flagCommand, ping)); err != nil {
-		t.Fatal(err)
-	}
-	flags, body := readFrame(t, c)
-	if flags != flagCommand || string(body) != "\x04PONGctx-123" {
-		t.Fatalf("got %x %q, want PONG with the context", flags, body)
-	}
-	if _, err := c.Write(zmtpFrame(0, moriMsg(t, "P", "127.0.0.1:8600", ModeRead))); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, time.Second, "registration after PING", func() bool { return e.reg.Get("http://127.0.0.1:8600") != nil })
-	if e.dropped(t, ReasonCommand) != 0 {
-		t.Fatal("a command reached the listener")
-	}
+	pingPong(t, startListener(t, nil))
 }
 
 // TestCZMQOversizedMessage: ZMQ_MAXMSGSIZE is MaxMessageBytes; libzmq

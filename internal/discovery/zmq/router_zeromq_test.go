@@ -15,25 +15,7 @@ import (
 
 func TestGuardPingPong(t *testing.T) {
 	e := startListener(t, nil)
-	c := rawPeer(t, e.l.Addr(), dealerReady)
-	ping := append([]byte{4}, "PING"...)
-	ping = append(ping, 0, 10) // TTL
-	ping = append(ping, "ctx-123"...)
-	if _, err := c.Write(zmtpFrame(flagCommand, ping)); err != nil {
-		t.Fatal(err)
-	}
-	flags, body := readFrame(t, c)
-	if flags != flagCommand || string(body) != "\x04PONGctx-123" {
-		t.Fatalf("got %x %q, want PONG with the context", flags, body)
-	}
-	// The stream is still in sync: a registration right after is accepted.
-	if _, err := c.Write(zmtpFrame(0, moriMsg(t, "P", "127.0.0.1:8600", ModeRead))); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, time.Second, "registration after PING", func() bool { return e.reg.Get("http://127.0.0.1:8600") != nil })
-	if e.dropped(t, ReasonCommand) != 0 {
-		t.Fatal("answered PING counted as a dropped message")
-	}
+	c := pingPong(t, e)
 	// Other commands are passed up and dropped by the listener.
 	if _, err := c.Write(zmtpFrame(flagCommand, append([]byte{5}, "HELLO"...))); err != nil {
 		t.Fatal(err)
