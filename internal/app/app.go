@@ -409,6 +409,7 @@ func (a *app) buildServer(ctx context.Context) error {
 		sopts.Generate = eng
 		sopts.Passthrough = http.HandlerFunc(pass.ServePassthrough)
 		sopts.Ready = eng.Ready
+		sopts.PDStatus = func() any { return eng.Status() }
 		sopts.Profile = eng.ServeProfile
 		sopts.Policies = map[string]string{"policy": cfg.Policy, "prefill": cfg.EffectivePrefillPolicy(), "decode": cfg.EffectiveDecodePolicy()}
 		if cfg.VLLMDiscoveryAddress != "" {

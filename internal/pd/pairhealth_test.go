@@ -88,6 +88,11 @@ func TestPairHalfOpenProbe(t *testing.T) {
 // repeated KV-wait timeouts, before its circuit breaker would open.
 func TestPairAvoidedAfterTransferTimeouts(t *testing.T) {
 	h, _ := stuckPairFleet(t, 100*time.Millisecond, 0)
+	st := h.eng.Status()
+	if len(st.Pairs) != 1 || st.Pairs[0].State != "avoided" || st.Pairs[0].ConsecutiveFailures != 2 ||
+		st.Pairs[0].AvoidedUntil.IsZero() || st.Connector != "moriio" || st.Warmup != nil {
+		t.Fatalf("status %+v", st)
+	}
 	res := h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`)
 	if res.status != 200 || res.body != sseAll() {
 		t.Fatalf("pair not avoided: %d %q", res.status, res.body)

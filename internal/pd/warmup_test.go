@@ -95,6 +95,9 @@ func TestWarmupColdPairAvoided(t *testing.T) {
 
 	addWorker(t, reg, D1.URL(), worker.RoleDecode, zmqAddr4(dZMQ, "WRITE"))
 	waitUntil(t, 3*time.Second, "P/D1 warm-up started", func() bool { return D1.count.Load() == 1 })
+	if ws := h.eng.Status().Warmup; ws == nil || len(ws.Running) != 1 || ws.Running[0] != [2]string{P.URL(), D1.URL()} || ws.Warm != 1 || ws.OK != 1 {
+		t.Fatalf("warm-up status while P/D1 warms up: %+v", ws)
+	}
 	for i := range 3 {
 		res := h.post(t, "/v1/completions", `{"prompt":"hi","max_tokens":3}`)
 		if res.status != 200 {

@@ -297,6 +297,9 @@ func (s *Server) handleServerInfo(w http.ResponseWriter, r *http.Request) {
 	if s.o.DiscoveryStatus != nil {
 		body["discovery"] = s.o.DiscoveryStatus()
 	}
+	if s.o.PDStatus != nil {
+		body["pd"] = s.o.PDStatus()
+	}
 	if urls := instanceURLs(snap, true, s.infoRoles()...); len(urls) > 0 {
 		ctx, cancel := context.WithTimeout(r.Context(), s.o.UpstreamTimeout)
 		var info map[string]any

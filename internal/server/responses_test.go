@@ -191,3 +191,23 @@ func TestResponsesFanOutPDAndEmpty(t *testing.T) {
 		t.Fatalf("PD: %d %s", r.status, r.body)
 	}
 }
+
+// TestStatusHooksInWorkersAndServerInfo: the discovery and PD status hooks
+// appear under "discovery" and "pd" in /workers and /get_server_info.
+func TestStatusHooksInWorkersAndServerInfo(t *testing.T) {
+	e := newEnv(t, func(o *Options) {
+		o.Mode = ModePD
+		o.DiscoveryStatus = func() any { return map[string]any{"address": "127.0.0.1:1"} }
+		o.PDStatus = func() any { return map[string]any{"connector": "moriio", "troubled_pairs": []any{}} }
+	})
+	e.add(newRespWorker(t, found).URL, worker.RolePrefill, -1, 0)
+	for _, path := range []string{"/workers", "/get_server_info"} {
+		r := e.do("GET", path, "")
+		m := r.json(t)
+		pd, _ := m["pd"].(map[string]any)
+		disc, _ := m["discovery"].(map[string]any)
+		if r.status != 200 || pd["connector"] != "moriio" || disc["address"] != "127.0.0.1:1" {
+			t.Fatalf("%s: %d %s", path, r.status, r.body)
+		}
+	}
+}

@@ -76,6 +76,9 @@ type Options struct {
 	// DiscoveryStatus is extra JSON-able detail for /get_server_info and
 	// /workers (e.g. ZMQ listener address, live instances, MoRI mode).
 	DiscoveryStatus func() any
+	// PDStatus is the PD engine's pair state (troubled pairs, warm-ups) for
+	// /workers and /get_server_info; nil outside PD mode.
+	PDStatus func() any
 
 	Version  string            // router version for /get_server_info
 	Policies map[string]string // e.g. {"policy":"cache_aware","prefill":"random","decode":"power_of_two"}

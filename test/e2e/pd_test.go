@@ -501,6 +501,19 @@ func TestPDWarmupTakesTheHandshake(t *testing.T) {
 			if n := warmups(t, f.r); (n == 0) != (tc.args != nil) {
 				t.Fatalf("warm-ups %d", n)
 			}
+			var workers struct {
+				PD struct {
+					Connector string `json:"connector"`
+					Warmup    *struct {
+						OK   int `json:"ok_total"`
+						Warm int `json:"warm_pairs"`
+					} `json:"warmup"`
+				} `json:"pd"`
+			}
+			getJSON(t, f.r.Base+"/workers", &workers)
+			if w := workers.PD.Warmup; workers.PD.Connector != "moriio" || (w == nil) != (tc.args != nil) || (w != nil && (w.OK != 1 || w.Warm != 1)) {
+				t.Fatalf("/workers pd status %+v warmup %+v", workers.PD, workers.PD.Warmup)
+			}
 			f.assertClean(t)
 		})
 	}
