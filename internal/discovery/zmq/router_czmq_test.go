@@ -128,7 +128,10 @@ func TestCZMQCloseWithPeersConnected(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if took := time.Since(t0); took > 200*time.Millisecond {
+	// No receive timeout to wait out: Close is immediate. The bound is
+	// loose so a loaded CI machine cannot fail it; a polling loop or a
+	// wait for the peer would take seconds.
+	if took := time.Since(t0); took > time.Second {
 		t.Fatalf("Close took %v", took)
 	}
 	select {
@@ -169,7 +172,7 @@ func TestCZMQIdleCloseIsImmediate(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 		t0 := time.Now()
 		_ = l.Close()
-		if took := time.Since(t0); took > 100*time.Millisecond {
+		if took := time.Since(t0); took > time.Second { // loose on purpose, as above
 			t.Fatalf("run=%v: Close took %v", run, took)
 		}
 		if err := <-done; err != nil {
