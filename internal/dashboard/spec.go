@@ -147,10 +147,11 @@ func Rows() []Row {
 					{Kind: Mean, Metric: "vllm_router_pd_decode_duration_seconds", By: cm, Legend: "decode" + cmLegend},
 				}},
 			{Title: "PD leg errors and failovers", Unit: "ops", Width: 12,
-				Description: "Failed legs by leg and reason, and pairs re-picked before the first byte by reason.",
+				Description: "Failed legs by leg and reason, pairs re-picked before the first byte by reason, and the router's warm-ups of new prefill/decode pairs by result.",
 				Queries: []Query{
 					{Kind: Rate, Metric: "vllm_router_pd_leg_errors_total", By: []string{"leg", "reason"}, Legend: "{{leg}} {{reason}}"},
 					{Kind: Rate, Metric: "vllm_router_pd_failovers_total", By: []string{"reason"}, Legend: "failover {{reason}}"},
+					{Kind: Rate, Metric: "vllm_router_pd_warmups_total", By: []string{"result"}, Legend: "pair warm-up {{result}}"},
 				}},
 		}},
 		{Title: "Load", Panels: []Panel{
