@@ -142,26 +142,36 @@ func randomHex() string {
 	return hex.EncodeToString(b[:])
 }
 
+// decodeBody decodes a request body that must be a JSON object into v,
+// with vLLM's 400s for a non-object, malformed JSON and a field of the
+// wrong type.
+func decodeBody(body []byte, v any) *apiError {
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		if json.Valid(trimmed) {
+			return badRequest("request body must be a JSON object")
+		}
+		return badRequest("invalid JSON body")
+	}
+	if err := json.Unmarshal(trimmed, v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return &apiError{status: 400, typ: "BadRequestError", message: fmt.Sprintf("invalid type for field %q: got JSON %s", te.Field, te.Value), param: te.Field}
+		}
+		return badRequest("invalid JSON body: %v", err)
+	}
+	return nil
+}
+
 // parseGen validates a generation body. It mirrors vLLM's 400s.
 func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *apiError) {
 	g := &genReq{chat: chat, xRequestID: xrid}
 	if chat {
 		g.api = apiChat
 	}
-	trimmed := bytes.TrimSpace(body)
-	if len(trimmed) == 0 || trimmed[0] != '{' {
-		if json.Valid(trimmed) {
-			return g, badRequest("request body must be a JSON object")
-		}
-		return g, badRequest("invalid JSON body")
-	}
 	var raw rawGen
-	if err := json.Unmarshal(trimmed, &raw); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return g, &apiError{status: 400, typ: "BadRequestError", message: fmt.Sprintf("invalid type for field %q: got JSON %s", te.Field, te.Value), param: te.Field}
-		}
-		return g, badRequest("invalid JSON body: %v", err)
+	if aerr := decodeBody(body, &raw); aerr != nil {
+		return g, aerr
 	}
 	g.kvRaw = raw.KVTransferParams
 	kv, err := decodeKVParams(raw.KVTransferParams)

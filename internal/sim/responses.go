@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,20 +38,9 @@ type rawResponses struct {
 // generate the same text.
 func (in *Instance) parseResponses(body []byte, xrid string) (*genReq, *apiError) {
 	g := &genReq{api: apiResponses, xRequestID: xrid}
-	trimmed := bytes.TrimSpace(body)
-	if len(trimmed) == 0 || trimmed[0] != '{' {
-		if json.Valid(trimmed) {
-			return g, badRequest("request body must be a JSON object")
-		}
-		return g, badRequest("invalid JSON body")
-	}
 	var raw rawResponses
-	if err := json.Unmarshal(trimmed, &raw); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return g, &apiError{status: 400, typ: "BadRequestError", message: fmt.Sprintf("invalid type for field %q: got JSON %s", te.Field, te.Value), param: te.Field}
-		}
-		return g, badRequest("invalid JSON body: %v", err)
+	if aerr := decodeBody(body, &raw); aerr != nil {
+		return g, aerr
 	}
 	store, aerr := parseStore(raw.Store)
 	if aerr != nil {
