@@ -1,18 +1,23 @@
 package pd
 
 import (
+	"fmt"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
-func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
+func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool, state ...func() string) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
+			for _, f := range state {
+				what += " (" + f() + ")"
+			}
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -23,9 +28,28 @@ func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
 // real 1-token PD request, once; an instance that leaves and comes back is
 // warmed again.
 func TestWarmupEveryNewPair(t *testing.T) {
-	P := newFake(t, prefillOK(`{"ok":true}`))
-	D1 := newFake(t, decodeJSON)
-	D2 := newFake(t, decodeJSON)
+	// A decode answers only once the prefill of the same request (same
+	// X-Request-Id) has answered, i.e. once its KV "arrived", as a real WRITE
+	// decode does; else a warm-up could end before its prefill leg was sent.
+	var kv sync.Map // X-Request-Id → chan struct{}, closed when P answered
+	arrived := func(r *http.Request) chan struct{} {
+		ch, _ := kv.LoadOrStore(r.Header.Get("X-Request-Id"), make(chan struct{}))
+		return ch.(chan struct{})
+	}
+	P := newFake(t, func(w http.ResponseWriter, r *http.Request, rec *recorded) {
+		prefillOK(`{"ok":true}`)(w, r, rec)
+		close(arrived(r))
+	})
+	decode := func(w http.ResponseWriter, r *http.Request, rec *recorded) {
+		startSSE(w)
+		select {
+		case <-arrived(r):
+			sendEvents(w)
+		case <-r.Context().Done():
+		}
+	}
+	D1 := newFake(t, decode)
+	D2 := newFake(t, decode)
 	reg := worker.NewRegistry(worker.BreakerConfig{})
 	model := func(s *worker.Spec) { s.ModelID = "m1" }
 	addWorker(t, reg, P.URL(), worker.RolePrefill, zmqAddr4(pZMQ, "WRITE"), model)
@@ -33,7 +57,12 @@ func TestWarmupEveryNewPair(t *testing.T) {
 	addWorker(t, reg, D2.URL(), worker.RoleDecode, zmqAddr4(d2ZMQ, "WRITE"), model)
 	h := newHarness(t, reg, Options{Connector: "moriio", Warmup: true})
 
-	waitUntil(t, 3*time.Second, "both pairs warmed", func() bool { return h.eng.warm.ok.Load() == 2 })
+	waitUntil(t, 3*time.Second, "both pairs warmed", func() bool {
+		return h.eng.warm.ok.Load() == 2
+	}, func() string {
+		return fmt.Sprintf("ok %d failed %d P=%d D1=%d D2=%d status %+v", h.eng.warm.ok.Load(), h.eng.warm.failed.Load(),
+			P.count.Load(), D1.count.Load(), D2.count.Load(), h.eng.Status())
+	})
 	if P.count.Load() != 2 || D1.count.Load() != 1 || D2.count.Load() != 1 {
 		t.Fatalf("requests P=%d D1=%d D2=%d, want 2/1/1", P.count.Load(), D1.count.Load(), D2.count.Load())
 	}
