@@ -280,21 +280,10 @@ func TestDeadPrefillWakesWaitingDecode(t *testing.T) {
 // before any byte fails over (sequential connector here; concurrent ones
 // were covered above).
 func TestDecodeHeadersWithoutBodyFailOver(t *testing.T) {
-	P := newFake(t, prefillOK(`{"k":1}`))
-	bad := newFake(t, func(w http.ResponseWriter, r *http.Request, _ *recorded) {
+	h, _, _, _, bw := badDecodeFleet(t, func(w http.ResponseWriter, r *http.Request, _ *recorded) {
 		startSSE(w)
 		panic(http.ErrAbortHandler)
 	})
-	D := newFake(t, decodeSSE)
-	reg := worker.NewRegistry(worker.BreakerConfig{})
-	addWorker(t, reg, P.URL(), worker.RolePrefill)
-	bw := addWorker(t, reg, bad.URL(), worker.RoleDecode)
-	addWorker(t, reg, D.URL(), worker.RoleDecode)
-	h := newHarness(t, reg, Options{Connector: "nixl", MaxFailovers: 1, DecodePolicy: &prefer{urls: []string{bad.URL()}}})
-	res := h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`)
-	if res.status != 200 || res.body != sseAll() {
-		t.Fatalf("status %d body %q", res.status, res.body)
-	}
 	if rc := h.last.Load().Receipt; rc.Attempts != 2 || !strings.Contains(rc.Failovers[0], bw.Key()) {
 		t.Fatalf("receipt %+v", rc)
 	}

@@ -375,9 +375,15 @@ func TestDecodeMidStreamFailureYieldsSSEError(t *testing.T) {
 	}
 }
 
-func TestDecode5xxBeforeBodyFailsOver(t *testing.T) {
+// badDecodeFleet is a NIXL fleet of one prefill and two decodes where the
+// policy prefers the decode served by bad. One streaming request is sent
+// with a failover budget of 1; it must succeed on the good decode. It
+// returns the harness, the prefill, the registry and the bad decode's
+// fake and worker.
+func badDecodeFleet(t *testing.T, badH func(http.ResponseWriter, *http.Request, *recorded)) (*harness, *fake, *worker.Registry, *fake, *worker.Worker) {
+	t.Helper()
 	P := newFake(t, prefillOK(`{"k":1}`))
-	bad := newFake(t, func(w http.ResponseWriter, r *http.Request, _ *recorded) { writeJSON(w, 500, `{"error":"oom"}`) })
+	bad := newFake(t, badH)
 	D := newFake(t, decodeSSE)
 	reg := worker.NewRegistry(worker.BreakerConfig{})
 	addWorker(t, reg, P.URL(), worker.RolePrefill)
@@ -388,6 +394,11 @@ func TestDecode5xxBeforeBodyFailsOver(t *testing.T) {
 	if res.status != 200 || res.body != sseAll() {
 		t.Fatalf("status %d body %q", res.status, res.body)
 	}
+	return h, P, reg, bad, bw
+}
+
+func TestDecode5xxBeforeBodyFailsOver(t *testing.T) {
+	h, P, reg, bad, bw := badDecodeFleet(t, func(w http.ResponseWriter, r *http.Request, _ *recorded) { writeJSON(w, 500, `{"error":"oom"}`) })
 	if P.count.Load() != 2 {
 		t.Fatalf("prefill calls %d, want 2 (a new pair per attempt)", P.count.Load())
 	}
@@ -397,7 +408,7 @@ func TestDecode5xxBeforeBodyFailsOver(t *testing.T) {
 	}
 	// without failover budget the decode's own error is relayed
 	h2 := newHarness(t, reg, Options{Connector: "nixl", DecodePolicy: &prefer{urls: []string{bad.URL()}}})
-	res = h2.post(t, "/v1/completions", `{"prompt":"p","stream":true}`)
+	res := h2.post(t, "/v1/completions", `{"prompt":"p","stream":true}`)
 	if res.status != 500 || res.body != `{"error":"oom"}` {
 		t.Fatalf("status %d body %q", res.status, res.body)
 	}
