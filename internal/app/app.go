@@ -148,6 +148,7 @@ type app struct {
 	apiLn    net.Listener
 	metricLn net.Listener
 	health   *health.Checker
+	panic    *worker.Panic // --panic-routing
 	zmq      *zmq.Listener
 	kube     *k8s.Source
 	engine   *pd.Engine
@@ -235,6 +236,9 @@ func breakerConfig(cfg *config.Config, m *metrics.Metrics) worker.BreakerConfig 
 }
 
 func (a *app) onRegistryChange(c worker.Change) {
+	if len(c.Added) == 0 && len(c.Removed) == 0 {
+		return // a probe request (worker.Change.Probe), no membership change
+	}
 	for _, w := range c.Removed {
 		if a.reg.Get(w.Key()) == nil {
 			a.m.ForgetWorker(w.Key())
@@ -320,7 +324,10 @@ func (a *app) newPolicy(name string) (policy.Policy, error) {
 func (a *app) buildServer(ctx context.Context) error {
 	cfg := a.cfg
 	retry := cfg.EffectiveRetry()
+	a.panic = &worker.Panic{Disabled: !cfg.PanicRouting, Logger: a.log,
+		OnPick: func(r worker.Role) { a.m.PanicRouted.WithLabelValues(r.String()).Inc() }}
 	ropts := proxy.RegularOptions{
+		Panic:             a.panic,
 		Registry:          a.reg,
 		Client:            a.proxyClient(),
 		APIKey:            cfg.APIKey,
@@ -390,6 +397,7 @@ func (a *app) buildServer(ctx context.Context) error {
 			MaxFailovers:      cfg.PDMaxFailovers,
 			SplitResponses:    cfg.PDSplitResponses,
 			Warmup:            cfg.PDWarmup,
+			Panic:             a.panic,
 			Profile:           cfg.Profile,
 			Metrics:           a.m,
 			Logger:            a.log,
@@ -456,9 +464,12 @@ func (a *app) buildServer(ctx context.Context) error {
 		Endpoint:         a.cfg.HealthCheckEndpoint,
 		FailureThreshold: int(a.cfg.HealthFailureThreshold),
 		SuccessThreshold: int(a.cfg.HealthSuccessThreshold),
-		LoadPollInterval: a.loadPollInterval(),
-		Metrics:          a.m,
-		Logger:           a.log,
+		// fast recovery of unhealthy and never-probed workers
+		UnhealthyInterval:    a.cfg.HealthUnhealthyInterval(),
+		UnhealthyMaxInterval: a.cfg.HealthUnhealthyMaxInterval(),
+		LoadPollInterval:     a.loadPollInterval(),
+		Metrics:              a.m,
+		Logger:               a.log,
 	})
 	srv, err := server.New(sopts)
 	if err != nil {

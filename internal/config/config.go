@@ -182,6 +182,10 @@ type Config struct {
 	DecodeDataParallelSize     int      `json:"decode_data_parallel_size"`  // 0 = --intra-node-data-parallel-size
 	PDSplitResponses           bool     `json:"pd_split_responses"`
 	PDWarmup                   bool     `json:"pd_warmup"`
+	// fast recovery (docs/RELIABILITY.md)
+	HealthUnhealthyIntervalSecs    float64 `json:"health_unhealthy_interval_secs"`
+	HealthUnhealthyMaxIntervalSecs float64 `json:"health_unhealthy_max_interval_secs"`
+	PanicRouting                   bool    `json:"panic_routing"`
 
 	// ConfigFile is --config; it cannot be set from inside a config file.
 	ConfigFile string `json:"-"`
@@ -233,25 +237,28 @@ func Default() *Config {
 		HistoryBackend:                 "memory",
 		KVConnector:                    KVConnectorNIXL,
 
-		QueueSize:                  100,
-		QueueTimeoutSecs:           60,
-		ForwardClientAuthorization: true,
-		PDWarmup:                   true,
-		ShutdownTimeoutSecs:        30,
-		LogFormat:                  LogFormatText,
-		ConnectTimeoutSecs:         3,
-		KVWaitTimeoutSecs:          300,
-		StreamIdleTimeoutSecs:      300,
-		BodyReadTimeoutSecs:        60,
-		DecodeOutputLength:         DecodeOutputExact,
-		DiscoveryTTLSecs:           9,
-		DPSizeAnnotation:           "vllm.ai/dp-size",
-		PDMaxFailovers:             2,
-		RetryBudgetRatio:           0.2,
-		CBFailureRate:              0.5,
-		CBMinRequests:              20,
-		CBHalfOpenMaxRequests:      1,
-		MaxHeaderBytes:             1 << 20,
+		QueueSize:                      100,
+		QueueTimeoutSecs:               60,
+		ForwardClientAuthorization:     true,
+		PDWarmup:                       true,
+		HealthUnhealthyIntervalSecs:    0.5,
+		HealthUnhealthyMaxIntervalSecs: 2,
+		PanicRouting:                   true,
+		ShutdownTimeoutSecs:            30,
+		LogFormat:                      LogFormatText,
+		ConnectTimeoutSecs:             3,
+		KVWaitTimeoutSecs:              300,
+		StreamIdleTimeoutSecs:          300,
+		BodyReadTimeoutSecs:            60,
+		DecodeOutputLength:             DecodeOutputExact,
+		DiscoveryTTLSecs:               9,
+		DPSizeAnnotation:               "vllm.ai/dp-size",
+		PDMaxFailovers:                 2,
+		RetryBudgetRatio:               0.2,
+		CBFailureRate:                  0.5,
+		CBMinRequests:                  20,
+		CBHalfOpenMaxRequests:          1,
+		MaxHeaderBytes:                 1 << 20,
 	}
 }
 
@@ -454,6 +461,16 @@ func (c *Config) HealthCheckTimeout() time.Duration { return secondsU(c.HealthCh
 
 // HealthCheckInterval is --health-check-interval-secs.
 func (c *Config) HealthCheckInterval() time.Duration { return secondsU(c.HealthCheckIntervalSecs) }
+
+// HealthUnhealthyInterval is --health-unhealthy-interval-secs.
+func (c *Config) HealthUnhealthyInterval() time.Duration {
+	return secondsF(c.HealthUnhealthyIntervalSecs)
+}
+
+// HealthUnhealthyMaxInterval is --health-unhealthy-max-interval-secs.
+func (c *Config) HealthUnhealthyMaxInterval() time.Duration {
+	return secondsF(c.HealthUnhealthyMaxIntervalSecs)
+}
 
 // QueueTimeout is --queue-timeout-secs.
 func (c *Config) QueueTimeout() time.Duration { return secondsU(c.QueueTimeoutSecs) }

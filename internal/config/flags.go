@@ -129,6 +129,9 @@ func flagDefs(c *Config) []flagDef {
 		{extra: true, name: "prefill-data-parallel-size", meta: "N", usage: "DP replicas per static --prefill URL (0 = --intra-node-data-parallel-size)", value: num(&c.PrefillDataParallelSize)},
 		{extra: true, name: "decode-data-parallel-size", meta: "N", usage: "DP replicas per static --decode URL (0 = --intra-node-data-parallel-size)", value: num(&c.DecodeDataParallelSize)},
 		{extra: true, name: "pd-warmup", usage: "PD: send one 1-token request through every new prefill/decode pair so its first-contact KV handshake happens before real traffic (use =false to disable)", value: boo(&c.PDWarmup)},
+		{extra: true, name: "health-unhealthy-interval-secs", meta: "SECS", usage: "Re-probe an unhealthy or never-probed worker SECS after a failed probe, doubling up to --health-unhealthy-max-interval-secs (healthy workers keep --health-check-interval-secs)", value: flt(&c.HealthUnhealthyIntervalSecs)},
+		{extra: true, name: "health-unhealthy-max-interval-secs", meta: "SECS", usage: "Longest delay between two probes of an unhealthy or never-probed worker (at most --health-check-interval-secs)", value: flt(&c.HealthUnhealthyMaxIntervalSecs)},
+		{extra: true, name: "panic-routing", usage: "When every worker of a role is unhealthy or open-circuit, route to the registered ones anyway instead of answering 503 (use =false to disable)", value: boo(&c.PanicRouting)},
 		{extra: true, name: "pd-split-responses", usage: "PD-split /v1/responses (needs vLLM with kv_transfer_params on ResponsesRequest; default: serve it unsplit on a prefill worker)", value: boo(&c.PDSplitResponses)},
 	}
 }

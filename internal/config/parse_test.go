@@ -78,6 +78,9 @@ func TestDefaults(t *testing.T) {
 		QueueTimeoutSecs:               60,
 		ForwardClientAuthorization:     true,
 		PDWarmup:                       true,
+		HealthUnhealthyIntervalSecs:    0.5,
+		HealthUnhealthyMaxIntervalSecs: 2,
+		PanicRouting:                   true,
 		ShutdownTimeoutSecs:            30,
 		LogFormat:                      "text",
 		ConnectTimeoutSecs:             3,
@@ -205,6 +208,9 @@ var flagCases = []struct {
 	{"decode-data-parallel-size", "3", func(c *Config) any { return c.DecodeDataParallelSize }, 3},
 	{"pd-split-responses", "", func(c *Config) any { return c.PDSplitResponses }, true},
 	{"pd-warmup", "false", func(c *Config) any { return c.PDWarmup }, false},
+	{"health-unhealthy-interval-secs", "0.25", func(c *Config) any { return c.HealthUnhealthyIntervalSecs }, 0.25},
+	{"health-unhealthy-max-interval-secs", "4", func(c *Config) any { return c.HealthUnhealthyMaxIntervalSecs }, 4.0},
+	{"panic-routing", "false", func(c *Config) any { return c.PanicRouting }, false},
 	{"config", "", nil, nil}, // covered by the config-file tests
 }
 

@@ -272,6 +272,17 @@ func (c *Config) validateExtras(add func(*Error)) {
 			add(invalid(f.flag, formatFloat(f.v), "Must be a finite number >= 0"))
 		}
 	}
+	for _, f := range []struct {
+		flag string
+		v    float64
+	}{
+		{"--health-unhealthy-interval-secs", c.HealthUnhealthyIntervalSecs},
+		{"--health-unhealthy-max-interval-secs", c.HealthUnhealthyMaxIntervalSecs},
+	} {
+		if !(f.v > 0) || math.IsInf(f.v, 1) {
+			add(invalid(f.flag, formatFloat(f.v), "Must be a finite number > 0"))
+		}
+	}
 	if !(c.DiscoveryTTLSecs > 0) || math.IsInf(c.DiscoveryTTLSecs, 1) {
 		add(invalid("--discovery-ttl-secs", formatFloat(c.DiscoveryTTLSecs), "Must be a finite number > 0"))
 	}

@@ -225,6 +225,10 @@ func TestValidate(t *testing.T) {
 		}},
 		{name: "infinite timeout", args: with(w, "--shutdown-timeout-secs", "+Inf"), want: []string{"invalid value for --shutdown-timeout-secs: +Inf - Must be a finite number >= 0"}},
 		{name: "discovery ttl", args: with(w, "--discovery-ttl-secs", "0"), want: []string{"invalid value for --discovery-ttl-secs: 0 - Must be a finite number > 0"}},
+		{name: "unhealthy intervals", args: with(w, "--health-unhealthy-interval-secs", "0", "--health-unhealthy-max-interval-secs", "-1"), want: []string{
+			"invalid value for --health-unhealthy-interval-secs: 0 - Must be a finite number > 0",
+			"invalid value for --health-unhealthy-max-interval-secs: -1 - Must be a finite number > 0",
+		}},
 		{name: "ratios", args: with(w, "--retry-budget-ratio", "1.1", "--cb-failure-rate", "-0.5"), want: []string{
 			"invalid value for --retry-budget-ratio: 1.1 - Must be between 0.0 and 1.0",
 			"invalid value for --cb-failure-rate: -0.5 - Must be between 0.0 and 1.0",

@@ -15,9 +15,21 @@
 //     SuccessThreshold consecutive successes, counted per base URL. A
 //     change made by someone else (the proxy's passive marking after a
 //     connect failure, an admin add) restarts the count. Each transition is
-//     logged once.
-//   - Newly added workers are probed at once, not after an interval. The
+//     logged once. Two exceptions: a worker that has never passed a probe
+//     is healthy after its first passing probe and unhealthy after its
+//     first failing one (nothing vouches for it), and a failing probe of a
+//     worker with an unconfirmed connect failure (worker.Suspect) confirms
+//     it at once.
+//   - Newly added workers, and workers whose connect failed
+//     (Change.Probe), are probed at once, not after an interval. The
 //     checker never blocks startup: Run is started after the listener.
+//   - Healthy, probed workers are probed every Interval. The others
+//     (unhealthy, or never passed a probe) are probed on a fast schedule:
+//     UnhealthyInterval after a failure, doubling up to
+//     UnhealthyMaxInterval, jittered down by up to 20 %, and
+//     UnhealthyInterval after a passing probe that did not reach
+//     SuccessThreshold yet; so a worker that starts listening is routed
+//     within about UnhealthyMaxInterval, not Interval.
 package health
 
 import (
@@ -27,6 +39,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"sync"
 	"time"
@@ -53,6 +66,11 @@ type Options struct {
 	LoadPollInterval time.Duration
 	LoadEndpoint     string // ("/load")
 	Concurrency      int    // probes in flight at most (64)
+	// UnhealthyInterval is the first re-probe delay of an unhealthy or
+	// never-probed worker (0.5 s), doubled after each failure up to
+	// UnhealthyMaxInterval (2 s); both are at most Interval.
+	UnhealthyInterval    time.Duration
+	UnhealthyMaxInterval time.Duration
 }
 
 // Checker probes workers. Build it with NewChecker and start Run once.
@@ -61,8 +79,9 @@ type Checker struct {
 	log *slog.Logger
 	sem chan struct{}
 
-	kick chan struct{}
-	wg   sync.WaitGroup
+	kick    chan struct{}
+	resched chan struct{} // a fast probe was scheduled
+	wg      sync.WaitGroup
 
 	mu      sync.Mutex
 	state   map[string]*urlState // by base URL
@@ -75,6 +94,10 @@ type urlState struct {
 	known            bool // a probe result was applied
 	applied          bool // health set by the last applied result
 	okRun, failRun   int
+	// fast schedule (unhealthy or never-probed workers): the next probe
+	// is due at due (zero = not scheduled), the next failure waits delay.
+	due   time.Time
+	delay time.Duration
 }
 
 // NewChecker builds a checker; it does nothing until Run.
@@ -103,11 +126,20 @@ func NewChecker(o Options) *Checker {
 	if o.Client == nil {
 		o.Client = http.DefaultClient
 	}
+	if o.UnhealthyInterval <= 0 {
+		o.UnhealthyInterval = 500 * time.Millisecond
+	}
+	if o.UnhealthyMaxInterval <= 0 {
+		o.UnhealthyMaxInterval = 2 * time.Second
+	}
+	o.UnhealthyMaxInterval = min(o.UnhealthyMaxInterval, o.Interval)
+	o.UnhealthyInterval = min(o.UnhealthyInterval, o.UnhealthyMaxInterval)
 	c := &Checker{
 		o:       o,
 		log:     o.Logger,
 		sem:     make(chan struct{}, o.Concurrency),
 		kick:    make(chan struct{}, 1),
+		resched: make(chan struct{}, 1),
 		state:   map[string]*urlState{},
 		pending: map[string]bool{},
 	}
@@ -133,6 +165,8 @@ func (c *Checker) Run(ctx context.Context) {
 		loadC = lt.C
 		c.pollLoads(ctx)
 	}
+	fast := time.NewTimer(time.Hour)
+	defer fast.Stop()
 	c.probeAll(ctx)
 	for {
 		select {
@@ -144,7 +178,70 @@ func (c *Checker) Run(ctx context.Context) {
 			c.pollLoads(ctx)
 		case <-c.kick:
 			c.probePending(ctx)
+		case <-fast.C:
+			c.probeDue(ctx)
+		case <-c.resched:
 		}
+		c.resetFast(fast)
+	}
+}
+
+// probeDue starts the fast-schedule probes that are due.
+func (c *Checker) probeDue(ctx context.Context) {
+	now := time.Now()
+	var urls []string
+	c.mu.Lock()
+	for u, st := range c.state {
+		if !st.due.IsZero() && !st.due.After(now) {
+			st.due = time.Time{}
+			urls = append(urls, u)
+		}
+	}
+	c.mu.Unlock()
+	for _, u := range urls {
+		c.launchProbe(ctx, u)
+	}
+}
+
+// resetFast sets t to fire when the earliest fast-schedule probe is due.
+func (c *Checker) resetFast(t *time.Timer) {
+	var next time.Time
+	c.mu.Lock()
+	for _, st := range c.state {
+		if !st.due.IsZero() && (next.IsZero() || st.due.Before(next)) {
+			next = st.due
+		}
+	}
+	c.mu.Unlock()
+	if next.IsZero() {
+		t.Stop()
+		return
+	}
+	t.Reset(max(time.Until(next), 0))
+}
+
+// schedule sets the fast schedule of st after a probe result; the caller
+// holds mu. passed: the probe passed; settled: the worker is healthy and
+// has passed a probe (back to the Interval rounds).
+func (c *Checker) schedule(st *urlState, passed, settled bool) {
+	if settled {
+		st.due, st.delay = time.Time{}, 0
+		return
+	}
+	d := c.o.UnhealthyInterval
+	if passed {
+		st.delay = 0
+	} else {
+		if st.delay > 0 {
+			d = st.delay
+		}
+		st.delay = min(2*d, c.o.UnhealthyMaxInterval)
+	}
+	d = time.Duration(float64(d) * (0.8 + 0.2*rand.Float64()))
+	st.due = time.Now().Add(d)
+	select {
+	case c.resched <- struct{}{}:
+	default:
 	}
 }
 
@@ -154,6 +251,12 @@ func (c *Checker) Run(ctx context.Context) {
 func (c *Checker) onChange(ch worker.Change) {
 	c.mu.Lock()
 	for _, w := range ch.Added {
+		c.pending[w.URL] = true
+		if st := c.state[w.URL]; st != nil {
+			st.delay = 0 // a new registration starts the fast schedule afresh
+		}
+	}
+	for _, w := range ch.Probe {
 		c.pending[w.URL] = true
 	}
 	if len(ch.Removed) > 0 {
@@ -165,7 +268,7 @@ func (c *Checker) onChange(ch worker.Change) {
 		}
 	}
 	c.mu.Unlock()
-	if len(ch.Added) > 0 {
+	if len(ch.Added) > 0 || len(ch.Probe) > 0 {
 		select {
 		case c.kick <- struct{}{}:
 		default:
@@ -282,9 +385,11 @@ func (c *Checker) apply(u string, st *urlState, err error) {
 		c.mu.Unlock()
 		return
 	}
-	cur := false
+	cur, probed, suspect := false, false, false
 	for _, w := range ws {
 		cur = cur || w.Healthy()
+		probed = probed || w.Probed()
+		suspect = suspect || w.Suspect()
 	}
 	if st.known && cur != st.applied {
 		st.okRun, st.failRun = 0, 0 // changed elsewhere: count afresh
@@ -293,22 +398,29 @@ func (c *Checker) apply(u string, st *urlState, err error) {
 	if err == nil {
 		st.okRun++
 		st.failRun = 0
-		if st.okRun >= c.o.SuccessThreshold || !st.known {
+		if st.okRun >= c.o.SuccessThreshold || !st.known || !probed {
 			target = true // a new worker's first passing probe is enough
 		}
 	} else {
 		st.failRun++
 		st.okRun = 0
-		if st.failRun >= c.o.FailureThreshold {
+		// never vouched for, or a connect failure this probe confirms
+		if st.failRun >= c.o.FailureThreshold || !probed || suspect {
 			target = false
 		}
 	}
 	st.applied, st.known = target, true
 	fails, oks := st.failRun, st.okRun
+	c.schedule(st, err == nil, target && (probed || err == nil))
 	c.mu.Unlock()
 
 	changed := false
 	for _, w := range ws {
+		if err == nil {
+			w.MarkProbed()
+		} else if !target {
+			w.ClearHint() // decided: unhealthy
+		}
 		if w.SetHealthy(target) {
 			changed = true
 		}

@@ -78,6 +78,7 @@ type Metrics struct {
 	PDLegErrors      *prometheus.CounterVec   // leg, reason
 	PDFailovers      *prometheus.CounterVec   // reason
 	PDWarmups        *prometheus.CounterVec   // result: ok | failed
+	PanicRouted      *prometheus.CounterVec   // role: requests routed with every worker of the role down
 
 	// discovery
 	DiscoveryRegistrations *prometheus.CounterVec // role, format
@@ -142,6 +143,7 @@ func New(reg *prometheus.Registry) *Metrics {
 	m.PDDecodeSeconds = f.histVec("vllm_router_pd_decode_duration_seconds", "Decode leg duration from send to the last byte.", DurationBuckets, "connector", "mode")
 	m.PDLegErrors = f.counterVec("vllm_router_pd_leg_errors_total", "PD leg failures by leg and reason.", "leg", "reason")
 	m.PDFailovers = f.counterVec("vllm_router_pd_failovers_total", "PD pairs re-picked before the first byte, by reason.", "reason")
+	m.PanicRouted = f.counterVec("vllm_router_panic_routed_total", "Picks made in panic mode (--panic-routing): every worker of the role was unhealthy or open-circuit, so a registered one was used anyway, by role.", "role")
 	m.PDWarmups = f.counterVec("vllm_router_pd_warmups_total", "Warm-up requests sent through new prefill/decode pairs (--pd-warmup), by result.", "result")
 
 	m.DiscoveryRegistrations = f.counterVec("vllm_router_discovery_registrations_total", "Registration messages accepted, by role and format.", "role", "format")

@@ -71,6 +71,7 @@ func touchAll(m *Metrics) {
 	m.PDLegErrors.WithLabelValues("decode", "kv_wait_timeout").Inc()
 	m.PDFailovers.WithLabelValues("connect").Inc()
 	m.PDWarmups.WithLabelValues("ok").Inc()
+	m.PanicRouted.WithLabelValues("prefill").Inc()
 
 	m.DiscoveryRegistrations.WithLabelValues("prefill", "moriio-new").Inc()
 	m.DiscoveryDropped.WithLabelValues("malformed").Inc()

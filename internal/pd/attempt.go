@@ -68,6 +68,7 @@ type leg struct {
 	// the outcome later. The prefill of a concurrent connector has done its
 	// job only once its KV reached the decode (D's first byte).
 	holdOK bool
+	warmup bool // a pair warm-up's leg: its connect failure is no health verdict
 
 	running, inflight prometheus.Gauge       // per-worker and per-role in-flight gauges (nil without metrics)
 	outcomes          *prometheus.CounterVec // circuit-breaker outcomes (nil without metrics)
@@ -122,7 +123,7 @@ func (e *Engine) startLeg(ctx context.Context, name string, w *worker.Worker, st
 	if !ok {
 		return nil, false
 	}
-	l := &leg{name: name, w: w, done: done, release: w.Acquire(), sent: e.o.Now()}
+	l := &leg{name: name, w: w, done: done, release: w.Acquire(), sent: e.o.Now(), warmup: st.warmup}
 	if e.m != nil {
 		key := w.Key()
 		if name == "prefill" {
@@ -173,15 +174,20 @@ func (e *Engine) traceLeg(ctx context.Context, l *leg, st *reqState, pr *Pair) {
 }
 
 // legFailed records a failed leg: breaker failure, passive health on
-// connect errors, error metrics, span status.
+// connect errors, error metrics, span status. A first connect failure is a
+// hint (the worker is avoided and probed at once), a second within
+// worker.ConnectHintWindow marks it unhealthy (Registry.ConnectFailed); a
+// warm-up's connect failure is neither.
 func (e *Engine) legFailed(l *leg, reason string, err error) {
 	tracing.Fail(l.span, reason, err)
 	l.finish(false)
 	if err != nil && proxy.IsDialError(err) {
-		if l.w.SetHealthy(false) {
-			e.log.Warn("worker unreachable, marked unhealthy", "worker", l.w.Key(), "err", err)
-			if e.m != nil {
-				e.m.WorkerHealth.WithLabelValues(l.w.Key()).Set(0)
+		if !l.warmup {
+			for _, x := range e.o.Registry.ConnectFailed(l.w, time.Now()) {
+				e.log.Warn("worker unreachable (second connect failure), marked unhealthy", "worker", x.Key(), "err", err)
+				if e.m != nil {
+					e.m.WorkerHealth.WithLabelValues(x.Key()).Set(0)
+				}
 			}
 		}
 		e.markDown(l.w)

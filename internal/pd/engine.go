@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"runtime/debug"
 	"sort"
@@ -125,6 +126,9 @@ type Options struct {
 	// instance pair, so its first-contact KV handshake happens before real
 	// traffic (warmup.go).
 	Warmup bool
+	// Panic routes to registered workers when a role has none available
+	// (nil = off; worker.Panic).
+	Panic *worker.Panic
 }
 
 // Engine is the PD dispatcher. It implements proxy.Dispatcher.
@@ -557,26 +561,37 @@ func (e *Engine) pickPair(r *http.Request, c *proxy.Call, st *reqState, exclude 
 		}
 	}
 	hdr := e.policyHeaders(r)
-	if len(st.avoid) > 0 {
-		exA := make(map[string]bool, len(ex)+len(st.avoid))
+	avoid := st.avoid // and workers with an unconfirmed connect failure
+	if sus := worker.WithSuspects(snap.All, st.avoid); sus != nil {
+		avoid = sus
+	}
+	if len(avoid) > 0 {
+		exA := make(map[string]bool, len(ex)+len(avoid))
 		for k := range ex {
 			exA[k] = true
 		}
-		for k := range st.avoid {
+		for k := range avoid {
 			exA[k] = true
 		}
 		req := &policy.Request{Path: st.path, Headers: hdr, Body: c.Body, Exclude: exA}
 		if pr, _, _ := e.scanPairs(req, snap, st, exclude, dWhy, false); pr != nil {
+			e.normalPick()
 			return pr, nil
 		}
 	}
+	ex0 := maps.Clone(ex) // scanPairs adds the prefills it passed over
 	req := &policy.Request{Path: st.path, Headers: hdr, Body: c.Body, Exclude: ex}
 	pr, fallback, modeMsg := e.scanPairs(req, snap, st, exclude, dWhy, true)
 	if pr != nil {
+		e.normalPick()
 		return pr, nil
 	}
 	if fallback != nil {
+		e.normalPick()
 		return fallback, nil
+	}
+	if pr := e.panicPair(&policy.Request{Path: st.path, Headers: hdr, Body: c.Body, Exclude: ex0}, snap, st); pr != nil {
+		return pr, nil
 	}
 	if modeMsg != "" {
 		return nil, sel(modeMsg)
@@ -668,6 +683,42 @@ func (e *Engine) scanPairs(req *policy.Request, snap *worker.Snapshot, st *reqSt
 		}
 	}
 	return nil, fallback, modeMsg
+}
+
+// normalPick ends a panic period of both roles (worker.Panic).
+func (e *Engine) normalPick() {
+	e.o.Panic.Normal(worker.RolePrefill)
+	e.o.Panic.Normal(worker.RoleDecode)
+}
+
+// panicPair is panic routing (worker.Panic) when no pair could be picked:
+// a role with no available worker gets a registered one anyway, among
+// those the request has not failed on. nil when panic routing is off or
+// no such worker exists.
+func (e *Engine) panicPair(req *policy.Request, snap *worker.Snapshot, st *reqState) *pickedPair {
+	if e.o.Panic == nil || e.o.Panic.Disabled {
+		return nil
+	}
+	p, err := e.o.PrefillPolicy.Pick(req, policy.Candidates{Gen: snap.Gen, Workers: snap.Prefill})
+	if err != nil || p.Worker == nil {
+		w := e.o.Panic.Pick(worker.RolePrefill, snap.Prefill, req.Excluded)
+		if w == nil {
+			return nil
+		}
+		p = choice(w, "panic: no prefill worker healthy and closed-circuit")
+	}
+	dc, _ := e.compatibleDecodes(snap, p.Worker)
+	alt := *req
+	alt.Exclude = e.withBadPairs(req.Exclude, st, p.Worker.Key())
+	d, err := e.o.DecodePolicy.Pick(&alt, dc)
+	if err != nil || d.Worker == nil {
+		w := e.o.Panic.Pick(worker.RoleDecode, dc.Workers, alt.Excluded)
+		if w == nil {
+			return nil
+		}
+		d = choice(w, "panic: no decode worker healthy and closed-circuit")
+	}
+	return e.newPair(p, d)
 }
 
 // withBadPairs returns a copy of ex plus the decodes whose pair with the

@@ -226,6 +226,7 @@ func addWorker(t *testing.T, reg *worker.Registry, url string, role worker.Role,
 	if err != nil {
 		t.Fatal(err)
 	}
+	ws[0].MarkProbed() // as if the health checker had probed it (warm-ups wait for that)
 	return ws[0]
 }
 

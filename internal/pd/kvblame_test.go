@@ -256,8 +256,8 @@ func TestDeadPrefillWakesWaitingDecode(t *testing.T) {
 				if res.status != 200 || res.body != sseAll() {
 					t.Fatalf("second request: status %d body %q", res.status, res.body)
 				}
-				if pa.Healthy() {
-					t.Fatal("dead prefill not marked unhealthy")
+				if !pa.Suspect() {
+					t.Fatal("dead prefill not suspect after a connect failure")
 				}
 			}
 			res := waitDone(t, done, 2*time.Second, "the waiting request")

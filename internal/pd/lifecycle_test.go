@@ -308,8 +308,8 @@ func TestFailoverOnConnectRefused(t *testing.T) {
 			if rc.Attempts != 2 || len(rc.Failovers) != 1 || !strings.Contains(rc.Failovers[0], deadW.Key()) || rc.Prefill != pw.Key() {
 				t.Fatalf("receipt %+v", rc)
 			}
-			if deadW.Healthy() {
-				t.Fatal("unreachable prefill not marked unhealthy")
+			if !deadW.Suspect() {
+				t.Fatal("unreachable prefill not suspect after a connect failure")
 			}
 			if v := counter(t, m.PDFailovers.WithLabelValues("connect")); v != 1 {
 				t.Fatalf("failovers %v", v)
@@ -337,8 +337,8 @@ func TestWriteDecodeUnreachableNeverSendsPrefill(t *testing.T) {
 	if n := P.count.Load(); n != 1 {
 		t.Fatalf("prefill called %d times; the attempt with the unreachable decode must not send it", n)
 	}
-	if deadW.Healthy() {
-		t.Fatal("unreachable decode not marked unhealthy")
+	if !deadW.Suspect() {
+		t.Fatal("unreachable decode not suspect after a connect failure")
 	}
 }
 

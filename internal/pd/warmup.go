@@ -26,7 +26,8 @@ import (
 // §2.9); NIXL and MoRI-IO READ handshake on the decode's first pull. A
 // warmer sends one tiny PD request (a 1-token completion, both legs, the
 // connector's real kv_transfer_params) through every new instance pair as
-// soon as both sides are healthy and routable, so that real traffic finds
+// soon as both sides have passed a health probe and are healthy and
+// routable (a warm-up sent to an engine still starting would only fail), so that real traffic finds
 // the pair warm. While a pair's warm-up runs, the pickers prefer other
 // pairs; when there is none, the cold pair serves anyway (never worse than
 // without warm-up). A pair that carried a real request is warm already.
@@ -137,7 +138,7 @@ func (w *warmer) cold(p, d *worker.Worker) bool {
 func (w *warmer) scan() {
 	snap := w.e.o.Registry.Snapshot()
 	live := func(x *worker.Worker) bool {
-		return x.Healthy() && x.Routable() && x.Available() && w.e.conn.Eligible(x) == nil
+		return x.Probed() && x.Healthy() && x.Routable() && x.Available() && w.e.conn.Eligible(x) == nil
 	}
 	seenP := map[string]bool{}
 	for _, p := range snap.Prefill {
@@ -200,8 +201,10 @@ func (w *warmer) run(key [2]string, p, d *worker.Worker) {
 			"took", time.Since(start).Round(time.Millisecond).String())
 	case w.ctx.Err() != nil:
 	default:
-		// Not retried: the failure counts on the pair and the workers like
-		// any request's, and real traffic (or a re-registration) warms it.
+		// Not retried: the failure counts on the pair and the workers'
+		// breakers like any request's (a connect failure is no health
+		// verdict: both sides passed a probe, the prober decides), and real
+		// traffic (or a re-registration) warms it.
 		w.failed.Add(1)
 		if w.e.m != nil {
 			w.e.m.PDWarmups.WithLabelValues("failed").Inc()

@@ -52,8 +52,11 @@ type RegularOptions struct {
 	// HashHeaders, when non-empty, are the only request headers shown to
 	// the policy (policy.Request.Headers); otherwise it sees all of them.
 	HashHeaders []string
-	Metrics     *metrics.Metrics
-	Logger      *slog.Logger
+	// Panic routes to the registered workers when none is available (nil =
+	// off; worker.Panic).
+	Panic   *worker.Panic
+	Metrics *metrics.Metrics
+	Logger  *slog.Logger
 }
 
 // Regular is the regular-mode dispatcher: it routes each generation request
@@ -211,11 +214,28 @@ func (p *Regular) policyHeaders(in http.Header) http.Header {
 }
 
 // pick asks the policy for a worker among the role's current members.
+// Workers with an unconfirmed connect failure are avoided while another
+// one is available; when none is, panic routing may pick any registered
+// worker the request has not failed on.
 func (p *Regular) pick(req *policy.Request) (policy.Choice, error) {
 	snap := p.o.Registry.Snapshot()
-	ch, err := p.o.Policy.Pick(req, policy.Candidates{Gen: snap.Gen, Workers: snap.ByRole(p.o.Role)})
+	cands := policy.Candidates{Gen: snap.Gen, Workers: snap.ByRole(p.o.Role)}
+	if ex := worker.WithSuspects(cands.Workers, req.Exclude); ex != nil {
+		alt := *req
+		alt.Exclude = ex
+		if ch, err := p.o.Policy.Pick(&alt, cands); err == nil && ch.Worker != nil {
+			p.o.Panic.Normal(p.o.Role)
+			return ch, nil
+		}
+	}
+	ch, err := p.o.Policy.Pick(req, cands)
 	if err == nil && ch.Worker == nil {
 		err = policy.ErrNoWorker
+	}
+	if err == nil {
+		p.o.Panic.Normal(p.o.Role)
+	} else if w := p.o.Panic.Pick(p.o.Role, cands.Workers, req.Excluded); w != nil {
+		return policy.Choice{Worker: w, Reason: "panic: no worker healthy and closed-circuit"}, nil
 	}
 	if err != nil && !errors.Is(err, policy.ErrNoWorker) {
 		err = fmt.Errorf("%w: %w", policy.ErrNoWorker, err)
@@ -237,19 +257,18 @@ func (p *Regular) exclude(req *policy.Request, w *worker.Worker) {
 	}
 }
 
-// markDown is passive health: a worker that refused the connection is
-// marked unhealthy at once (all its ranks); the active prober restores it.
+// markDown is passive health after a failed connect (all ranks of w): a
+// first failure is a hint (w is avoided and probed at once), a second
+// within worker.ConnectHintWindow marks it unhealthy; the prober restores it.
 func (p *Regular) markDown(w *worker.Worker, err error) {
-	ws := []*worker.Worker{w}
-	if w.DPSize > 1 {
-		ws = p.o.Registry.Instance(w.Instance)
+	down := p.o.Registry.ConnectFailed(w, time.Now())
+	if len(down) == 0 {
+		p.log.Debug("connect failed; worker avoided until a probe decides", "worker", w.Key(), "err", err)
 	}
-	for _, x := range ws {
-		if x.SetHealthy(false) {
-			p.log.Warn("worker marked unhealthy after connect failure", "worker", x.Key(), "err", err)
-			if p.m != nil {
-				p.m.WorkerHealth.WithLabelValues(x.Key()).Set(0)
-			}
+	for _, x := range down {
+		p.log.Warn("worker marked unhealthy after a second connect failure", "worker", x.Key(), "err", err)
+		if p.m != nil {
+			p.m.WorkerHealth.WithLabelValues(x.Key()).Set(0)
 		}
 	}
 }

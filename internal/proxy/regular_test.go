@@ -152,8 +152,8 @@ func TestRetryAfterDialError(t *testing.T) {
 	if len(rc.Failovers) != 1 || rc.Failovers[0] != dead {
 		t.Errorf("failovers %v", rc.Failovers)
 	}
-	if f.reg.Get(dead).Healthy() {
-		t.Error("dead worker must be marked unhealthy at once")
+	if w := f.reg.Get(dead); !w.Suspect() {
+		t.Error("dead worker must be suspect (avoided) after one connect failure")
 	}
 	if v := counterValue(t, f.m.Retries.WithLabelValues("/v1/completions")); v != 1 {
 		t.Errorf("retries metric %v", v)
@@ -436,10 +436,16 @@ func TestConnectFailureNoAlternatives502(t *testing.T) {
 	if code != http.StatusBadGateway || !strings.HasPrefix(e.Error.Message, "upstream connect failed: ") {
 		t.Fatalf("got %d %q", code, e.Error.Message)
 	}
-	if f.reg.Get(dead).Healthy() {
-		t.Error("worker must be marked unhealthy")
+	if w := f.reg.Get(dead); !w.Healthy() || !w.Suspect() {
+		t.Error("one connect failure is a hint: suspect, not yet unhealthy")
 	}
-	// the only worker is now unhealthy: immediate 503, no backoff
+	// the only worker is tried again (suspects are only avoided while
+	// another exists); a second connect failure confirms it down
+	code, _, _ = f.post(testCtx(t), "/v1/completions", `{"prompt":"p"}`)
+	if code != http.StatusBadGateway || f.reg.Get(dead).Healthy() {
+		t.Fatalf("second failure: %d, healthy %v", code, f.reg.Get(dead).Healthy())
+	}
+	// the only worker is now unhealthy (no panic routing): immediate 503, no backoff
 	code, _, body = f.post(testCtx(t), "/v1/completions", `{"prompt":"p"}`)
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "No available workers") {
 		t.Fatalf("got %d %s", code, body)
@@ -631,8 +637,8 @@ func TestDialErrorMarksAllRanksAndExcludesInstance(t *testing.T) {
 		t.Errorf("attempts %s: a retry must skip the other ranks of the dead instance", h.Get("X-Test-Attempts"))
 	}
 	for _, w := range f.reg.Instance(dead) {
-		if w.Healthy() {
-			t.Errorf("rank %s still healthy", w.Key())
+		if !w.Suspect() {
+			t.Errorf("rank %s not suspect after its instance refused a connect", w.Key())
 		}
 	}
 }

@@ -30,10 +30,13 @@ func (s *Snapshot) ByRole(r Role) []*Worker {
 }
 
 // Change describes one registry mutation, delivered to subscribers after the
-// new snapshot is published.
+// new snapshot is published. A Change with only Probe set is no membership
+// change: it asks the health checker to probe those workers at once (a
+// connect failed, see ConnectFailed).
 type Change struct {
 	Added   []*Worker
 	Removed []*Worker
+	Probe   []*Worker
 	Snap    *Snapshot
 }
 

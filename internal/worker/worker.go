@@ -234,6 +234,8 @@ type Worker struct {
 	routable   atomic.Bool
 	polledLoad atomic.Int64 // load reported by the worker itself; -1 = unknown
 	lastSeen   atomic.Int64 // unix nanos of the last registration/heartbeat
+	probed     atomic.Bool  // a health probe passed since registration
+	hintAt     atomic.Int64 // unix nanos of an unconfirmed connect failure; 0 = none
 	note       atomic.Pointer[string]
 }
 
