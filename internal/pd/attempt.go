@@ -120,6 +120,9 @@ func (l *leg) settle(o worker.Outcome) {
 // starts the leg's client span (child of the server span in ctx).
 func (e *Engine) startLeg(ctx context.Context, name string, w *worker.Worker, st *reqState, pr *Pair) (*leg, bool) {
 	done, ok := w.Breaker().StartOutcome()
+	if !ok && st.panicked { // panic routing overrides the breaker
+		done, ok = w.PanicOutcome(), true
+	}
 	if !ok {
 		return nil, false
 	}

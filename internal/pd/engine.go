@@ -364,6 +364,7 @@ type reqState struct {
 	attempt  int // 1-based number of the current (P, D) attempt
 	rc       *proxy.Receipt
 	warmup   bool // a pair warm-up (warmup.go): kept out of the request metrics
+	panicked bool // the current pair is a panic pick (worker.Panic): breakers do not refuse it
 }
 
 // Dispatch serves one PD generation request.
@@ -529,6 +530,7 @@ type pickedPair struct {
 // when no other pair exists is the first such suspect pair used. After a
 // failed transfer, a pair sharing no worker with it is preferred.
 func (e *Engine) pickPair(r *http.Request, c *proxy.Call, st *reqState, exclude map[string]bool) (*pickedPair, *failure) {
+	st.panicked = false
 	snap := e.o.Registry.Snapshot()
 	sel := func(msg string) *failure {
 		return &failure{status: http.StatusServiceUnavailable, msg: msg, errType: "server_selection"}
@@ -591,6 +593,7 @@ func (e *Engine) pickPair(r *http.Request, c *proxy.Call, st *reqState, exclude 
 		return fallback, nil
 	}
 	if pr := e.panicPair(&policy.Request{Path: st.path, Headers: hdr, Body: c.Body, Exclude: ex0}, snap, st); pr != nil {
+		st.panicked = true
 		return pr, nil
 	}
 	if modeMsg != "" {

@@ -213,6 +213,9 @@ func (p *Regular) policyHeaders(in http.Header) http.Header {
 	return h
 }
 
+// panicReason marks a panic pick (worker.Panic): its breaker may refuse it.
+const panicReason = "panic: no worker healthy and closed-circuit"
+
 // pick asks the policy for a worker among the role's current members.
 // Workers with an unconfirmed connect failure are avoided while another
 // one is available; when none is, panic routing may pick any registered
@@ -235,7 +238,7 @@ func (p *Regular) pick(req *policy.Request) (policy.Choice, error) {
 	if err == nil {
 		p.o.Panic.Normal(p.o.Role)
 	} else if w := p.o.Panic.Pick(p.o.Role, cands.Workers, req.Excluded); w != nil {
-		return policy.Choice{Worker: w, Reason: "panic: no worker healthy and closed-circuit"}, nil
+		return policy.Choice{Worker: w, Reason: panicReason}, nil
 	}
 	if err != nil && !errors.Is(err, policy.ErrNoWorker) {
 		err = fmt.Errorf("%w: %w", policy.ErrNoWorker, err)
@@ -318,6 +321,16 @@ func (p *Regular) serve(parent context.Context, w http.ResponseWriter, rs *reqSp
 	for attempt := 1; ; attempt++ {
 		wk := choice.Worker
 		done, ok := wk.Breaker().Start()
+		if !ok && choice.Reason == panicReason { // panic routing overrides the breaker
+			po := wk.PanicOutcome()
+			done, ok = func(success bool) {
+				if success {
+					po(worker.OutcomeSuccess)
+				} else {
+					po(worker.OutcomeFailure)
+				}
+			}, true
+		}
 		if !ok { // lost a race with the breaker: not an attempt
 			p.exclude(&rs.preq, wk)
 			attempt--

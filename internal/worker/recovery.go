@@ -142,3 +142,16 @@ func (p *Panic) Normal(role Role) {
 		p.Logger.Info("panic routing over: a "+role.String()+" worker is available again", "role", role.String())
 	}
 }
+
+// PanicOutcome records the outcome of a panic-routed request whose breaker
+// refused it (open, or half-open with its probes taken): outside the
+// breaker's admission, as Breaker.Record does (an open breaker ignores it;
+// a half-open one counts it). Only the first call counts.
+func (w *Worker) PanicOutcome() func(Outcome) {
+	var once atomic.Bool
+	return func(o Outcome) {
+		if o != OutcomeNeutral && once.CompareAndSwap(false, true) {
+			w.breaker.Record(o == OutcomeSuccess)
+		}
+	}
+}

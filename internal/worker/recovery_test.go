@@ -1,0 +1,144 @@
+package worker
+
+import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConnectFailedHintThenConfirm(t *testing.T) {
+	t0 := time.Now()
+	tests := []struct {
+		name       string
+		second     time.Duration // after the first failure; <0 = no second failure
+		probeFirst bool          // a passing probe between the two failures
+		wantDown   bool
+	}{
+		{name: "one failure is a hint", second: -1},
+		{name: "second failure within the window confirms", second: time.Second, wantDown: true},
+		{name: "second failure after the window is a new hint", second: ConnectHintWindow + time.Second},
+		{name: "a passing probe clears the hint", second: time.Second, probeFirst: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := NewRegistry(BreakerConfig{})
+			ws, err := r.Add(ExpandDP(Spec{URL: "http://10.0.0.1:8000", DPRank: -1}, 2)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var probes [][]*Worker
+			r.Subscribe(func(c Change) {
+				if len(c.Probe) > 0 {
+					probes = append(probes, c.Probe)
+				}
+			})
+			if down := r.ConnectFailed(ws[0], t0); down != nil {
+				t.Fatalf("first failure marked %v down", down)
+			}
+			if len(probes) != 1 || len(probes[0]) != 2 {
+				t.Fatalf("probe requests %v, want one for both ranks", probes)
+			}
+			for _, w := range ws {
+				if !w.Healthy() || !w.Suspect() {
+					t.Fatalf("%s after one failure: healthy %v suspect %v", w.Key(), w.Healthy(), w.Suspect())
+				}
+			}
+			if tt.second < 0 {
+				return
+			}
+			if tt.probeFirst {
+				for _, w := range ws {
+					w.MarkProbed()
+				}
+				if ws[1].Suspect() || !ws[1].Probed() {
+					t.Fatal("MarkProbed must clear the hint")
+				}
+			}
+			down := r.ConnectFailed(ws[1], t0.Add(tt.second))
+			if got := len(down) == 2; got != tt.wantDown {
+				t.Fatalf("second failure: down %v, want down=%v", down, tt.wantDown)
+			}
+			for _, w := range ws {
+				if w.Healthy() == tt.wantDown {
+					t.Errorf("%s healthy=%v", w.Key(), w.Healthy())
+				}
+			}
+			// an unhealthy worker is the prober's: nothing more to decide
+			if tt.wantDown && r.ConnectFailed(ws[0], t0.Add(tt.second)) != nil {
+				t.Error("an unhealthy worker reported down again")
+			}
+		})
+	}
+}
+
+func TestWithSuspects(t *testing.T) {
+	r := NewRegistry(BreakerConfig{})
+	ws, _ := r.Add(Spec{URL: "http://a:1", DPRank: -1}, Spec{URL: "http://b:1", DPRank: -1}, Spec{URL: "http://c:1", DPRank: -1})
+	if WithSuspects(ws, map[string]bool{"x": true}) != nil {
+		t.Fatal("no suspect: nil expected")
+	}
+	r.ConnectFailed(ws[1], time.Now())
+	in := map[string]bool{"http://a:1": true}
+	got := WithSuspects(ws, in)
+	if len(got) != 2 || !got["http://a:1"] || !got["http://b:1"] {
+		t.Fatalf("got %v", got)
+	}
+	if len(in) != 1 {
+		t.Fatal("the caller's map was modified")
+	}
+	if WithSuspects(ws, map[string]bool{"http://b:1": true}) != nil {
+		t.Fatal("an already excluded suspect needs no new map")
+	}
+}
+
+func TestPanicPick(t *testing.T) {
+	r := NewRegistry(BreakerConfig{})
+	ws, _ := r.Add(Spec{URL: "http://a:1", DPRank: -1}, Spec{URL: "http://b:1", DPRank: -1}, Spec{URL: "http://c:1", DPRank: -1})
+	for _, w := range ws {
+		w.SetHealthy(false)
+	}
+	ws[2].SetRoutable(false) // held aside: never routed, even in panic
+	rel := ws[0].Acquire()   // a busier than b
+	defer rel()
+	var buf bytes.Buffer
+	picks := 0
+	p := &Panic{Logger: slog.New(slog.NewTextHandler(&buf, nil)), OnPick: func(r Role) {
+		if r != RoleDecode {
+			t.Errorf("role %v", r)
+		}
+		picks++
+	}}
+	for range 4 {
+		if w := p.Pick(RoleDecode, ws, nil); w != ws[1] {
+			t.Fatalf("picked %v, want the least loaded routable one", w)
+		}
+	}
+	if w := p.Pick(RoleDecode, ws, func(w *Worker) bool { return w == ws[1] }); w != ws[0] {
+		t.Fatalf("skip ignored: %v", w)
+	}
+	if w := p.Pick(RoleDecode, ws, func(*Worker) bool { return true }); w != nil {
+		t.Fatalf("everything skipped, picked %v", w)
+	}
+	if picks != 5 {
+		t.Errorf("OnPick called %d times, want 5", picks)
+	}
+	if n := strings.Count(buf.String(), "panic routing:"); n != 1 {
+		t.Errorf("%d panic log lines for one panic period, want 1:\n%s", n, buf.String())
+	}
+	p.Normal(RoleDecode)
+	p.Normal(RoleDecode)
+	if n := strings.Count(buf.String(), "panic routing over"); n != 1 {
+		t.Errorf("%d end-of-panic lines, want 1", n)
+	}
+	p.Pick(RoleDecode, ws, nil)
+	if n := strings.Count(buf.String(), "panic routing:"); n != 2 {
+		t.Errorf("a new panic period must be logged again (%d lines)", n)
+	}
+	off := &Panic{Disabled: true}
+	if off.Pick(RoleDecode, ws, nil) != nil || (*Panic)(nil).Pick(RoleDecode, ws, nil) != nil {
+		t.Error("disabled or nil panic must never pick")
+	}
+	(*Panic)(nil).Normal(RoleDecode) // no panic
+}
