@@ -242,7 +242,7 @@ func Default() *Config {
 		ForwardClientAuthorization:     true,
 		PDWarmup:                       true,
 		HealthUnhealthyIntervalSecs:    0.5,
-		HealthUnhealthyMaxIntervalSecs: 2,
+		HealthUnhealthyMaxIntervalSecs: 1,
 		PanicRouting:                   true,
 		ShutdownTimeoutSecs:            30,
 		LogFormat:                      LogFormatText,

@@ -79,7 +79,7 @@ func TestDefaults(t *testing.T) {
 		ForwardClientAuthorization:     true,
 		PDWarmup:                       true,
 		HealthUnhealthyIntervalSecs:    0.5,
-		HealthUnhealthyMaxIntervalSecs: 2,
+		HealthUnhealthyMaxIntervalSecs: 1,
 		PanicRouting:                   true,
 		ShutdownTimeoutSecs:            30,
 		LogFormat:                      "text",

@@ -15,11 +15,13 @@
 //     SuccessThreshold consecutive successes, counted per base URL. A
 //     change made by someone else (the proxy's passive marking after a
 //     connect failure, an admin add) restarts the count. Each transition is
-//     logged once. Two exceptions: a worker that has never passed a probe
-//     is healthy after its first passing probe and unhealthy after its
-//     first failing one (nothing vouches for it), and a failing probe of a
-//     worker with an unconfirmed connect failure (worker.Suspect) confirms
-//     it at once.
+//     logged once. Exceptions: a worker that has never passed a probe is
+//     healthy after its first passing probe and unhealthy after its first
+//     failing one (nothing vouches for it); a worker whose last probe could
+//     not connect (no process listened: a restart) is healthy after its
+//     first passing probe, like a new one; and a failing probe of a worker
+//     with an unconfirmed connect failure (worker.Suspect) confirms it at
+//     once.
 //   - Newly added workers, and workers whose connect failed
 //     (Change.Probe), are probed at once, not after an interval. The
 //     checker never blocks startup: Run is started after the listener.
@@ -40,6 +42,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -68,7 +71,7 @@ type Options struct {
 	Concurrency      int    // probes in flight at most (64)
 	// UnhealthyInterval is the first re-probe delay of an unhealthy or
 	// never-probed worker (0.5 s), doubled after each failure up to
-	// UnhealthyMaxInterval (2 s); both are at most Interval.
+	// UnhealthyMaxInterval (1 s); both are at most Interval.
 	UnhealthyInterval    time.Duration
 	UnhealthyMaxInterval time.Duration
 }
@@ -94,6 +97,7 @@ type urlState struct {
 	known            bool // a probe result was applied
 	applied          bool // health set by the last applied result
 	okRun, failRun   int
+	refused          bool // the last failing probe could not connect
 	// fast schedule (unhealthy or never-probed workers): the next probe
 	// is due at due (zero = not scheduled), the next failure waits delay.
 	due   time.Time
@@ -130,7 +134,7 @@ func NewChecker(o Options) *Checker {
 		o.UnhealthyInterval = 500 * time.Millisecond
 	}
 	if o.UnhealthyMaxInterval <= 0 {
-		o.UnhealthyMaxInterval = 2 * time.Second
+		o.UnhealthyMaxInterval = time.Second
 	}
 	o.UnhealthyMaxInterval = min(o.UnhealthyMaxInterval, o.Interval)
 	o.UnhealthyInterval = min(o.UnhealthyInterval, o.UnhealthyMaxInterval)
@@ -355,6 +359,13 @@ func (c *Checker) withSlot(ctx context.Context, fn func() error) error {
 	return fn()
 }
 
+// isDialError reports whether err is a failed TCP connect (nothing
+// listens, or the host is unreachable).
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
 // probe sends one health request to base URL u.
 func (c *Checker) probe(ctx context.Context, u string) error {
 	ctx, cancel := context.WithTimeout(ctx, c.o.Timeout)
@@ -398,12 +409,14 @@ func (c *Checker) apply(u string, st *urlState, err error) {
 	if err == nil {
 		st.okRun++
 		st.failRun = 0
-		if st.okRun >= c.o.SuccessThreshold || !st.known || !probed {
-			target = true // a new worker's first passing probe is enough
+		if st.okRun >= c.o.SuccessThreshold || !st.known || !probed || st.refused {
+			target = true // a new (or restarted) worker's first passing probe is enough
 		}
+		st.refused = false
 	} else {
 		st.failRun++
 		st.okRun = 0
+		st.refused = isDialError(err)
 		// never vouched for, or a connect failure this probe confirms
 		if st.failRun >= c.o.FailureThreshold || !probed || suspect {
 			target = false

@@ -1,6 +1,7 @@
 package health
 
 import (
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -152,7 +153,8 @@ func TestUnhealthyIntervalsClampedToInterval(t *testing.T) {
 		interval, base, max time.Duration
 		wantBase, wantMax   time.Duration
 	}{
-		{time.Minute, 0, 0, 500 * time.Millisecond, 2 * time.Second},
+		{time.Minute, 0, 0, 500 * time.Millisecond, time.Second},
+		{time.Minute, 0, 3 * time.Second, 500 * time.Millisecond, 3 * time.Second},
 		{time.Second, 0, 0, 500 * time.Millisecond, time.Second},
 		{100 * time.Millisecond, 0, 0, 100 * time.Millisecond, 100 * time.Millisecond},
 		{time.Minute, 3 * time.Second, time.Second, time.Second, time.Second},
@@ -162,5 +164,42 @@ func TestUnhealthyIntervalsClampedToInterval(t *testing.T) {
 		if c.o.UnhealthyInterval != tt.wantBase || c.o.UnhealthyMaxInterval != tt.wantMax {
 			t.Errorf("%+v: got %v/%v", tt, c.o.UnhealthyInterval, c.o.UnhealthyMaxInterval)
 		}
+	}
+}
+
+// A worker whose process went away (its probe could not connect) and came
+// back on the same address is healthy after one passing probe: a fresh
+// process, like a new worker, not a flapping one.
+func TestRefusedThenListeningNeedsOneProbe(t *testing.T) {
+	p := newProbeLog(t, http.StatusOK)
+	addr := p.srv.Listener.Addr().String()
+	reg := newRegistry(t)
+	w := add(t, reg, p.srv.URL, worker.RolePrefill, 1)[0]
+	runChecker(t, newChecker(t, fastOpts(reg)))
+	eventually(t, 10*time.Second, "first probe passed", func() bool { return w.Probed() })
+	p.srv.Close() // killed
+	reg.ConnectFailed(w, time.Now())
+	eventually(t, 10*time.Second, "confirmed down by a refused probe", func() bool { return !w.Healthy() })
+	var again *probeLog
+	for deadline := time.Now().Add(10 * time.Second); again == nil; {
+		l, err := net.Listen("tcp", addr) // restarted on its address
+		if err != nil {
+			if time.Now().After(deadline) {
+				t.Fatalf("relisten on %s: %v", addr, err)
+			}
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		again = &probeLog{}
+		again.srv = httptest.NewUnstartedServer(p.srv.Config.Handler)
+		again.srv.Listener.Close()
+		again.srv.Listener = l
+		again.srv.Start()
+		t.Cleanup(again.srv.Close)
+	}
+	n := p.count()
+	eventually(t, 10*time.Second, "healthy again", func() bool { return w.Healthy() })
+	if got := p.count() - n; got != 1 {
+		t.Errorf("healthy after %d passing probes, want 1 for a restarted process", got)
 	}
 }
