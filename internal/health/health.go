@@ -390,17 +390,19 @@ func (c *Checker) probe(ctx context.Context, u string) error {
 // workers when a threshold is reached.
 func (c *Checker) apply(u string, st *urlState, err error) {
 	ws := groupByURL(c.o.Registry.Snapshot().All)[u]
+	cur, probed, suspect := false, false, false
+	for _, w := range ws {
+		cur = cur || w.Healthy()
+		probed = probed || w.Probed()
+		// an unconfirmed connect failure, or an open breaker, that a probe
+		// unable to connect confirms: the process is gone
+		suspect = suspect || w.Suspect() || (isDialError(err) && w.Breaker().State() != worker.BreakerClosed)
+	}
 	c.mu.Lock()
 	st.probing = false
 	if len(ws) == 0 {
 		c.mu.Unlock()
 		return
-	}
-	cur, probed, suspect := false, false, false
-	for _, w := range ws {
-		cur = cur || w.Healthy()
-		probed = probed || w.Probed()
-		suspect = suspect || w.Suspect()
 	}
 	if st.known && cur != st.applied {
 		st.okRun, st.failRun = 0, 0 // changed elsewhere: count afresh
@@ -450,6 +452,11 @@ func (c *Checker) apply(u string, st *urlState, err error) {
 		c.log.Warn("worker unhealthy", "url", u, "ranks", len(ws), "consecutive_failures", fails, "err", err)
 	case changed && target:
 		c.log.Info("worker healthy", "url", u, "ranks", len(ws), "consecutive_successes", oks)
+		for _, w := range ws {
+			// the breaker's failures were the previous process's: let
+			// traffic test the new one now rather than after the open timeout
+			w.Breaker().HalfOpen()
+		}
 	}
 }
 

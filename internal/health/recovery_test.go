@@ -203,3 +203,35 @@ func TestRefusedThenListeningNeedsOneProbe(t *testing.T) {
 		t.Errorf("healthy after %d passing probes, want 1 for a restarted process", got)
 	}
 }
+
+// A worker whose breaker opened (its streams broke when the process died)
+// is probed at once; a probe that cannot connect confirms it down; when it
+// listens again it is healthy after one probe and its breaker half-opens,
+// so traffic tests it without waiting out the open timeout.
+func TestOpenBreakerProbedAndHalfOpenedOnReturn(t *testing.T) {
+	p := newProbeLog(t, http.StatusOK)
+	addr := p.srv.Listener.Addr().String()
+	reg := worker.NewRegistry(worker.BreakerConfig{FailureThreshold: 1, SuccessThreshold: 1, OpenDuration: time.Hour, HalfOpenMax: 1})
+	w := add(t, reg, p.srv.URL, worker.RoleDecode, 1)[0]
+	runChecker(t, newChecker(t, fastOpts(reg)))
+	eventually(t, 10*time.Second, "first probe passed", func() bool { return w.Probed() })
+	p.srv.Close()
+	w.Breaker().Record(false) // a broken stream opens it
+	eventually(t, 10*time.Second, "the open breaker's worker confirmed down", func() bool { return !w.Healthy() })
+	l, err := net.Listen("tcp", addr)
+	for deadline := time.Now().Add(10 * time.Second); err != nil && time.Now().Before(deadline); l, err = net.Listen("tcp", addr) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("relisten on %s: %v", addr, err)
+	}
+	back := httptest.NewUnstartedServer(p.srv.Config.Handler)
+	back.Listener.Close()
+	back.Listener = l
+	back.Start()
+	t.Cleanup(back.Close)
+	eventually(t, 10*time.Second, "healthy again", func() bool { return w.Healthy() })
+	if s := w.Breaker().State(); s != worker.BreakerHalfOpen {
+		t.Errorf("breaker %v after the worker came back, want half_open", s)
+	}
+}

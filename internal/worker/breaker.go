@@ -322,3 +322,25 @@ func (b *Breaker) tick(now time.Time) {
 		}
 	}
 }
+
+// HalfOpen moves an open breaker to half-open at once (its failures were
+// the previous process's: the health checker saw the worker come back)
+// and reports whether it moved.
+func (b *Breaker) HalfOpen() bool {
+	if b == nil || b.cfg.Disabled {
+		return false
+	}
+	b.mu.Lock()
+	now := b.cfg.Now()
+	b.tick(now)
+	if b.state != BreakerOpen {
+		b.mu.Unlock()
+		return false
+	}
+	b.set(BreakerHalfOpen, now)
+	b.mu.Unlock()
+	if b.cfg.OnTransition != nil {
+		b.cfg.OnTransition(BreakerOpen, BreakerHalfOpen)
+	}
+	return true
+}

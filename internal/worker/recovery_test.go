@@ -142,3 +142,33 @@ func TestPanicPick(t *testing.T) {
 	}
 	(*Panic)(nil).Normal(RoleDecode) // no panic
 }
+
+// A breaker that opens asks for a probe of its worker; HalfOpen lets
+// traffic test a worker that came back without waiting out the timeout.
+func TestBreakerOpenRequestsProbeAndHalfOpen(t *testing.T) {
+	var transitions []string
+	r := NewRegistry(BreakerConfig{FailureThreshold: 2, SuccessThreshold: 1, OpenDuration: time.Hour, HalfOpenMax: 1,
+		OnTransitionFor: func(key string, from, to BreakerState) { transitions = append(transitions, key+":"+to.String()) }})
+	ws, _ := r.Add(Spec{URL: "http://a:1", DPRank: -1})
+	w := ws[0]
+	var probes []string
+	r.Subscribe(func(c Change) {
+		for _, p := range c.Probe {
+			probes = append(probes, p.Key())
+		}
+	})
+	w.Breaker().Record(false)
+	if len(probes) != 0 {
+		t.Fatalf("probe before the breaker opened: %v", probes)
+	}
+	w.Breaker().Record(false)
+	if w.Breaker().State() != BreakerOpen || len(probes) != 1 || probes[0] != "http://a:1" {
+		t.Fatalf("state %v probes %v", w.Breaker().State(), probes)
+	}
+	if !w.Breaker().HalfOpen() || w.Breaker().State() != BreakerHalfOpen || w.Breaker().HalfOpen() {
+		t.Fatalf("HalfOpen: state %v", w.Breaker().State())
+	}
+	if len(transitions) != 2 || transitions[1] != "http://a:1:half_open" {
+		t.Errorf("transitions %v: the caller's callback must still see every change", transitions)
+	}
+}

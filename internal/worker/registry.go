@@ -54,9 +54,27 @@ type Registry struct {
 	nextID int
 }
 
-// NewRegistry returns an empty registry whose workers use breaker config bc.
+// NewRegistry returns an empty registry whose workers use breaker config
+// bc. A breaker that opens asks subscribers to probe its worker at once
+// (Change.Probe): if its process is gone, the health checker finds out now
+// rather than when the breaker half-opens.
 func NewRegistry(bc BreakerConfig) *Registry {
-	r := &Registry{bc: bc, byKey: map[string]*Worker{}, subs: map[int]func(Change){}}
+	r := &Registry{byKey: map[string]*Worker{}, subs: map[int]func(Change){}}
+	forKey, plain := bc.OnTransitionFor, bc.OnTransition
+	bc.OnTransitionFor = func(key string, from, to BreakerState) {
+		switch {
+		case forKey != nil:
+			forKey(key, from, to)
+		case plain != nil:
+			plain(from, to)
+		}
+		if to == BreakerOpen {
+			if w := r.Get(key); w != nil {
+				r.notify(Change{Probe: []*Worker{w}, Snap: r.snap.Load()})
+			}
+		}
+	}
+	r.bc = bc
 	r.snap.Store(&Snapshot{})
 	return r
 }
