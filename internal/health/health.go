@@ -25,8 +25,9 @@
 //   - Newly added workers, and workers whose connect failed
 //     (Change.Probe), are probed at once, not after an interval. The
 //     checker never blocks startup: Run is started after the listener.
-//   - Healthy, probed workers are probed every Interval. The others
-//     (unhealthy, or never passed a probe) are probed on a fast schedule:
+//   - Healthy workers whose last probe passed are probed every Interval.
+//     The others (unhealthy, never passed a probe, or whose last probe
+//     failed) are probed on a fast schedule:
 //     UnhealthyInterval after a failure, doubling up to
 //     UnhealthyMaxInterval, jittered down by up to 20 %, and
 //     UnhealthyInterval after a passing probe that did not reach
@@ -426,7 +427,10 @@ func (c *Checker) apply(u string, st *urlState, err error) {
 	}
 	st.applied, st.known = target, true
 	fails, oks := st.failRun, st.okRun
-	c.schedule(st, err == nil, target && (probed || err == nil))
+	// any failure is re-probed soon (so FailureThreshold failures take
+	// about a second, not three intervals); a pass that made or left the
+	// worker healthy ends the fast schedule
+	c.schedule(st, err == nil, err == nil && target)
 	c.mu.Unlock()
 
 	changed := false

@@ -235,3 +235,20 @@ func TestOpenBreakerProbedAndHalfOpenedOnReturn(t *testing.T) {
 		t.Errorf("breaker %v after the worker came back, want half_open", s)
 	}
 }
+
+// A healthy worker whose probe fails is re-probed on the fast schedule, so
+// FailureThreshold failures take tens of milliseconds here, not three
+// intervals (1 h).
+func TestFailingHealthyWorkerReprobedFast(t *testing.T) {
+	p := newProbeLog(t, http.StatusOK)
+	reg := newRegistry(t)
+	w := add(t, reg, p.srv.URL, worker.RoleRegular, 1)[0]
+	c := newChecker(t, fastOpts(reg))
+	round(c) // probed, healthy
+	p.status.Store(http.StatusServiceUnavailable)
+	runChecker(t, c) // its first round fails once
+	eventually(t, 10*time.Second, "unhealthy after FailureThreshold fast probes", func() bool { return !w.Healthy() })
+	if n := p.count(); n < 4 {
+		t.Errorf("unhealthy after %d probes, want 1 pass + 3 failures", n)
+	}
+}
