@@ -153,32 +153,45 @@ func (l *loadLoop) check(t *testing.T) {
 // the workers.
 type recoveryFleet struct {
 	pd    bool
+	spare string         // the role of a second worker ("spare"), "" = none
 	ports map[string]int // role → port
 	sims  map[string]*sim
 	r     *router
 }
 
-func newRecoveryFleet(t *testing.T, pd bool, extra ...string) *recoveryFleet {
-	f := &recoveryFleet{pd: pd, ports: map[string]int{}, sims: map[string]*sim{}}
+// newRecoveryFleet configures one worker per role (unified, or prefill and
+// decode) plus, when spare is a role, a second worker of that role.
+func newRecoveryFleet(t *testing.T, pd bool, spare string, extra ...string) *recoveryFleet {
+	f := &recoveryFleet{pd: pd, spare: spare, ports: map[string]int{}, sims: map[string]*sim{}}
+	url := func(role string) string {
+		f.ports[role] = harness.FreePort(t)
+		return fmt.Sprintf("http://127.0.0.1:%d", f.ports[role])
+	}
 	var args []string
 	if pd {
-		f.ports["prefill"], f.ports["decode"] = harness.FreePort(t), harness.FreePort(t)
-		args = []string{"--vllm-pd-disaggregation", "--kv-connector", "nixl",
-			"--prefill", fmt.Sprintf("http://127.0.0.1:%d", f.ports["prefill"]),
-			"--decode", fmt.Sprintf("http://127.0.0.1:%d", f.ports["decode"])}
+		args = []string{"--vllm-pd-disaggregation", "--kv-connector", "nixl", "--prefill", url("prefill"), "--decode", url("decode")}
+		if spare != "" {
+			args = append(args, "--"+spare, url("spare"))
+		}
 	} else {
-		f.ports["unified"] = harness.FreePort(t)
-		args = []string{"--worker-urls", fmt.Sprintf("http://127.0.0.1:%d", f.ports["unified"])}
+		args = []string{"--worker-urls", url("unified")}
+		if spare != "" {
+			args = append(args, url("spare"))
+		}
 	}
 	f.r = startRouter(t, append(args, extra...)...)
 	return f
 }
 
 func (f *recoveryFleet) roles() []string {
+	rs := []string{"unified"}
 	if f.pd {
-		return []string{"prefill", "decode"}
+		rs = []string{"prefill", "decode"}
 	}
-	return []string{"unified"}
+	if f.spare != "" {
+		rs = append(rs, "spare")
+	}
+	return rs
 }
 
 // start starts the workers of roles on their ports and returns when the
@@ -186,7 +199,11 @@ func (f *recoveryFleet) roles() []string {
 func (f *recoveryFleet) start(t *testing.T, roles ...string) time.Time {
 	t.Helper()
 	for _, role := range roles {
-		args := []string{"--port", strconv.Itoa(f.ports[role]), "--role", role}
+		r := role
+		if role == "spare" {
+			r = f.spare
+		}
+		args := []string{"--port", strconv.Itoa(f.ports[role]), "--role", r}
 		if f.pd {
 			args = append(args, "--kv-connector", "nixl")
 		}
@@ -206,7 +223,7 @@ func (f *recoveryFleet) kill(roles ...string) {
 func TestRecoveryWorkersStartAfterRouter(t *testing.T) {
 	for _, pd := range []bool{false, true} {
 		t.Run(map[bool]string{false: "regular", true: "pd-nixl"}[pd], func(t *testing.T) {
-			f := newRecoveryFleet(t, pd)
+			f := newRecoveryFleet(t, pd, "")
 			l := startLoad(t, f.r.Base)
 			time.Sleep(2 * time.Second) // the scenario: engines come up 2 s after the router
 			t0 := f.start(t, f.roles()...)
@@ -237,7 +254,7 @@ func TestRecoveryRestartOnSameAddress(t *testing.T) {
 		{"pd-prefill-no-panic", true, "prefill", []string{"--panic-routing=false"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newRecoveryFleet(t, tc.pd, tc.extra...)
+			f := newRecoveryFleet(t, tc.pd, "", tc.extra...)
 			t0 := f.start(t, f.roles()...)
 			l := startLoad(t, f.r.Base)
 			l.firstOK(t, t0)
@@ -273,21 +290,31 @@ func TestRecoveryFigures(t *testing.T) {
 	}
 	noPanic := []string{"--panic-routing=false"}
 	for _, tc := range []struct {
-		name  string
-		pd    bool
-		role  string // "" = start late
-		extra []string
+		name   string
+		pd     bool
+		role   string // "" = start late
+		extra  []string
+		rejoin bool // two workers of the role: the time until the restarted one serves
 	}{
-		{"regular late start", false, "", nil}, {"pd late start", true, "", nil},
-		{"regular restart", false, "unified", nil}, {"pd prefill restart", true, "prefill", nil}, {"pd decode restart", true, "decode", nil},
-		{"regular late start, no panic", false, "", noPanic}, {"pd late start, no panic", true, "", noPanic},
-		{"regular restart, no panic", false, "unified", noPanic}, {"pd prefill restart, no panic", true, "prefill", noPanic},
-		{"pd decode restart, no panic", true, "decode", noPanic},
+		{"regular late start", false, "", nil, false}, {"pd late start", true, "", nil, false},
+		{"regular restart", false, "unified", nil, false}, {"pd prefill restart", true, "prefill", nil, false},
+		{"pd decode restart", true, "decode", nil, false},
+		{"regular late start, no panic", false, "", noPanic, false}, {"pd late start, no panic", true, "", noPanic, false},
+		{"regular restart, no panic", false, "unified", noPanic, false},
+		{"pd prefill restart, no panic", true, "prefill", noPanic, false},
+		{"pd decode restart, no panic", true, "decode", noPanic, false},
+		{"regular restart, 2 workers", false, "unified", nil, true},
+		{"pd prefill restart, 2 prefills", true, "prefill", nil, true},
+		{"pd decode restart, 2 decodes", true, "decode", nil, true},
 	} {
 		var ds []time.Duration
 		for range n {
 			t.Run(tc.name, func(t *testing.T) {
-				f := newRecoveryFleet(t, tc.pd, tc.extra...)
+				if tc.rejoin {
+					ds = append(ds, rejoin(t, tc.pd, tc.role, jitter(time.Second, 2*time.Second)))
+					return
+				}
+				f := newRecoveryFleet(t, tc.pd, "", tc.extra...)
 				l := startLoad(t, f.r.Base)
 				var t0 time.Time
 				if tc.role == "" {
@@ -312,4 +339,48 @@ func TestRecoveryFigures(t *testing.T) {
 		t.Logf("FIGURES %s: n=%d P50 %v P99 %v max %v", tc.name, len(ds), p(0.5).Round(time.Millisecond),
 			p(0.99).Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond))
 	}
+}
+
+// rejoin: a fleet with two workers of role takes load; one of them is
+// killed, stays down for down and restarts on its address. It returns the
+// time from its listening to its first request (the other worker served
+// meanwhile, so no panic routing is involved: this is the prober's time).
+func rejoin(t *testing.T, pd bool, role string, down time.Duration) time.Duration {
+	t.Helper()
+	// round robin: cache_aware (the default) would keep every identical
+	// prompt on the worker that has its prefix cached
+	f := newRecoveryFleet(t, pd, role, "--policy", "round_robin")
+	l := startLoad(t, f.r.Base)
+	l.firstOK(t, f.start(t, f.roles()...))
+	url := f.sims[role].URL()
+	f.kill(role)
+	harness.WaitFor(t, 20*time.Second, 5*time.Millisecond, url+" marked unhealthy", func() bool {
+		var ws struct {
+			Workers []struct {
+				URL     string `json:"url"`
+				Healthy bool   `json:"is_healthy"`
+			} `json:"workers"`
+		}
+		getJSON(t, f.r.Base+"/workers", &ws)
+		for _, w := range ws.Workers {
+			if w.URL == url {
+				return !w.Healthy
+			}
+		}
+		return false
+	})
+	time.Sleep(down)
+	t0 := f.start(t, role)
+	back := f.sims[role]
+	var d time.Duration
+	harness.WaitFor(t, recoveryBound+10*time.Second, 5*time.Millisecond, "the restarted "+role+" serves", func() bool {
+		st := back.Stats(t).Requests
+		if st.Completions+st.PrefillLeg+st.DecodeLeg > 0 {
+			d = time.Since(t0)
+			return true
+		}
+		return false
+	})
+	l.check(t)
+	return d
 }
