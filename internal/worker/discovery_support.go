@@ -9,7 +9,9 @@ import (
 // before the snapshot that contains it is published, so a discovery source
 // can add a worker that is not routable (held aside) without a window in
 // which a pick could already choose it. init must not call back into the
-// registry. A nil init makes UpsertWith identical to Upsert.
+// registry. A nil init makes UpsertWith identical to Upsert. A kept
+// worker that is unhealthy is probed at once (Change.Probe): its instance
+// re-registering says it is up again.
 func (r *Registry) UpsertWith(instance string, specs []Spec, now time.Time, init func(*Worker)) ([]*Worker, bool) {
 	r.mu.Lock()
 	want := make(map[string]Spec, len(specs))
@@ -34,8 +36,12 @@ func (r *Registry) UpsertWith(instance string, specs []Spec, now time.Time, init
 		}
 	}
 	out := make([]*Worker, 0, len(specs))
+	var revive []*Worker
 	for k, s := range want {
 		w, ok := r.byKey[k]
+		if ok && !w.Healthy() {
+			revive = append(revive, w)
+		}
 		if !ok {
 			w = New(s, r.bc)
 			if init != nil {
@@ -55,6 +61,9 @@ func (r *Registry) UpsertWith(instance string, specs []Spec, now time.Time, init
 	r.mu.Unlock()
 	if changed {
 		r.notify(c)
+	}
+	if len(revive) > 0 {
+		r.notify(Change{Probe: revive, Snap: r.snap.Load()})
 	}
 	slices.SortFunc(out, func(a, b *Worker) int { return cmpKey(a.key, b.key) })
 	return out, changed

@@ -172,3 +172,21 @@ func TestBreakerOpenRequestsProbeAndHalfOpen(t *testing.T) {
 		t.Errorf("transitions %v: the caller's callback must still see every change", transitions)
 	}
 }
+
+// A re-registration (identical heartbeat) of an instance whose workers are
+// unhealthy asks for a probe of them at once; a healthy one asks nothing.
+func TestReRegistrationOfUnhealthyProbes(t *testing.T) {
+	r := NewRegistry(BreakerConfig{})
+	spec := Spec{URL: "http://a:1", Role: RolePrefill, DPRank: -1}
+	ws, _ := r.Upsert("a:1", []Spec{spec}, time.Now())
+	var probes int
+	r.Subscribe(func(c Change) { probes += len(c.Probe) })
+	r.Upsert("a:1", []Spec{spec}, time.Now())
+	if probes != 0 {
+		t.Fatalf("a healthy instance's heartbeat asked for %d probes", probes)
+	}
+	ws[0].SetHealthy(false)
+	if _, changed := r.Upsert("a:1", []Spec{spec}, time.Now()); changed || probes != 1 {
+		t.Fatalf("changed %v probes %d, want an unchanged registry and one probe", changed, probes)
+	}
+}
