@@ -102,12 +102,18 @@ type Panic struct {
 }
 
 // Pick returns a registered, routable worker of ws that skip does not
-// reject, preferring the least loaded (ties rotate), or nil when there is
-// none or panic routing is off. Call it only after a normal pick found no
-// available worker.
+// reject, preferring the least loaded (ties rotate), or nil when panic
+// routing is off, when some worker of ws is available (a request that
+// failed on the available ones is not a panic) or when no worker fits.
+// Call it only after a normal pick failed.
 func (p *Panic) Pick(role Role, ws []*Worker, skip func(*Worker) bool) *Worker {
 	if p == nil || p.Disabled || len(ws) == 0 {
 		return nil
+	}
+	for _, w := range ws {
+		if w.Available() {
+			return nil
+		}
 	}
 	start := int(p.rr.Add(1) % uint64(len(ws)))
 	var best *Worker

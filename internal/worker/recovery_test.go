@@ -190,3 +190,14 @@ func TestReRegistrationOfUnhealthyProbes(t *testing.T) {
 		t.Fatalf("changed %v probes %d, want an unchanged registry and one probe", changed, probes)
 	}
 }
+
+// No panic while some worker is available, even if this request excluded it.
+func TestPanicNotWhileOneAvailable(t *testing.T) {
+	r := NewRegistry(BreakerConfig{})
+	ws, _ := r.Add(Spec{URL: "http://a:1", DPRank: -1}, Spec{URL: "http://b:1", DPRank: -1})
+	ws[1].SetHealthy(false)
+	p := &Panic{}
+	if w := p.Pick(RoleRegular, ws, func(w *Worker) bool { return w == ws[0] }); w != nil {
+		t.Fatalf("panic pick %v while %v is available", w, ws[0])
+	}
+}
