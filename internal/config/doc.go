@@ -48,6 +48,12 @@
 // --pd-warmup (default true; =false turns it off) sends one 1-token PD
 // request through every new prefill/decode instance pair so that the
 // engines' first-contact KV handshake is not paid by real traffic.
+// --health-unhealthy-interval-secs (0.5) and
+// --health-unhealthy-max-interval-secs (1) are the re-probe schedule of
+// workers that are unhealthy, never probed, or whose last probe failed
+// (healthy ones keep --health-check-interval-secs); --panic-routing
+// (default true) routes to the registered workers of a role when none is
+// available (docs/RELIABILITY.md, "Fast recovery").
 // --pd-split-responses PD-splits /v1/responses; by default it is served
 // unsplit by one prefill worker, because most vLLM versions drop
 // kv_transfer_params on that route.
