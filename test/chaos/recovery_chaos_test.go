@@ -115,6 +115,7 @@ func checkRecovered(t *testing.T, what string, d time.Duration) {
 func TestRecoveryEnginesAfterRouter(t *testing.T) {
 	conc, after := recoveryScale()
 	f := newStaticFleet(t, 2, 2)
+	f.r.markBaseline(t)
 	l := startLoad(loadConfig{base: f.r.Base, conc: conc, dur: 2*time.Second + after, deadline: 30 * time.Second})
 	time.Sleep(2 * time.Second) // the scenario: engines come up 2 s after the router
 	t0 := f.startAll(t)
@@ -129,6 +130,7 @@ func TestRecoveryEnginesAfterRouter(t *testing.T) {
 	}
 	t.Logf("time to first 200 after the engines listened: %v", d.Round(time.Millisecond))
 	figures(t, fmt.Sprintf("router first, 2P2D 2 s later; first 200 %v after listening", d.Round(time.Millisecond)), c)
+	f.r.checkNoLeak(t, 15*time.Second)
 }
 
 // restartOne kills one engine under load, waits until the router marked it
@@ -141,6 +143,7 @@ func restartOne(t *testing.T, role string) {
 	f.startAll(t)
 	f.r.WaitReady(t, 10*time.Second)
 	warmUp(t, f.r.Base, 8)
+	f.r.markBaseline(t)
 	l := startLoad(loadConfig{base: f.r.Base, conc: conc, dur: 3*time.Second + after, deadline: 30 * time.Second})
 	time.Sleep(time.Second)
 	victim := f.sims[role][0]
@@ -173,6 +176,7 @@ func restartOne(t *testing.T, role string) {
 	}
 	t.Logf("restarted %s served %v after listening", role, d.Round(time.Millisecond))
 	figures(t, fmt.Sprintf("kill -9 a %s, 1 s down, restart on its address; traffic %v after listening", role, d.Round(time.Millisecond)), c)
+	f.r.checkNoLeak(t, 15*time.Second)
 }
 
 func TestRecoveryPrefillRestart(t *testing.T) { restartOne(t, "prefill") }
@@ -189,6 +193,7 @@ func TestRecoveryAllRestart(t *testing.T) {
 	f.startAll(t)
 	f.r.WaitReady(t, 10*time.Second)
 	warmUp(t, f.r.Base, 8)
+	f.r.markBaseline(t)
 	l := startLoad(loadConfig{base: f.r.Base, conc: conc, dur: 3*time.Second + after, deadline: 30 * time.Second})
 	time.Sleep(time.Second)
 	var urls []string
@@ -228,4 +233,5 @@ func TestRecoveryAllRestart(t *testing.T) {
 	t.Logf("time to first 200 after the fleet listened: %v; panic-routed picks %v", d.Round(time.Millisecond),
 		metricSum(m, "vllm_router_panic_routed_total"))
 	figures(t, fmt.Sprintf("kill -9 all of 2P2D, 1 s down, restart; first 200 %v after listening", d.Round(time.Millisecond)), c)
+	f.r.checkNoLeak(t, 15*time.Second)
 }
