@@ -160,17 +160,30 @@ func TestRegularStreamingFlushAndCancel(t *testing.T) {
 	})
 }
 
-// TestRegularUpstreamFailures: connect failure → 502 then the worker is
-// marked down → 503; upstream timeout → 504.
+// TestRegularUpstreamFailures: a dead worker answers 502 (connect failure;
+// panic routing keeps trying the only worker, each attempt refused at
+// once); without panic routing it is taken out once the router has marked
+// it down (503); upstream timeout → 504.
 func TestRegularUpstreamFailures(t *testing.T) {
 	dead := fmt.Sprintf("http://127.0.0.1:%d", harness.FreePort(t))
 	r := startRouter(t, "--worker-urls", dead, "--policy", "round_robin", "--disable-retries")
 	ctx := ctxT(t, 20*time.Second)
-	code, _, body := post(t, ctx, r.Base+"/v1/completions", fmt.Sprintf(completionBody, ""))
-	if code != 502 {
-		t.Fatalf("connect failure: %d %s, want 502", code, body)
+	for i := range 2 {
+		code, _, body := post(t, ctx, r.Base+"/v1/completions", fmt.Sprintf(completionBody, ""))
+		if code != 502 || !strings.Contains(string(body), "connect") {
+			t.Fatalf("request %d to a dead worker: %d %s, want 502", i, code, body)
+		}
 	}
-	code, _, body = post(t, ctx, r.Base+"/v1/completions", fmt.Sprintf(completionBody, ""))
+	r0 := startRouter(t, "--worker-urls", dead, "--policy", "round_robin", "--disable-retries", "--panic-routing=false")
+	waitFor(t, 10*time.Second, "the dead worker marked unhealthy", func() bool {
+		var ws struct {
+			Workers []struct {
+				Healthy bool `json:"is_healthy"`
+			} `json:"workers"`
+		}
+		return getJSON(t, r0.Base+"/workers", &ws) == 200 && len(ws.Workers) == 1 && !ws.Workers[0].Healthy
+	})
+	code, _, body := post(t, ctx, r0.Base+"/v1/completions", fmt.Sprintf(completionBody, ""))
 	if code != 503 || !strings.Contains(string(body), "worker") {
 		t.Fatalf("dead worker not taken out: %d %s, want 503", code, body)
 	}
