@@ -152,6 +152,7 @@ type app struct {
 	kube     *k8s.Source
 	engine   *pd.Engine
 	tracer   *tracing.Tracer // nil = tracing off
+	kvs      *kvState        // nil unless a policy is kv_aware
 	closers  []func()
 }
 
@@ -309,6 +310,14 @@ func (a *app) policyOptions() policy.Options {
 }
 
 func (a *app) newPolicy(name string) (policy.Policy, error) {
+	if name == config.PolicyKVAware {
+		p, err := a.newKVAware()
+		if err != nil {
+			return nil, err
+		}
+		a.closers = append(a.closers, func() { _ = policy.Close(p) })
+		return p, nil
+	}
 	p, err := policy.New(name, a.policyOptions())
 	if err != nil {
 		return nil, err
@@ -390,6 +399,7 @@ func (a *app) buildServer(ctx context.Context) error {
 			MaxFailovers:      cfg.PDMaxFailovers,
 			SplitResponses:    cfg.PDSplitResponses,
 			Warmup:            cfg.PDWarmup,
+			BypassThreshold:   cfg.PDUncachedTokenThreshold,
 			Profile:           cfg.Profile,
 			Metrics:           a.m,
 			Logger:            a.log,
@@ -460,6 +470,9 @@ func (a *app) buildServer(ctx context.Context) error {
 		Metrics:          a.m,
 		Logger:           a.log,
 	})
+	if a.kvs != nil {
+		sopts.Sections = map[string]func() any{"kv_aware": a.kvStatus}
+	}
 	srv, err := server.New(sopts)
 	if err != nil {
 		return err

@@ -13,6 +13,7 @@ const (
 	PolicyRoundRobin     = "round_robin"
 	PolicyCacheAware     = "cache_aware"
 	PolicyPowerOfTwo     = "power_of_two"
+	PolicyKVAware        = "kv_aware"
 	PolicyConsistentHash = "consistent_hash"
 	PolicyRendezvousHash = "rendezvous_hash"
 )
@@ -43,7 +44,7 @@ const (
 )
 
 var (
-	policyNames         = []string{PolicyRandom, PolicyRoundRobin, PolicyCacheAware, PolicyPowerOfTwo, PolicyConsistentHash, PolicyRendezvousHash}
+	policyNames         = []string{PolicyRandom, PolicyRoundRobin, PolicyCacheAware, PolicyPowerOfTwo, PolicyConsistentHash, PolicyRendezvousHash, PolicyKVAware}
 	kvConnectorNames    = []string{KVConnectorNIXL, KVConnectorMooncake, KVConnectorMoRIIO, KVConnectorP2PNCCL}
 	backendNames        = []string{BackendVLLM, BackendTRTLLM, BackendOpenAI, BackendAnthropic}
 	logLevelNames       = []string{"debug", "info", "warn", "error"}
@@ -183,6 +184,21 @@ type Config struct {
 	PDSplitResponses           bool     `json:"pd_split_responses"`
 	PDWarmup                   bool     `json:"pd_warmup"`
 
+	// kv_aware (kvaware.go)
+	KVBlockSize              int      `json:"kv_block_size"`
+	KVHashSeed               uint64   `json:"kv_hash_seed"`
+	KVSpeculativeIndexing    bool     `json:"kv_speculative_indexing"`
+	KVSpeculativeTTLMS       uint64   `json:"kv_speculative_ttl_ms"`
+	KVIndexMaxEntries        int      `json:"kv_index_max_entries"`
+	KVEventsPort             uint16   `json:"kv_events_port"`
+	KVEventsReplayPort       uint16   `json:"kv_events_replay_port"`
+	KVEventsTopic            string   `json:"kv_events_topic"`
+	KVEventsEndpoints        []string `json:"kv_events_endpoints"`
+	KVOverlapScoreWeight     float64  `json:"kv_overlap_score_weight"`
+	KVLoadWeight             float64  `json:"kv_load_weight"`
+	KVFallbackPolicy         string   `json:"kv_fallback_policy"`
+	PDUncachedTokenThreshold int      `json:"pd_uncached_token_threshold"`
+
 	// ConfigFile is --config; it cannot be set from inside a config file.
 	ConfigFile string `json:"-"`
 
@@ -252,6 +268,15 @@ func Default() *Config {
 		CBMinRequests:              20,
 		CBHalfOpenMaxRequests:      1,
 		MaxHeaderBytes:             1 << 20,
+
+		KVBlockSize:           16,
+		KVSpeculativeIndexing: true,
+		KVSpeculativeTTLMS:    2000,
+		KVIndexMaxEntries:     10_000_000,
+		KVEventsPort:          5557,
+		KVOverlapScoreWeight:  1,
+		KVLoadWeight:          0.5,
+		KVFallbackPolicy:      PolicyCacheAware,
 	}
 }
 

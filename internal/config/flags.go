@@ -30,7 +30,9 @@ func (d *flagDef) isBool() bool {
 
 // flagDefs binds every flag to c's fields, in --help order. --prefill is
 // hand-parsed (splitPrefill); --help and --version are handled by tokenize.
-func flagDefs(c *Config) []flagDef {
+func flagDefs(c *Config) []flagDef { return append(baseFlagDefs(c), kvFlagDefs(c)...) }
+
+func baseFlagDefs(c *Config) []flagDef {
 	str := func(p *string) flag.Value { return stringValue{p} }
 	boo := func(p *bool) flag.Value { return boolValue{p} }
 	u16 := func(p *uint16) flag.Value { return uintValue[uint16]{p} }

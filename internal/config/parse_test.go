@@ -93,6 +93,14 @@ func TestDefaults(t *testing.T) {
 		CBMinRequests:                  20,
 		CBHalfOpenMaxRequests:          1,
 		MaxHeaderBytes:                 1 << 20,
+		KVBlockSize:                    16,
+		KVSpeculativeIndexing:          true,
+		KVSpeculativeTTLMS:             2000,
+		KVIndexMaxEntries:              10_000_000,
+		KVEventsPort:                   5557,
+		KVOverlapScoreWeight:           1,
+		KVLoadWeight:                   0.5,
+		KVFallbackPolicy:               "cache_aware",
 	}
 	if diff := cmp.Diff(want, Default(), ignoreExplicit); diff != "" {
 		t.Errorf("Default() mismatch (-want +got):\n%s", diff)
@@ -205,6 +213,19 @@ var flagCases = []struct {
 	{"decode-data-parallel-size", "3", func(c *Config) any { return c.DecodeDataParallelSize }, 3},
 	{"pd-split-responses", "", func(c *Config) any { return c.PDSplitResponses }, true},
 	{"pd-warmup", "false", func(c *Config) any { return c.PDWarmup }, false},
+	{"kv-block-size", "32", func(c *Config) any { return c.KVBlockSize }, 32},
+	{"kv-hash-seed", "7", func(c *Config) any { return c.KVHashSeed }, uint64(7)},
+	{"kv-speculative-indexing", "false", func(c *Config) any { return c.KVSpeculativeIndexing }, false},
+	{"kv-speculative-ttl-ms", "500", func(c *Config) any { return c.KVSpeculativeTTLMS }, uint64(500)},
+	{"kv-index-max-entries", "1000", func(c *Config) any { return c.KVIndexMaxEntries }, 1000},
+	{"kv-events-port", "6000", func(c *Config) any { return c.KVEventsPort }, uint16(6000)},
+	{"kv-events-replay-port", "6001", func(c *Config) any { return c.KVEventsReplayPort }, uint16(6001)},
+	{"kv-events-topic", "kv@", func(c *Config) any { return c.KVEventsTopic }, "kv@"},
+	{"kv-events-endpoints", "http://a:1=tcp://a:2", func(c *Config) any { return c.KVEventsEndpoints }, []string{"http://a:1=tcp://a:2"}},
+	{"kv-overlap-score-weight", "2", func(c *Config) any { return c.KVOverlapScoreWeight }, 2.0},
+	{"kv-load-weight", "0", func(c *Config) any { return c.KVLoadWeight }, 0.0},
+	{"kv-fallback-policy", "round_robin", func(c *Config) any { return c.KVFallbackPolicy }, "round_robin"},
+	{"pd-uncached-token-threshold", "128", func(c *Config) any { return c.PDUncachedTokenThreshold }, 128},
 	{"config", "", nil, nil}, // covered by the config-file tests
 }
 
@@ -398,7 +419,7 @@ func TestUsageErrors(t *testing.T) {
 		{"bad float", []string{"--cache-threshold", "x"}, "invalid value for --cache-threshold: x - Must be a number"},
 		{"bad bool", []string{"--profile=maybe"}, "invalid value for --profile: maybe - Must be true or false"},
 		{"empty value", []string{"--port="}, `invalid value for --port: "" - Must be an integer between 0 and 65535`},
-		{"bad policy", []string{"--policy", "sticky"}, "invalid value for --policy: sticky - Must be one of: random, round_robin, cache_aware, power_of_two, consistent_hash, rendezvous_hash"},
+		{"bad policy", []string{"--policy", "sticky"}, "invalid value for --policy: sticky - Must be one of: random, round_robin, cache_aware, power_of_two, consistent_hash, rendezvous_hash, kv_aware"},
 		{"bad alias value", []string{"--runtime", "tgi"}, "invalid value for --runtime: tgi - Must be one of: vllm, trtllm, openai, anthropic"},
 		{"bad kv connector", []string{"--kv-connector", "lmcache"}, "invalid value for --kv-connector: lmcache - Must be one of: nixl, mooncake, moriio, p2pnccl"},
 		{"bad log level", []string{"--log-level", "warning"}, "invalid value for --log-level: warning - Must be one of: debug, info, warn, error"},

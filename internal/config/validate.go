@@ -96,6 +96,8 @@ func (c *Config) Validate() error {
 		}
 	}
 
+	c.validateKV(add)
+
 	// Rule 3: server.
 	if c.Port == 0 {
 		add(invalid("--port", "0", "Port must be > 0"))

@@ -123,8 +123,8 @@ func TestValidate(t *testing.T) {
 		{name: "cache params checked for a pd side policy", args: with(pd, "--policy", "random", "--decode-policy", "cache_aware", "--cache-threshold", "2"),
 			want: []string{"invalid value for --cache-threshold: 2 - Must be between 0.0 and 1.0"}},
 		{name: "bad policy names (file)", args: w, mutate: func(c *Config) { c.Policy = "lru"; c.PrefillPolicy = "x" }, want: []string{
-			"invalid value for --policy: lru - Must be one of: random, round_robin, cache_aware, power_of_two, consistent_hash, rendezvous_hash",
-			"invalid value for --prefill-policy: x - Must be one of: random, round_robin, cache_aware, power_of_two, consistent_hash, rendezvous_hash",
+			"invalid value for --policy: lru - Must be one of: random, round_robin, cache_aware, power_of_two, consistent_hash, rendezvous_hash, kv_aware",
+			"invalid value for --prefill-policy: x - Must be one of: random, round_robin, cache_aware, power_of_two, consistent_hash, rendezvous_hash, kv_aware",
 		}},
 
 		// Rule 3: server.

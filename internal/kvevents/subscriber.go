@@ -129,6 +129,18 @@ func (s *Subscriber) Sources() []Source {
 	return out
 }
 
+// Seen reports whether a batch of worker's events was applied.
+func (s *Subscriber) Seen(worker string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for src, sub := range s.subs {
+		if src.Worker == worker && sub.seen.Load() {
+			return true
+		}
+	}
+	return false
+}
+
 // Close stops every subscription and waits for them.
 func (s *Subscriber) Close() {
 	s.mu.Lock()
@@ -143,6 +155,8 @@ type subscription struct {
 	src    Source
 	cancel context.CancelFunc
 	done   chan struct{} // closed when run returns
+
+	seen atomic.Bool // a batch was applied
 
 	// Owned by the run goroutine.
 	last    int64  // sequence number of the last batch applied (-1: none)
@@ -324,6 +338,7 @@ func (c *subscription) apply(payload []byte) {
 		return
 	}
 	c.s.C.Batches.Add(1)
+	c.seen.Store(true)
 	for _, e := range b.Events {
 		switch e.(type) {
 		case BlockStored:

@@ -125,6 +125,10 @@ type Options struct {
 	// instance pair, so its first-contact KV handshake happens before real
 	// traffic (warmup.go).
 	Warmup bool
+	// BypassThreshold: with a KV-aware policy, a request whose prompt has
+	// fewer than this many tokens uncached on the chosen decode (or is
+	// shorter than it) is served by the decode alone (bypass.go). 0 = off.
+	BypassThreshold int
 }
 
 // Engine is the PD dispatcher. It implements proxy.Dispatcher.
@@ -360,6 +364,11 @@ type reqState struct {
 	attempt  int // 1-based number of the current (P, D) attempt
 	rc       *proxy.Receipt
 	warmup   bool // a pair warm-up (warmup.go): kept out of the request metrics
+
+	// The prompt's token ids and the KV-aware policy's state for them,
+	// computed once by prepare (bypass.go); nil when no policy needs them.
+	tokens   []uint32
+	prepared any
 }
 
 // Dispatch serves one PD generation request.
@@ -449,8 +458,12 @@ func (e *Engine) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call)
 		defer cancel()
 	}
 
+	e.prepare(ctx, r, c, st)
 	if st.kind == routeResponses && !e.o.SplitResponses {
 		e.passthrough(ctx, tw, r, c, st)
+		return
+	}
+	if e.bypass(ctx, tw, r, c, st) {
 		return
 	}
 
@@ -565,12 +578,12 @@ func (e *Engine) pickPair(r *http.Request, c *proxy.Call, st *reqState, exclude 
 		for k := range st.avoid {
 			exA[k] = true
 		}
-		req := &policy.Request{Path: st.path, Headers: hdr, Body: c.Body, Exclude: exA}
+		req := e.newPolicyRequest(st, hdr, c.Body, exA)
 		if pr, _, _ := e.scanPairs(req, snap, st, exclude, dWhy, false); pr != nil {
 			return pr, nil
 		}
 	}
-	req := &policy.Request{Path: st.path, Headers: hdr, Body: c.Body, Exclude: ex}
+	req := e.newPolicyRequest(st, hdr, c.Body, ex)
 	pr, fallback, modeMsg := e.scanPairs(req, snap, st, exclude, dWhy, true)
 	if pr != nil {
 		return pr, nil

@@ -79,6 +79,9 @@ type Options struct {
 	// PDStatus is the PD engine's pair state (troubled pairs, warm-ups) for
 	// /workers and /get_server_info; nil outside PD mode.
 	PDStatus func() any
+	// Sections are more named sections of /workers and /get_server_info
+	// (e.g. "kv_aware": the KV index and each worker's event stream).
+	Sections map[string]func() any
 
 	Version  string            // router version for /get_server_info
 	Policies map[string]string // e.g. {"policy":"cache_aware","prefill":"random","decode":"power_of_two"}

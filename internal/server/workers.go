@@ -298,6 +298,9 @@ func (s *Server) handleWorkers(w http.ResponseWriter, _ *http.Request) {
 	if s.o.PDStatus != nil {
 		body["pd"] = s.o.PDStatus()
 	}
+	for name, f := range s.o.Sections {
+		body[name] = f()
+	}
 	writeJSON(w, http.StatusOK, body)
 }
 
