@@ -208,6 +208,7 @@ func TestKVAwareFallsBack(t *testing.T) {
 		{"batch of prompts", "/v1/completions", `{"prompt":["a b","c d"]}`, "not tokenized"},
 		{"media in chat", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, "not tokenized"},
 		{"unknown route", "/v1/embeddings", `{"input":"x"}`, "not tokenized"},
+		{"cache salt", "/v1/completions", `{"prompt":"a b c d","cache_salt":"s"}`, "not tokenized"},
 		{"no worker has events", "/v1/completions", `{"prompt":"a b c d e f g h"}`, "no candidate publishes KV events"},
 	}
 	for _, tc := range cases {
@@ -220,7 +221,7 @@ func TestKVAwareFallsBack(t *testing.T) {
 			}
 		})
 	}
-	if p.S.FallbackNoTokens.Load() != 3 || p.S.FallbackNoEvents.Load() != 1 {
+	if p.S.FallbackNoTokens.Load() != 4 || p.S.FallbackNoEvents.Load() != 1 {
 		t.Fatalf("fallback counts %d %d", p.S.FallbackNoTokens.Load(), p.S.FallbackNoEvents.Load())
 	}
 }

@@ -74,6 +74,11 @@ func (t *Tokenizer) Tokens(ctx context.Context, baseURL, path string, body []byt
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNotTokenizable, err)
 	}
+	if o.Has("cache_salt") {
+		// vLLM keys salted blocks apart (extra_keys) where the router's
+		// chain cannot: predicting a hit would be a guess.
+		return nil, fmt.Errorf("%w: cache_salt", ErrNotTokenizable)
+	}
 	var fields []string
 	switch {
 	case strings.HasSuffix(path, "/chat/completions"):
