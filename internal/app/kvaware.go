@@ -108,8 +108,9 @@ func (a *app) syncKVSources() {
 }
 
 // kvSource derives a worker's event endpoints: an explicit
-// --kv-events-endpoints entry, or the worker's host with --kv-events-port
-// (+ its DP rank, as vLLM offsets each rank's publisher).
+// --kv-events-endpoints entry, or the worker's host with its source's port
+// (the vllm.ai/kv-events-port pod annotation) or --kv-events-port, plus
+// its DP rank, as vLLM offsets each rank's publisher.
 func (a *app) kvSource(w *worker.Worker) (kvevents.Source, bool) {
 	src := kvevents.Source{Worker: w.Key(), Topic: a.cfg.KVEventsTopic}
 	if e, ok := a.kvs.explicit[w.URL]; ok {
@@ -122,7 +123,11 @@ func (a *app) kvSource(w *worker.Worker) (kvevents.Source, bool) {
 	}
 	rank := max(w.DPRank, 0)
 	port := func(p uint16) string { return strconv.Itoa(int(p) + rank) }
-	src.Endpoint = "tcp://" + net.JoinHostPort(u.Hostname(), port(a.cfg.KVEventsPort))
+	pub := a.cfg.KVEventsPort
+	if w.KVEventsPort > 0 {
+		pub = uint16(w.KVEventsPort)
+	}
+	src.Endpoint = "tcp://" + net.JoinHostPort(u.Hostname(), port(pub))
 	if a.cfg.KVEventsReplayPort != 0 {
 		src.ReplayEndpoint = "tcp://" + net.JoinHostPort(u.Hostname(), port(a.cfg.KVEventsReplayPort))
 	}
