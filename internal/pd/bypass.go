@@ -61,12 +61,15 @@ func (e *Engine) bypass(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	}
 	snap := e.o.Registry.Snapshot()
 	req := e.newPolicyRequest(st, e.policyHeaders(r), c.Body, nil)
+	// What the decodes hold before this request's own pick adds its
+	// speculative entry.
+	held := rep.CachedBlocks(req)
 	d, err := e.o.DecodePolicy.Pick(req, policy.Candidates{Gen: snap.Gen, Workers: snap.Decode})
 	if err != nil || d.Worker == nil || d.Worker.Role != worker.RoleDecode || !req.Usable(d.Worker) {
 		return false
 	}
 	n := len(st.tokens)
-	cached := rep.CachedBlocks(req)[d.Worker.Key()] * rep.BlockSize()
+	cached := held[d.Worker.Key()] * rep.BlockSize()
 	uncached := n - cached
 	if n >= e.o.BypassThreshold && uncached >= e.o.BypassThreshold {
 		return false
