@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"sort"
 	"sync"
 	"testing"
@@ -325,10 +326,14 @@ func TestP2PNCCLPairMatchesUnified(t *testing.T) {
 }
 
 // TestWriteTTFTBeatsRead measures both modes in one run at 8k input with the
-// default preset and compares medians (PROTOCOL §7, §9.5).
+// default preset and compares medians (PROTOCOL §7, §9.5). It compares wall
+// clock times of real sockets, which a loaded machine (CI with other builds)
+// reorders, so it runs only when asked: SWITCHYARD_TIMING_TESTS=1. The
+// timing model it exercises is checked deterministically in
+// internal/sim/engine (fake time), and `make bench-pd` measures the modes.
 func TestWriteTTFTBeatsRead(t *testing.T) {
-	if testing.Short() {
-		t.Skip("timing test")
+	if testing.Short() || os.Getenv("SWITCHYARD_TIMING_TESTS") == "" {
+		t.Skip("wall-clock timing comparison: set SWITCHYARD_TIMING_TESTS=1")
 	}
 	ctx := testCtx(t)
 	pw := startSim(t, "--role", "prefill", "--transfer-mode", "WRITE")
