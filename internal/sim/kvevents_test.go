@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -369,4 +370,82 @@ func TestEventEncoding(t *testing.T) {
 			t.Errorf("positional event %#v", first)
 		}
 	}
+}
+
+// TestKVEventsDPPortOffset: DP rank r publishes on the configured ports
+// plus r, and its batches carry data_parallel_rank r.
+func TestKVEventsDPPortOffset(t *testing.T) {
+	var in *Instance
+	var base int
+	for attempt := 0; in == nil && attempt < 20; attempt++ {
+		base = freePortRun(t, 4)
+		cfg, err := ParseArgs([]string{"--port", "0", "--data-parallel-size", "2", "--kv-events-config",
+			fmt.Sprintf(`{"enable_kv_cache_events": true, "endpoint": "tcp://*:%d", "replay_endpoint": "tcp://*:%d"}`, base, base+2)}, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if in, err = Start(t.Context(), cfg, Options{Logger: testLogger()}); err != nil {
+			in = nil // a port of the run was taken meanwhile: try another
+		}
+	}
+	if in == nil {
+		t.Fatal("no free run of ports")
+	}
+	t.Cleanup(in.Close)
+	pub, rep := in.KVEventEndpoints()
+	want := func(p int) string { return fmt.Sprintf("tcp://127.0.0.1:%d", p) }
+	if diff := cmp.Diff([]string{want(base), want(base + 1)}, pub); diff != "" {
+		t.Fatalf("PUB endpoints (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{want(base + 2), want(base + 3)}, rep); diff != "" {
+		t.Fatalf("replay endpoints (-want +got):\n%s", diff)
+	}
+	// Rank 1's replay answers batches of rank 1 only.
+	r := postJSON(t, testCtx(t), in.url("/v1/completions"), map[string]any{"prompt": words(40, "dp"), "max_tokens": 1},
+		map[string]string{"X-data-parallel-rank": "1"})
+	if r.status != 200 {
+		t.Fatalf("completion: %d %s", r.status, r.raw)
+	}
+	waitFor(t, "rank 1 publishes", func() bool { return in.kvPubs[1].published.Load() > 0 })
+	in.kvPubs[1].mu.Lock()
+	payload := in.kvPubs[1].buf[0].payload
+	in.kvPubs[1].mu.Unlock()
+	b, _, err := kvevents.DecodeBatch(payload)
+	if err != nil || b.DPRank != 1 || len(b.Events) != 1 {
+		t.Fatalf("rank 1 batch %+v, %v", b, err)
+	}
+	if n := in.kvPubs[0].published.Load(); n != 0 {
+		t.Fatalf("rank 0 published %d batches for a request pinned to rank 1", n)
+	}
+}
+
+// freePortRun returns a base port whose next n-1 ports looked free.
+func freePortRun(t *testing.T, n int) int {
+	t.Helper()
+	for range 50 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		base := ln.Addr().(*net.TCPAddr).Port
+		ok := base+n <= 65535
+		var lns []net.Listener
+		for o := 1; ok && o < n; o++ {
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+o))
+			if err != nil {
+				ok = false
+				break
+			}
+			lns = append(lns, l)
+		}
+		_ = ln.Close()
+		for _, l := range lns {
+			_ = l.Close()
+		}
+		if ok {
+			return base
+		}
+	}
+	t.Fatal("no free run of ports")
+	return 0
 }
