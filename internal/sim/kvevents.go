@@ -43,10 +43,11 @@ type kvPublisher struct {
 
 	endpoint, replayEndpoint string // as bound (or dialled)
 
-	mu     sync.Mutex
-	queue  []engine.KVEventBatch
-	buf    []sentBatch // ring of the last bufSteps batches, oldest first
-	notify chan struct{}
+	mu      sync.Mutex
+	nextSeq int64
+	queue   []queuedBatch
+	buf     []sentBatch // the last bufSteps batches, oldest first
+	notify  chan struct{}
 
 	published, dropped, replays, sendErrors atomic.Uint64
 }
@@ -54,6 +55,11 @@ type kvPublisher struct {
 type sentBatch struct {
 	seq     int64
 	payload []byte
+}
+
+type queuedBatch struct {
+	seq int64
+	b   engine.KVEventBatch
 }
 
 // KVEventsStats is one publisher's part of /sim/stats.
@@ -119,18 +125,32 @@ func (in *Instance) newKVPublisher(rank int, ev *KVEventsConfig) (*kvPublisher, 
 		maxQueue: ev.MaxQueueSize, bufSteps: ev.BufferSteps, notify: make(chan struct{}, 1),
 		log: in.log.With("component", "kv-events", "dp_rank", rank),
 	}
-	p.pub = zmq4.NewPub(in.ctx, zmq4.WithLogger(quietZMQLogger))
+	ep := OffsetEndpointPort(ev.Endpoint, rank)
+	opts := []zmq4.Option{zmq4.WithLogger(quietZMQLogger)}
+	if !isBindEndpoint(ep) {
+		// Only a dialling socket may reconnect: go-zeromq would make a
+		// bound one dial its own endpoint when a subscriber leaves.
+		opts = append(opts, zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(500*time.Millisecond),
+			zmq4.WithAutomaticReconnect(true))
+	}
+	p.pub = zmq4.NewPub(in.ctx, opts...)
 	if err := p.pub.SetOption(zmq4.OptionHWM, ev.HWM); err != nil {
 		_ = p.pub.Close()
 		return nil, fmt.Errorf("kv events: PUB hwm: %w", err)
 	}
-	ep := OffsetEndpointPort(ev.Endpoint, rank)
 	var err error
 	if isBindEndpoint(ep) {
 		p.endpoint, err = in.listenZMQ(p.pub, ep)
 	} else {
-		// vLLM connects the PUB to an endpoint without a wildcard.
-		p.endpoint, err = ep, p.pub.Dial(ep)
+		// vLLM connects the PUB to an endpoint without a wildcard; like
+		// libzmq, the connection is made (and remade) in the background
+		// and batches sent meanwhile are lost.
+		p.endpoint = ep
+		in.goBackground(func(ctx context.Context) {
+			if err := p.pub.Dial(ep); err != nil && ctx.Err() == nil {
+				p.log.Warn("kv events: cannot connect the PUB socket", "endpoint", ep, "err", err)
+			}
+		})
 	}
 	if err != nil {
 		_ = p.pub.Close()
@@ -173,14 +193,16 @@ func (in *Instance) listenZMQ(sock zmq4.Socket, ep string) (string, error) {
 
 // enqueue is the engine's event sink: it never blocks the engine. Past
 // max_queue_size pending batches the oldest are dropped and counted (vLLM
-// blocks its scheduler instead).
+// blocks its scheduler instead). Sequence numbers are taken here, so a
+// dropped batch is a gap a subscriber sees.
 func (p *kvPublisher) enqueue(b engine.KVEventBatch) {
 	p.mu.Lock()
 	if len(p.queue) >= p.maxQueue {
 		p.queue = p.queue[1:]
 		p.dropped.Add(1)
 	}
-	p.queue = append(p.queue, b)
+	p.queue = append(p.queue, queuedBatch{seq: p.nextSeq, b: b})
+	p.nextSeq++
 	p.mu.Unlock()
 	select {
 	case p.notify <- struct{}{}:
@@ -190,7 +212,6 @@ func (p *kvPublisher) enqueue(b engine.KVEventBatch) {
 
 // publishLoop encodes and sends queued batches in order until ctx ends.
 func (p *kvPublisher) publishLoop(ctx context.Context) {
-	var seq int64
 	for {
 		select {
 		case <-ctx.Done():
@@ -201,8 +222,8 @@ func (p *kvPublisher) publishLoop(ctx context.Context) {
 		q := p.queue
 		p.queue = nil
 		p.mu.Unlock()
-		for _, b := range q {
-			payload := p.encode(b)
+		for _, qb := range q {
+			seq, payload := qb.seq, p.encode(qb.b)
 			var sb [8]byte
 			binary.BigEndian.PutUint64(sb[:], uint64(seq))
 			p.mu.Lock()
@@ -219,7 +240,6 @@ func (p *kvPublisher) publishLoop(ctx context.Context) {
 				p.log.Debug("kv event batch not sent", "seq", seq, "err", err)
 			}
 			p.published.Add(1)
-			seq++
 		}
 	}
 }

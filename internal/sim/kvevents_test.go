@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
 	"github.com/google/go-cmp/cmp"
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -448,4 +449,59 @@ func freePortRun(t *testing.T, n int) int {
 	}
 	t.Fatal("no free run of ports")
 	return 0
+}
+
+// TestKVEventsPublisherConnects: an endpoint without a wildcard makes the
+// PUB dial out to a subscriber that binds, as vLLM's publisher does.
+func TestKVEventsPublisherConnects(t *testing.T) {
+	ctx := testCtx(t)
+	sub := zmq4.NewSub(ctx, zmq4.WithLogger(quietZMQLogger))
+	t.Cleanup(func() { _ = sub.Close() }) // after the sim's Close: its PUB stops redialling first
+	if err := sub.SetOption(zmq4.OptionSubscribe, "t"); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	ep := fmt.Sprintf("tcp://127.0.0.1:%d", sub.Addr().(*net.TCPAddr).Port)
+	in := startSim(t, "--profile-preset", "zero", "--kv-events-config",
+		fmt.Sprintf(`{"enable_kv_cache_events": true, "endpoint": %q, "topic": "t"}`, ep))
+	got := make(chan [][]byte, 1)
+	go func() {
+		msg, err := sub.Recv()
+		if err == nil {
+			got <- msg.Frames
+		}
+		close(got)
+	}()
+	// Batches sent before the connection is up are lost: send until one
+	// arrives.
+	for i := 0; ; i++ {
+		complete(t, in, words(20, fmt.Sprintf("c%d", i)))
+		select {
+		case frames := <-got:
+			if len(frames) != 3 || string(frames[0]) != "t" || len(frames[1]) != 8 {
+				t.Fatalf("frames %q", frames)
+			}
+			if _, _, err := kvevents.DecodeBatch(frames[2]); err != nil {
+				t.Fatal(err)
+			}
+			return
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			t.Fatal("no batch reached the binding subscriber")
+		}
+	}
+}
+
+// TestKVEventsQueueOverflowLeavesGap: batches dropped at max_queue_size
+// keep their sequence numbers, so subscribers see the gap.
+func TestKVEventsQueueOverflowLeavesGap(t *testing.T) {
+	p := &kvPublisher{maxQueue: 2, notify: make(chan struct{}, 1)}
+	for range 5 {
+		p.enqueue(engine.KVEventBatch{})
+	}
+	if p.dropped.Load() != 3 || len(p.queue) != 2 || p.queue[0].seq != 3 || p.queue[1].seq != 4 {
+		t.Fatalf("dropped %d, queue %+v", p.dropped.Load(), p.queue)
+	}
 }
