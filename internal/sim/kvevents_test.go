@@ -145,6 +145,20 @@ func TestKVEventsReachRouterIndex(t *testing.T) {
 			complete(t, in, b)
 			waitFor(t, "b stored", func() bool { return f.match(tb) == 2 })
 
+			// A chat request's blocks are those of /tokenize's ids for the
+			// same messages (the chat template included).
+			msgs := []any{map[string]any{"role": "system", "content": words(30, "s")}, map[string]any{"role": "user", "content": "hi"}}
+			cr := postJSON(t, testCtx(t), in.url("/v1/chat/completions"), map[string]any{"messages": msgs, "max_tokens": 1}, nil)
+			tr := postJSON(t, testCtx(t), in.url("/tokenize"), map[string]any{"messages": msgs}, nil)
+			if cr.status != 200 || tr.status != 200 {
+				t.Fatalf("chat %d %s, tokenize %d %s", cr.status, cr.raw, tr.status, tr.raw)
+			}
+			var tc []uint32
+			for _, v := range tr.body["tokens"].([]any) {
+				tc = append(tc, uint32(v.(float64)))
+			}
+			waitFor(t, "chat prompt's blocks stored", func() bool { return len(tc) >= 32 && f.match(tc) == len(tc)/16 })
+
 			// A subscriber that joins now rebuilds the same state from the
 			// replay endpoint.
 			late := follow(t, in)
