@@ -245,3 +245,39 @@ func TestSubmitRejectsTokenCountMismatch(t *testing.T) {
 		t.Fatal("mismatched token ids accepted")
 	}
 }
+
+func TestPrefixCachePreemptedRequestReusesItsBlocks(t *testing.T) {
+	// 6 blocks for two requests that grow to 5 each: one is preempted and,
+	// re-admitted, finds its own cached blocks, so it prefills less than
+	// with caching off. vLLM counts only first admissions in the stats.
+	scenario := func(p Params) (Snapshot, PrefixStats) {
+		var s Snapshot
+		var st PrefixStats
+		withCacheEngine(t, p, func(t *testing.T, e *Engine, log *eventLog) {
+			gen := func(i int) uint32 { return uint32(7000 + i) }
+			h1 := submit(t, e, &Request{ID: "1", PromptTokens: 32, Tokens: seqTokens(0, 32), MaxTokens: 40, OutputToken: gen})
+			h2 := submit(t, e, &Request{ID: "2", PromptTokens: 32, Tokens: seqTokens(100, 32), MaxTokens: 40, OutputToken: gen})
+			_, p1 := waitFinished(h1)
+			_, p2 := waitFinished(h2)
+			if p1.Generated != 40 || p2.Generated != 40 {
+				t.Fatalf("generated %d and %d, want 40", p1.Generated, p2.Generated)
+			}
+			s, st = e.Snapshot(), e.PrefixCacheStats()
+		})
+		return s, st
+	}
+	off := cacheParams(6)
+	off.PrefixCaching = false
+	sOff, _ := scenario(off)
+	s, st := scenario(cacheParams(6))
+	if s.Preemptions == 0 || sOff.Preemptions == 0 || s.BlocksUsed != 0 {
+		t.Fatalf("snapshots %+v / %+v: want preemptions and no block left in use", s, sOff)
+	}
+	if st.Queries != 64 || st.Hits != 0 {
+		t.Fatalf("stats %+v: want 64 queried tokens (first admissions only), 0 hits", st)
+	}
+	t.Logf("prefill tokens: %d with caching, %d without; preemptions %d / %d", s.PrefillTokens, sOff.PrefillTokens, s.Preemptions, sOff.Preemptions)
+	if s.PrefillTokens >= sOff.PrefillTokens {
+		t.Fatalf("prefill tokens %d with caching, %d without: the preempted request recomputed its cached blocks", s.PrefillTokens, sOff.PrefillTokens)
+	}
+}
