@@ -71,6 +71,8 @@ type Config struct {
 	ResponsesStore    bool // VLLM_ENABLE_RESPONSES_API_STORE=1
 	ResponsesStoreMax int  // stored responses kept; the oldest is evicted
 
+	Cache CacheConfig // prefix cache usage reporting, KV events
+
 	Faults FaultConfig
 
 	LogLevel string
@@ -182,6 +184,8 @@ func ParseArgs(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&c.Preset, "profile-preset", PresetDefault, "engine preset: default, deepseek-r1-1p1d or zero")
 	var ov engineOverrides
 	ov.register(fs)
+	var cf cacheFlags
+	cf.register(fs)
 	fs.Float64Var(&c.TimeScale, "time-scale", 1.0, "multiplies every simulated duration")
 
 	fs.Int64Var(&c.Seed, "seed", 0, "sampling seed (a request's \"seed\" overrides it)")
@@ -222,6 +226,9 @@ func ParseArgs(args []string, stderr io.Writer) (Config, error) {
 	c.Engine = p
 	c.MaxModelLen = mml
 	ov.apply(fs, &c)
+	if err := cf.apply(&c); err != nil {
+		return c, &UsageError{Err: err}
+	}
 	if err := c.Validate(); err != nil {
 		return c, &UsageError{Err: err}
 	}
@@ -407,6 +414,7 @@ func (c *Config) Validate() error {
 	if f.FailReads < 0 {
 		bad("fail-reads", "must be >= 0, got %d", f.FailReads)
 	}
+	errs = append(errs, c.validateCache()...)
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:

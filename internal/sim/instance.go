@@ -76,6 +76,9 @@ type Instance struct {
 	// respStore is the Responses API store (--responses-store); nil = off.
 	respStore *responseStore
 
+	// kvPubs are the KV event publishers, one per DP rank (--kv-events-config).
+	kvPubs []*kvPublisher
+
 	// freshConns are accepted HTTP connections that have not carried a
 	// request yet (a client's spare dial). http.Server.Shutdown counts them
 	// as active for 5 s, so Close closes them itself.
@@ -198,6 +201,10 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Instance, error) {
 		in.Close()
 		return nil, err
 	}
+	if err := in.startKVEvents(); err != nil {
+		in.Close()
+		return nil, err
+	}
 	for i := range in.engines {
 		e, l := in.engines[i], in.links[i]
 		in.goBackground(e.Run)
@@ -286,6 +293,7 @@ func (in *Instance) Close() {
 		}
 		in.pool.Close()
 		in.clients.Close()
+		in.closeKVEvents()
 		in.wg.Wait()
 	})
 }

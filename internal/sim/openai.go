@@ -441,11 +441,14 @@ func (c *chunkWriter) tokenChunk(index int, piece, finish string, promptTokens, 
 }
 
 // usageChunk is the final include_usage event (choices: []), summed over
-// the choices.
-func (c *chunkWriter) usageChunk(promptTokens, completionTokens int) []byte {
+// the choices; details (optional) extends the usage object.
+func (c *chunkWriter) usageChunk(promptTokens, completionTokens int, details func([]byte) []byte) []byte {
 	b := append(c.buf[:0], c.prefix...)
 	b = append(b, `,"choices":[],"usage":`...)
 	b = appendUsage(b, promptTokens, completionTokens)
+	if details != nil {
+		b = details(b)
+	}
 	b = append(b, "}\n\n"...)
 	c.buf = b
 	return b

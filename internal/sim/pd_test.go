@@ -340,14 +340,16 @@ func TestWriteTTFTBeatsRead(t *testing.T) {
 	dw := startSim(t, "--role", "decode", "--transfer-mode", "WRITE")
 	pr := startSim(t, "--role", "prefill", "--transfer-mode", "READ")
 	dr := startSim(t, "--role", "decode", "--transfer-mode", "READ")
-	prompt := words(8000, "t")
+	// A fresh prompt every time: a repeated one would be served from the
+	// prefill's prefix cache and measure no prefill at all.
+	prompt := func(i int) string { return words(8000, fmt.Sprintf("t%d-", i)) }
 	// Warm both pairs (first-contact handshakes), then alternate.
-	runWrite(t, ctx, pw, dw, prompt, 2)
-	runRead(t, ctx, pr, dr, prompt, 2)
+	runWrite(t, ctx, pw, dw, prompt(0), 2)
+	runRead(t, ctx, pr, dr, prompt(1), 2)
 	var ws, rs []time.Duration
-	for range 3 {
-		w := runWrite(t, ctx, pw, dw, prompt, 2)
-		r := runRead(t, ctx, pr, dr, prompt, 2)
+	for i := range 3 {
+		w := runWrite(t, ctx, pw, dw, prompt(2+2*i), 2)
+		r := runRead(t, ctx, pr, dr, prompt(3+2*i), 2)
 		if w.ttft == 0 || r.ttft == 0 {
 			t.Fatalf("no first token: write %+v read %+v", w.status, r.status)
 		}

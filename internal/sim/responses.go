@@ -193,7 +193,7 @@ func (j *job) responseObject(p engine.Progress, text string) map[string]any {
 		output = append(output, j.responseMessage("completed", text))
 		usage = map[string]any{
 			"input_tokens":          len(g.promptIDs),
-			"input_tokens_details":  map[string]any{"cached_tokens": 0},
+			"input_tokens_details":  map[string]any{"cached_tokens": j.handle().CachedTokens()},
 			"output_tokens":         p.Generated,
 			"output_tokens_details": map[string]any{"reasoning_tokens": 0},
 			"total_tokens":          len(g.promptIDs) + p.Generated,

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/sim/engine"
 )
 
 // counters are the instance-wide event counts behind GET /sim/stats.
@@ -307,6 +309,9 @@ type EngineStats struct {
 	KVBlocksTotal int    `json:"kv_blocks_total"`
 	Steps         uint64 `json:"steps"`
 	Preemptions   uint64 `json:"preemptions"`
+
+	PrefixCache engine.PrefixStats `json:"prefix_cache"`
+	KVEvents    *KVEventsStats     `json:"kv_events,omitempty"`
 }
 
 func (in *Instance) stats() Stats {
@@ -343,6 +348,7 @@ func (in *Instance) stats() Stats {
 			DPRank: i, Running: es.Running, Waiting: es.Waiting, WaitingRemote: es.WaitingRemote,
 			Pinned: es.PinnedFinished, KVBlocksUsed: es.BlocksUsed, KVBlocksTotal: es.BlocksTotal,
 			Steps: es.Steps, Preemptions: es.Preemptions,
+			PrefixCache: e.PrefixCacheStats(), KVEvents: in.kvEventStats(i),
 		})
 	}
 	t := &s.Transfers
