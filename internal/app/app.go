@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,6 +27,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/discovery/k8s"
 	"github.com/switchyard-llm/switchyard/internal/discovery/zmq"
 	"github.com/switchyard-llm/switchyard/internal/health"
+	"github.com/switchyard-llm/switchyard/internal/history"
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/pd"
 	"github.com/switchyard-llm/switchyard/internal/policy"
@@ -59,13 +61,6 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if cfg.IsSet(flag) {
 			unimpl = append(unimpl, fmt.Sprintf("not implemented yet: --%s (%s)", flag, what))
 		}
-	}
-	if cfg.IsSet("history-backend") && cfg.HistoryBackend != "none" {
-		// Switchyard proxies the Responses API to workers and stores
-		// nothing, which is what "none" says; "memory" would be a promise
-		// we do not keep.
-		unimpl = append(unimpl, "not implemented yet: --history-backend "+cfg.HistoryBackend+
-			" (Responses API history storage; requests are proxied to workers, so only --history-backend none is accepted)")
 	}
 	if cfg.Backend == config.BackendOpenAI {
 		unimpl = append(unimpl, "not implemented yet: --backend openai (OpenAI upstream mode)")
@@ -152,6 +147,7 @@ type app struct {
 	kube     *k8s.Source
 	engine   *pd.Engine
 	tracer   *tracing.Tracer // nil = tracing off
+	history  *history.Store  // nil = --history-backend none
 	closers  []func()
 }
 
@@ -167,6 +163,13 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*app, err
 	a.tr = proxy.NewTransport(proxy.TransportOptions{ConnectTimeout: ct})
 	a.client = &http.Client{Transport: a.tr}
 	a.closers = append(a.closers, a.tr.CloseIdleConnections)
+	if cfg.HistoryBackend == "memory" {
+		h, err := history.New(history.Options{MaxEntries: cfg.HistoryMaxEntries, TTL: cfg.HistoryTTL(), Registerer: a.m.Registry})
+		if err != nil {
+			return nil, fmt.Errorf("--history-backend memory: %w", err)
+		}
+		a.history = h
+	}
 	a.reg.Subscribe(a.onRegistryChange)
 
 	// Listeners first: a busy port is a clear startup error, and the API
@@ -238,6 +241,9 @@ func (a *app) onRegistryChange(c worker.Change) {
 	for _, w := range c.Removed {
 		if a.reg.Get(w.Key()) == nil {
 			a.m.ForgetWorker(w.Key())
+		}
+		if a.history != nil && !slices.ContainsFunc(c.Snap.All, func(x *worker.Worker) bool { return x.URL == w.URL }) {
+			a.history.ForgetWorker(w.URL)
 		}
 	}
 	a.m.ActiveWorkers.Set(float64(len(c.Snap.All)))
@@ -314,6 +320,10 @@ func (a *app) newPolicy(name string) (policy.Policy, error) {
 		return nil, err
 	}
 	a.closers = append(a.closers, func() { _ = policy.Close(p) })
+	if a.history != nil {
+		// previous_response_id goes to the worker that stored it
+		p = history.Pin(p, a.history)
+	}
 	return p, nil
 }
 
@@ -361,6 +371,7 @@ func (a *app) buildServer(ctx context.Context) error {
 		Logger:                     a.log,
 		Metrics:                    a.m,
 		Tracer:                     a.tracer,
+		History:                    a.history,
 		APIKey:                     cfg.APIKey,
 		ForwardClientAuthorization: cfg.ForwardClientAuthorization,
 	}

@@ -129,6 +129,8 @@ func flagDefs(c *Config) []flagDef {
 		{extra: true, name: "prefill-data-parallel-size", meta: "N", usage: "DP replicas per static --prefill URL (0 = --intra-node-data-parallel-size)", value: num(&c.PrefillDataParallelSize)},
 		{extra: true, name: "decode-data-parallel-size", meta: "N", usage: "DP replicas per static --decode URL (0 = --intra-node-data-parallel-size)", value: num(&c.DecodeDataParallelSize)},
 		{extra: true, name: "pd-warmup", usage: "PD: send one 1-token request through every new prefill/decode pair so its first-contact KV handshake happens before real traffic (use =false to disable)", value: boo(&c.PDWarmup)},
+		{extra: true, name: "history-max-entries", meta: "N", usage: "--history-backend memory: response ids remembered (oldest forgotten first)", value: num(&c.HistoryMaxEntries)},
+		{extra: true, name: "history-ttl-secs", meta: "SECS", usage: "--history-backend memory: forget a response id this long after it was learned", value: flt(&c.HistoryTTLSecs)},
 		{extra: true, name: "pd-split-responses", usage: "PD-split /v1/responses (needs vLLM with kv_transfer_params on ResponsesRequest; default: serve it unsplit on a prefill worker)", value: boo(&c.PDSplitResponses)},
 	}
 }

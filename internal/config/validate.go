@@ -272,6 +272,12 @@ func (c *Config) validateExtras(add func(*Error)) {
 			add(invalid(f.flag, formatFloat(f.v), "Must be a finite number >= 0"))
 		}
 	}
+	if c.HistoryMaxEntries < 1 {
+		add(invalid("--history-max-entries", strconv.Itoa(c.HistoryMaxEntries), "Must be >= 1"))
+	}
+	if !(c.HistoryTTLSecs > 0) || math.IsInf(c.HistoryTTLSecs, 1) {
+		add(invalid("--history-ttl-secs", formatFloat(c.HistoryTTLSecs), "Must be a finite number > 0"))
+	}
 	if !(c.DiscoveryTTLSecs > 0) || math.IsInf(c.DiscoveryTTLSecs, 1) {
 		add(invalid("--discovery-ttl-secs", formatFloat(c.DiscoveryTTLSecs), "Must be a finite number > 0"))
 	}

@@ -189,6 +189,10 @@ func TestValidate(t *testing.T) {
 			"invalid value for --log-format: yaml - Must be one of: text, json",
 			"invalid value for --decode-output-length: max - Must be one of: exact, toy-proxy",
 		}},
+		{name: "history bounds", args: with(w, "--history-max-entries", "0", "--history-ttl-secs", "0"), want: []string{
+			"invalid value for --history-max-entries: 0 - Must be >= 1",
+			"invalid value for --history-ttl-secs: 0 - Must be a finite number > 0",
+		}},
 		{name: "otel sampling ratio", args: with(w, "--otel-sampling-ratio", "1.5"), want: []string{"invalid value for --otel-sampling-ratio: 1.5 - Must be between 0.0 and 1.0"}},
 		{name: "discovery address not host:port", args: with(zmq[:1], "--vllm-discovery-address", "0.0.0.0"), want: []string{"invalid value for --vllm-discovery-address: 0.0.0.0 - Must be host:port"}},
 		{name: "discovery address bad port", args: with(zmq[:1], "--vllm-discovery-address", "h:http"), want: []string{"invalid value for --vllm-discovery-address: h:http - Must be host:port"}},

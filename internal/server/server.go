@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/admission"
+	"github.com/switchyard-llm/switchyard/internal/history"
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
 	"github.com/switchyard-llm/switchyard/internal/tracing"
@@ -76,6 +77,10 @@ type Options struct {
 	// DiscoveryStatus is extra JSON-able detail for /get_server_info and
 	// /workers (e.g. ZMQ listener address, live instances, MoRI mode).
 	DiscoveryStatus func() any
+	// History remembers which worker stored each relayed Responses API
+	// object (--history-backend memory): retrieval and cancel go to that
+	// worker only. nil → every worker is asked (--history-backend none).
+	History *history.Store
 	// PDStatus is the PD engine's pair state (troubled pairs, warm-ups) for
 	// /workers and /get_server_info; nil outside PD mode.
 	PDStatus func() any
