@@ -34,6 +34,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/proxy"
 	"github.com/switchyard-llm/switchyard/internal/server"
 	"github.com/switchyard-llm/switchyard/internal/tracing"
+	"github.com/switchyard-llm/switchyard/internal/upstream"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
@@ -62,14 +63,16 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			unimpl = append(unimpl, fmt.Sprintf("not implemented yet: --%s (%s)", flag, what))
 		}
 	}
-	if cfg.Backend == config.BackendOpenAI {
-		unimpl = append(unimpl, "not implemented yet: --backend openai (OpenAI upstream mode)")
-	}
 	if len(unimpl) > 0 {
 		return errors.New(strings.Join(sortStrings(unimpl), "; "))
 	}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	if cfg.Mode() == config.ModeOpenAI {
+		if err := resolveUpstreamKey(cfg, os.LookupEnv); err != nil {
+			return err
+		}
 	}
 	log, closeLog, err := newLogger(cfg, stderr)
 	if err != nil {
@@ -84,6 +87,26 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	return a.run(ctx)
+}
+
+// resolveUpstreamKey sets cfg.APIKey for --backend openai: --api-key, else
+// $OPENAI_API_KEY. Without either the router would send unauthenticated
+// requests to a paid API, so it is a startup error unless
+// --forward-client-authorization is given explicitly (each client's own
+// Authorization header is then forwarded, as vllm-router does).
+func resolveUpstreamKey(cfg *config.Config, lookup func(string) (string, bool)) error {
+	if cfg.APIKey != "" {
+		return nil
+	}
+	if v, ok := lookup("OPENAI_API_KEY"); ok && strings.TrimSpace(v) != "" {
+		cfg.APIKey = strings.TrimSpace(v)
+		return nil
+	}
+	if cfg.IsSet("forward-client-authorization") && cfg.ForwardClientAuthorization {
+		return nil
+	}
+	return errors.New("--backend openai: no upstream API key: set --api-key KEY or the OPENAI_API_KEY environment variable " +
+		"(or pass --forward-client-authorization to forward each client's own Authorization header)")
 }
 
 func sortStrings(s []string) []string {
@@ -148,6 +171,7 @@ type app struct {
 	engine   *pd.Engine
 	tracer   *tracing.Tracer // nil = tracing off
 	history  *history.Store  // nil = --history-backend none
+	upstream *worker.Worker  // --backend openai: the upstream's registry entry
 	closers  []func()
 }
 
@@ -261,6 +285,15 @@ func (a *app) onRegistryChange(c worker.Change) {
 func (a *app) addStaticWorkers() error {
 	cfg := a.cfg
 	dp := max(cfg.IntraNodeDataParallelSize, 1)
+	if cfg.Mode() == config.ModeOpenAI {
+		base := upstream.BaseURL(cfg.WorkerURLs[0])
+		ws, err := a.addURL(base, worker.RoleRegular, nil, worker.SourceStatic, 1)
+		if err != nil {
+			return fmt.Errorf("--worker-urls %s: %w", cfg.WorkerURLs[0], err)
+		}
+		a.upstream = ws[0]
+		return nil
+	}
 	if cfg.Mode() != config.ModeVLLMPD {
 		for _, u := range cfg.WorkerURLs {
 			if _, err := a.addURL(u, worker.RoleRegular, nil, worker.SourceStatic, dp); err != nil {
@@ -376,7 +409,25 @@ func (a *app) buildServer(ctx context.Context) error {
 		ForwardClientAuthorization: cfg.ForwardClientAuthorization,
 	}
 
-	if cfg.Mode() == config.ModeVLLMPD {
+	if cfg.Mode() == config.ModeOpenAI {
+		b, err := upstream.New(upstream.Options{
+			Worker:            a.upstream,
+			Client:            a.proxyClient(),
+			APIKey:            cfg.APIKey,
+			ForwardClientAuth: cfg.ForwardClientAuthorization,
+			Retry:             ropts.Retry,
+			RequestTimeout:    cfg.RequestTimeout(),
+			StreamIdleTimeout: cfg.StreamIdleTimeout(),
+			Metrics:           a.m,
+			Logger:            a.log,
+		})
+		if err != nil {
+			return err
+		}
+		sopts.Mode = server.ModeRegular
+		sopts.Generate = b
+		sopts.Policies = map[string]string{"backend": config.BackendOpenAI}
+	} else if cfg.Mode() == config.ModeVLLMPD {
 		pp, err := a.newPolicy(cfg.EffectivePrefillPolicy())
 		if err != nil {
 			return fmt.Errorf("--prefill-policy: %w", err)
@@ -580,6 +631,9 @@ func (a *app) loadPollInterval() time.Duration {
 // for minutes; the probe runs within --worker-startup-timeout-secs.
 func (a *app) adminAdd(ctx context.Context, raw string) ([]*worker.Worker, error) {
 	role := worker.RoleRegular
+	if a.cfg.Mode() == config.ModeOpenAI {
+		return nil, errors.New("--backend openai: the one upstream is --worker-urls; workers cannot be added")
+	}
 	if a.cfg.Mode() == config.ModeVLLMPD {
 		return nil, errors.New("PD mode: add prefill/decode workers with POST /workers {\"url\":..., \"worker_type\":\"prefill\"|\"decode\"}")
 	}
@@ -623,7 +677,11 @@ func (a *app) run(ctx context.Context) error {
 			a.log.Error("metrics listener failed", "err", err)
 		}
 	})
-	wg.Go(func() { a.health.Run(ctx) })
+	if a.cfg.Mode() != config.ModeOpenAI {
+		// An OpenAI-compatible API has no /health; its breaker is the
+		// upstream's passive health.
+		wg.Go(func() { a.health.Run(ctx) })
+	}
 	if a.kube != nil {
 		wg.Go(func() {
 			if err := a.kube.Run(ctx); err != nil && ctx.Err() == nil {
