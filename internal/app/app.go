@@ -28,6 +28,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/discovery/zmq"
 	"github.com/switchyard-llm/switchyard/internal/health"
 	"github.com/switchyard-llm/switchyard/internal/history"
+	"github.com/switchyard-llm/switchyard/internal/igw"
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/pd"
 	"github.com/switchyard-llm/switchyard/internal/policy"
@@ -172,6 +173,7 @@ type app struct {
 	tracer   *tracing.Tracer // nil = tracing off
 	history  *history.Store  // nil = --history-backend none
 	upstream *worker.Worker  // --backend openai: the upstream's registry entry
+	igw      *igw.Router     // --enable-igw
 	closers  []func()
 }
 
@@ -285,6 +287,9 @@ func (a *app) onRegistryChange(c worker.Change) {
 func (a *app) addStaticWorkers() error {
 	cfg := a.cfg
 	dp := max(cfg.IntraNodeDataParallelSize, 1)
+	if cfg.Mode() == config.ModeIGW {
+		return nil // registered by resolveStaticIGW once each worker names its model
+	}
 	if cfg.Mode() == config.ModeOpenAI {
 		base := upstream.BaseURL(cfg.WorkerURLs[0])
 		ws, err := a.addURL(base, worker.RoleRegular, nil, worker.SourceStatic, 1)
@@ -409,7 +414,11 @@ func (a *app) buildServer(ctx context.Context) error {
 		ForwardClientAuthorization: cfg.ForwardClientAuthorization,
 	}
 
-	if cfg.Mode() == config.ModeOpenAI {
+	if cfg.Mode() == config.ModeIGW {
+		if err := a.buildIGW(&sopts, ropts); err != nil {
+			return err
+		}
+	} else if cfg.Mode() == config.ModeOpenAI {
 		b, err := upstream.New(upstream.Options{
 			Worker:            a.upstream,
 			Client:            a.proxyClient(),
@@ -681,6 +690,9 @@ func (a *app) run(ctx context.Context) error {
 		// An OpenAI-compatible API has no /health; its breaker is the
 		// upstream's passive health.
 		wg.Go(func() { a.health.Run(ctx) })
+	}
+	if a.igw != nil && len(a.cfg.WorkerURLs) > 0 {
+		wg.Go(func() { a.resolveStaticIGW(ctx, a.cfg.WorkerURLs) })
 	}
 	if a.kube != nil {
 		wg.Go(func() {

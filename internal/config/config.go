@@ -79,7 +79,7 @@ const (
 	ModeRegular Mode = "regular"
 	ModeOpenAI  Mode = "openai"
 	ModeVLLMPD  Mode = "vllm_prefill_decode"
-	// ModeIGW is derived from --enable-igw; Validate rejects it.
+	// ModeIGW is derived from --enable-igw: several models, one fleet each.
 	ModeIGW Mode = "igw"
 )
 
@@ -261,7 +261,7 @@ func Default() *Config {
 
 // Mode derives the routing mode with the Rust priority (REFERENCE §1.3):
 // --enable-igw, then --backend openai, then --vllm-pd-disaggregation, else
-// regular. ModeIGW is reported so callers can name it; Validate rejects it.
+// regular.
 func (c *Config) Mode() Mode {
 	switch {
 	case c.EnableIGW:

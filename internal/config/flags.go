@@ -96,7 +96,7 @@ func flagDefs(c *Config) []flagDef {
 		{name: "health-check-timeout-secs", meta: "SECS", usage: "Timeout in seconds for health check requests", value: u64(&c.HealthCheckTimeoutSecs)},
 		{name: "health-check-interval-secs", meta: "SECS", usage: "Interval in seconds between runtime health checks", value: u64(&c.HealthCheckIntervalSecs)},
 		{name: "health-check-endpoint", meta: "PATH", usage: "Health check endpoint path", value: str(&c.HealthCheckEndpoint)},
-		{name: "enable-igw", usage: "Enable Inference Gateway mode (not supported by Switchyard)", value: boo(&c.EnableIGW)},
+		{name: "enable-igw", usage: "Enable Inference Gateway mode: several models behind one router, routed by the body's model", value: boo(&c.EnableIGW)},
 		{name: "history-backend", meta: "BACKEND", usage: "History backend (memory or none)", value: enum(&c.HistoryBackend, historyBackendNames)},
 		{name: "profile", usage: "Enable profiling calls to vLLM workers", value: boo(&c.Profile)},
 		{name: "kv-connector", meta: "CONNECTOR", usage: "KV connector type for PD disaggregation", value: enum(&c.KVConnector, kvConnectorNames)},

@@ -43,7 +43,8 @@ type AddWorkerRequest struct {
 	Role          worker.Role
 	ModelID       string
 	BootstrapPort *int
-	DPSize        int // 0 = not given
+	DPSize        int               // 0 = not given
+	Labels        map[string]string // e.g. {"policy": "round_robin"} (--enable-igw)
 }
 
 // Options configures a Server. Registry and Generate are required.
