@@ -34,6 +34,7 @@ func (a *app) buildIGW(sopts *server.Options, ropts proxy.RegularOptions) error 
 	sopts.Mode = server.ModeRegular
 	sopts.Generate = rt
 	sopts.AddWorkerSpec = a.adminAddIGW
+	sopts.ModelsStatus = func() any { return rt.Status() }
 	sopts.Policies = map[string]string{"policy": a.cfg.Policy, "mode": "igw"}
 	return nil
 }

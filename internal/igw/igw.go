@@ -150,6 +150,33 @@ func Models(snap *worker.Snapshot) (all []string, live map[string]bool) {
 	return all, live
 }
 
+// ModelStatus is one model's entry in /workers.
+type ModelStatus struct {
+	Policy  string   `json:"policy"`
+	Total   int      `json:"total"`
+	Healthy int      `json:"healthy"`
+	Workers []string `json:"workers"`
+}
+
+// Status groups the registry's workers by model.
+func (rt *Router) Status() map[string]ModelStatus {
+	out := map[string]ModelStatus{}
+	for _, w := range rt.o.Registry.Snapshot().Regular {
+		st := out[w.ModelID]
+		st.Total++
+		if w.Healthy() && w.Routable() {
+			st.Healthy++
+		}
+		st.Workers = append(st.Workers, w.Key())
+		out[w.ModelID] = st
+	}
+	for m, st := range out {
+		st.Policy = rt.Policy(m)
+		out[m] = st
+	}
+	return out
+}
+
 // Dispatch routes one generation request to its model's fleet.
 func (rt *Router) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call) {
 	all, live := Models(rt.o.Registry.Snapshot())

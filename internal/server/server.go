@@ -82,6 +82,9 @@ type Options struct {
 	// object (--history-backend memory): retrieval and cancel go to that
 	// worker only. nil → every worker is asked (--history-backend none).
 	History *history.Store
+	// ModelsStatus groups the workers by model for /workers (--enable-igw);
+	// nil → no "models" key.
+	ModelsStatus func() any
 	// PDStatus is the PD engine's pair state (troubled pairs, warm-ups) for
 	// /workers and /get_server_info; nil outside PD mode.
 	PDStatus func() any

@@ -297,6 +297,9 @@ func (s *Server) handleWorkers(w http.ResponseWriter, _ *http.Request) {
 	if s.o.DiscoveryStatus != nil {
 		body["discovery"] = s.o.DiscoveryStatus()
 	}
+	if s.o.ModelsStatus != nil {
+		body["models"] = s.o.ModelsStatus()
+	}
 	if s.o.PDStatus != nil {
 		body["pd"] = s.o.PDStatus()
 	}

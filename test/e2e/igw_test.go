@@ -140,6 +140,19 @@ func TestIGWMultiModel(t *testing.T) {
 		return slices.Equal(listModels(t, r.Base), []string{"llama", "mistral", "phi", "qwen"})
 	})
 
+	var ws struct {
+		Models map[string]struct {
+			Policy  string   `json:"policy"`
+			Total   int      `json:"total"`
+			Healthy int      `json:"healthy"`
+			Workers []string `json:"workers"`
+		} `json:"models"`
+	}
+	if code := getJSON(t, r.Base+"/workers", &ws); code != 200 || ws.Models["llama"].Total != 2 ||
+		ws.Models["mistral"].Policy != "random" || ws.Models["qwen"].Policy != "round_robin" || len(ws.Models) != 4 {
+		t.Fatalf("/workers by model: %d %+v", code, ws.Models)
+	}
+
 	// qwen's fleet dies: 503 naming qwen, the others keep serving.
 	b1.Kill()
 	waitFor(t, 20*time.Second, "qwen answered 503 naming it", func() bool {
