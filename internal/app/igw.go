@@ -26,6 +26,7 @@ func (a *app) buildIGW(sopts *server.Options, ropts proxy.RegularOptions) error 
 		NewPolicy:     a.newPolicy,
 		Regular:       ropts,
 		Logger:        a.log,
+		Registerer:    a.m.Registry,
 	})
 	if err != nil {
 		return err

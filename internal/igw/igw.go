@@ -23,6 +23,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/switchyard-llm/switchyard/internal/openai"
 	"github.com/switchyard-llm/switchyard/internal/policy"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
@@ -40,6 +42,8 @@ type Options struct {
 	// and Policy are set per fleet.
 	Regular proxy.RegularOptions
 	Logger  *slog.Logger
+	// Registerer receives the per-model metrics (nil = not exported).
+	Registerer prometheus.Registerer
 }
 
 // Router implements proxy.Dispatcher over per-model fleets.
@@ -50,6 +54,9 @@ type Router struct {
 	mu       sync.Mutex
 	fleets   map[string]*fleet
 	policies map[string]string // model → policy asked for (labels.policy)
+
+	requests *prometheus.CounterVec // model (a registered one), outcome: routed|no_live_workers
+	rejected *prometheus.CounterVec // reason: unknown_model|bad_model|model_required
 }
 
 type fleet struct {
@@ -71,6 +78,21 @@ func New(o Options) (*Router, error) {
 	rt := &Router{o: o, log: o.Logger, fleets: map[string]*fleet{}, policies: map[string]string{}}
 	if rt.log == nil {
 		rt.log = slog.New(slog.DiscardHandler)
+	}
+	rt.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "vllm_router_model_requests_total",
+		Help: "--enable-igw: generation requests per served model, by outcome (routed to the model's fleet, or no_live_workers: 503).",
+	}, []string{"model", "outcome"})
+	rt.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "vllm_router_model_rejections_total",
+		Help: "--enable-igw: requests refused before a fleet was chosen, by reason (unknown_model: 404, bad_model, model_required: 400).",
+	}, []string{"reason"})
+	if o.Registerer != nil {
+		for _, c := range []prometheus.Collector{rt.requests, rt.rejected} {
+			if err := o.Registerer.Register(c); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return rt, nil
 }
@@ -182,18 +204,26 @@ func (rt *Router) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call
 	all, live := Models(rt.o.Registry.Snapshot())
 	model, err := requestModel(c, all)
 	if err != nil {
+		reason := "bad_model"
+		if errors.Is(err, errModelRequired) {
+			reason = "model_required"
+		}
+		rt.rejected.WithLabelValues(reason).Inc()
 		writeError(w, http.StatusBadRequest, err.Error(), "model")
 		return
 	}
 	isLive, known := live[model]
 	switch {
 	case !known:
+		rt.rejected.WithLabelValues("unknown_model").Inc()
 		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", model), "model")
 		return
 	case !isLive:
+		rt.requests.WithLabelValues(model, "no_live_workers").Inc()
 		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("Model %q has no live workers (all its workers are unhealthy or being drained)", model), "model")
 		return
 	}
+	rt.requests.WithLabelValues(model, "routed").Inc()
 	f, err := rt.fleetFor(model)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error(), "")
@@ -205,6 +235,8 @@ func (rt *Router) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call
 	f.disp.Dispatch(w, r, c)
 }
 
+var errModelRequired = errors.New("model is required")
+
 // requestModel reads the body's "model".
 func requestModel(c *proxy.Call, models []string) (string, error) {
 	v := c.Obj.Get("model")
@@ -213,9 +245,9 @@ func requestModel(c *proxy.Call, models []string) (string, error) {
 			return models[0], nil
 		}
 		if len(models) == 0 {
-			return "", errors.New("model is required (no model is being served yet)")
+			return "", fmt.Errorf("%w (no model is being served yet)", errModelRequired)
 		}
-		return "", fmt.Errorf("model is required: this router serves several models (%s)", strings.Join(models, ", "))
+		return "", fmt.Errorf("%w: this router serves several models (%s)", errModelRequired, strings.Join(models, ", "))
 	}
 	var s string
 	if v[0] != '"' || json.Unmarshal(v, &s) != nil {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 
 	"github.com/switchyard-llm/switchyard/internal/policy"
@@ -41,14 +43,17 @@ type env struct {
 	reg    *worker.Registry
 	srv    *httptest.Server
 	closed []policy.Policy
+	prom   *prometheus.Registry
 }
 
 func newEnv(t *testing.T) *env {
 	e := &env{reg: worker.NewRegistry(worker.BreakerConfig{})}
 	tr := proxy.NewTransport(proxy.TransportOptions{})
 	t.Cleanup(tr.CloseIdleConnections)
+	e.prom = prometheus.NewRegistry()
 	rt, err := New(Options{
-		Registry: e.reg, DefaultPolicy: policy.NameRoundRobin,
+		Registerer: e.prom,
+		Registry:   e.reg, DefaultPolicy: policy.NameRoundRobin,
 		NewPolicy: func(name string) (policy.Policy, error) {
 			p, err := policy.New(name, policy.DefaultOptions())
 			if err == nil {
@@ -149,6 +154,21 @@ func TestRouteByModel(t *testing.T) {
 	}
 	if st, _ := e.post(t, `{"model":"model-a","prompt":"x"}`); st != 200 {
 		t.Fatalf("model-a with b down: %d", st)
+	}
+	want := `
+# HELP vllm_router_model_rejections_total --enable-igw: requests refused before a fleet was chosen, by reason (unknown_model: 404, bad_model, model_required: 400).
+# TYPE vllm_router_model_rejections_total counter
+vllm_router_model_rejections_total{reason="bad_model"} 1
+vllm_router_model_rejections_total{reason="model_required"} 1
+vllm_router_model_rejections_total{reason="unknown_model"} 1
+# HELP vllm_router_model_requests_total --enable-igw: generation requests per served model, by outcome (routed to the model's fleet, or no_live_workers: 503).
+# TYPE vllm_router_model_requests_total counter
+vllm_router_model_requests_total{model="model-a",outcome="routed"} 7
+vllm_router_model_requests_total{model="org/model-b",outcome="no_live_workers"} 1
+vllm_router_model_requests_total{model="org/model-b",outcome="routed"} 1
+`
+	if err := testutil.GatherAndCompare(e.prom, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
 	}
 	// One model left: "model" may be omitted.
 	e.reg.Remove(bw.Key())
