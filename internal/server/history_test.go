@@ -108,3 +108,46 @@ vllm_router_history_lookups_total{op="retrieve",result="miss"} 2
 		t.Fatal(err)
 	}
 }
+
+// TestResponsesHistoryPD: in PD mode the owner is the prefill worker of an
+// unsplit request, or the decode worker of a split one.
+func TestResponsesHistoryPD(t *testing.T) {
+	h, err := history.New(history.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, func(o *Options) { o.Mode = ModePD; o.History = h; o.UpstreamTimeout = 5 * time.Second })
+	p := newRespWorker(t, found)
+	d := newRespWorker(t, found)
+	pw := e.add(p.URL, worker.RolePrefill, -1, 0)
+	dw := e.add(d.URL, worker.RoleDecode, -1, 0)
+	e.gen.fn = func(w http.ResponseWriter, r *http.Request, c *proxy.Call) {
+		c.Receipt.Prefill = pw.Key()
+		if strings.Contains(string(c.Body), "split") {
+			c.Receipt.Decode = dw.Key()
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":%q}`, r.Header.Get("X-Want-Id"))
+	}
+	for _, c := range []struct{ id, body string }{{"resp_unsplit", `{"input":"x"}`}, {"resp_split", `{"input":"split"}`}} {
+		if r := e.do("POST", "/v1/responses", c.body, "X-Want-Id", c.id); r.status != 200 {
+			t.Fatalf("create: %d %s", r.status, r.body)
+		}
+	}
+	for id, want := range map[string]*respWorker{"resp_unsplit": p, "resp_split": d} {
+		other := p
+		if want == p {
+			other = d
+		}
+		n := len(other.requests())
+		if r := e.do("GET", "/v1/responses/"+id, ""); r.status != 200 {
+			t.Fatalf("GET %s: %d %s", id, r.status, r.body)
+		}
+		if got := want.requests(); len(got) == 0 || got[len(got)-1] != "GET /v1/responses/"+id {
+			t.Fatalf("%s: owner saw %v", id, got)
+		}
+		if len(other.requests()) != n {
+			t.Fatalf("%s: the other worker was asked", id)
+		}
+	}
+}
