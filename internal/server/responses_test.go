@@ -54,11 +54,25 @@ func found(w http.ResponseWriter, r *http.Request) {
 }
 
 func TestResponsesFanOut(t *testing.T) {
+	// The owner answers only once the hanging worker has the request, so
+	// the cancel has a call to reach (a call cancelled before it was sent
+	// never shows up at the worker).
+	slowArrived := make(chan struct{}, 8)
 	hang := func(rw **respWorker) func(w http.ResponseWriter, r *http.Request) {
 		return func(w http.ResponseWriter, r *http.Request) {
+			slowArrived <- struct{}{}
 			<-r.Context().Done()
 			(*rw).cancelled <- struct{}{}
 		}
+	}
+	foundAfterSlow := func(w http.ResponseWriter, r *http.Request) {
+		t := time.NewTimer(10 * time.Second)
+		defer t.Stop()
+		select {
+		case <-slowArrived:
+		case <-t.C:
+		}
+		found(w, r)
 	}
 	dead := httptest.NewServer(http.NotFoundHandler())
 	deadURL := dead.URL
@@ -76,14 +90,14 @@ func TestResponsesFanOut(t *testing.T) {
 		check    func(t *testing.T, r resp, ws []*respWorker)
 	}{
 		{"owner answers, the rest are cancelled", "GET", "/v1/responses/resp_1",
-			[]func(http.ResponseWriter, *http.Request){notFound, found}, []string{slow.URL}, 200,
+			[]func(http.ResponseWriter, *http.Request){notFound, foundAfterSlow}, []string{slow.URL}, 200,
 			func(t *testing.T, r resp, ws []*respWorker) {
 				if string(r.body) != storedResp || r.header.Get("X-From") != "owner" {
 					t.Fatalf("body %s header %v", r.body, r.header)
 				}
 				select {
 				case <-slow.cancelled:
-				case <-time.After(2 * time.Second):
+				case <-time.After(10 * time.Second):
 					t.Fatal("the hanging worker's call was not cancelled")
 				}
 			}},
