@@ -80,7 +80,7 @@ const (
 	ModeRegular Mode = "regular"
 	ModeOpenAI  Mode = "openai"
 	ModeVLLMPD  Mode = "vllm_prefill_decode"
-	// ModeIGW is derived from --enable-igw; Validate rejects it.
+	// ModeIGW is derived from --enable-igw: several models, one fleet each.
 	ModeIGW Mode = "igw"
 )
 
@@ -174,6 +174,8 @@ type Config struct {
 	DPSizeAnnotation           string   `json:"dp_size_annotation"`
 	LoadPollIntervalSecs       float64  `json:"load_poll_interval_secs"` // 0 = off
 	PDMaxFailovers             int      `json:"pd_max_failovers"`
+	HistoryMaxEntries          int      `json:"history_max_entries"`
+	HistoryTTLSecs             float64  `json:"history_ttl_secs"`
 	RetryBudgetRatio           float64  `json:"retry_budget_ratio"`
 	CBFailureRate              float64  `json:"cb_failure_rate"` // 0 = rate rule off
 	CBMinRequests              uint32   `json:"cb_min_requests"`
@@ -263,6 +265,8 @@ func Default() *Config {
 		DiscoveryTTLSecs:           9,
 		DPSizeAnnotation:           "vllm.ai/dp-size",
 		PDMaxFailovers:             2,
+		HistoryMaxEntries:          100000,
+		HistoryTTLSecs:             86400,
 		RetryBudgetRatio:           0.2,
 		CBFailureRate:              0.5,
 		CBMinRequests:              20,
@@ -282,7 +286,7 @@ func Default() *Config {
 
 // Mode derives the routing mode with the Rust priority (REFERENCE §1.3):
 // --enable-igw, then --backend openai, then --vllm-pd-disaggregation, else
-// regular. ModeIGW is reported so callers can name it; Validate rejects it.
+// regular.
 func (c *Config) Mode() Mode {
 	switch {
 	case c.EnableIGW:
@@ -504,6 +508,9 @@ func (c *Config) ConnectTimeout() time.Duration { return secondsF(c.ConnectTimeo
 
 // DiscoveryTTL is --discovery-ttl-secs.
 func (c *Config) DiscoveryTTL() time.Duration { return secondsF(c.DiscoveryTTLSecs) }
+
+// HistoryTTL is --history-ttl-secs.
+func (c *Config) HistoryTTL() time.Duration { return secondsF(c.HistoryTTLSecs) }
 
 // LoadPollInterval is --load-poll-interval-secs (0 = off).
 func (c *Config) LoadPollInterval() time.Duration { return secondsF(c.LoadPollIntervalSecs) }

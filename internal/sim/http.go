@@ -70,7 +70,7 @@ func (in *Instance) routes() http.Handler {
 		}
 		f(w, r)
 	})
-	return in.recoverMiddleware(h)
+	return in.recoverMiddleware(in.checkAPIKey(h))
 }
 
 // paramRoute is a route whose path has "{name}" segments.
@@ -446,6 +446,10 @@ func (in *Instance) handleGenerate(api apiKind) http.HandlerFunc {
 		xrid := r.Header.Get("X-Request-Id")
 		body, aerr := readBody(w, r)
 		if aerr != nil {
+			in.writeError(w, aerr)
+			return
+		}
+		if aerr := in.openAIStrictCheck(api, body); aerr != nil {
 			in.writeError(w, aerr)
 			return
 		}

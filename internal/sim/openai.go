@@ -97,8 +97,9 @@ type genReq struct {
 	respID          string // response id: cmpl-<id> / chatcmpl-<id> / resp_<id>
 	index           int    // choice index in a batch
 	instructions    *string
-	kvDropped       bool // /v1/responses: kv_transfer_params was sent and ignored
-	store           bool // /v1/responses: "store" is true or absent
+	previousID      *string // /v1/responses previous_response_id (found in the store)
+	kvDropped       bool    // /v1/responses: kv_transfer_params was sent and ignored
+	store           bool    // /v1/responses: "store" is true or absent
 	created         int64
 }
 
