@@ -18,11 +18,11 @@ deps:
 run: build
 	./scripts/run-demo.sh
 
-# The whole test suite: lint, unit + e2e tests under -race, fuzz and bench smoke.
-test: deps lint
-	$(GO) test -race -count=1 -p 1 -timeout 30m ./...
-	$(GO) test -race -count=1 -tags czmq ./internal/discovery/zmq/
-	$(MAKE) fuzz-smoke bench-smoke
+# The whole test suite, in timed stages (scripts/test.sh): install, lint,
+# unit tests, e2e, short chaos, czmq, the real-engine tier when installed,
+# fuzz and bench smoke. STAGES="unit e2e" make test runs only those.
+test:
+	./scripts/test.sh
 
 test-short:
 	$(GO) test -count=1 -short ./...

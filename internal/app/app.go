@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,12 +27,15 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/discovery/k8s"
 	"github.com/switchyard-llm/switchyard/internal/discovery/zmq"
 	"github.com/switchyard-llm/switchyard/internal/health"
+	"github.com/switchyard-llm/switchyard/internal/history"
+	"github.com/switchyard-llm/switchyard/internal/igw"
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/pd"
 	"github.com/switchyard-llm/switchyard/internal/policy"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
 	"github.com/switchyard-llm/switchyard/internal/server"
 	"github.com/switchyard-llm/switchyard/internal/tracing"
+	"github.com/switchyard-llm/switchyard/internal/upstream"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
@@ -60,21 +64,16 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			unimpl = append(unimpl, fmt.Sprintf("not implemented yet: --%s (%s)", flag, what))
 		}
 	}
-	if cfg.IsSet("history-backend") && cfg.HistoryBackend != "none" {
-		// Switchyard proxies the Responses API to workers and stores
-		// nothing, which is what "none" says; "memory" would be a promise
-		// we do not keep.
-		unimpl = append(unimpl, "not implemented yet: --history-backend "+cfg.HistoryBackend+
-			" (Responses API history storage; requests are proxied to workers, so only --history-backend none is accepted)")
-	}
-	if cfg.Backend == config.BackendOpenAI {
-		unimpl = append(unimpl, "not implemented yet: --backend openai (OpenAI upstream mode)")
-	}
 	if len(unimpl) > 0 {
 		return errors.New(strings.Join(sortStrings(unimpl), "; "))
 	}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	if cfg.Mode() == config.ModeOpenAI {
+		if err := resolveUpstreamKey(cfg, os.LookupEnv); err != nil {
+			return err
+		}
 	}
 	log, closeLog, err := newLogger(cfg, stderr)
 	if err != nil {
@@ -89,6 +88,26 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	return a.run(ctx)
+}
+
+// resolveUpstreamKey sets cfg.APIKey for --backend openai: --api-key, else
+// $OPENAI_API_KEY. Without either the router would send unauthenticated
+// requests to a paid API, so it is a startup error unless
+// --forward-client-authorization is given explicitly (each client's own
+// Authorization header is then forwarded, as vllm-router does).
+func resolveUpstreamKey(cfg *config.Config, lookup func(string) (string, bool)) error {
+	if cfg.APIKey != "" {
+		return nil
+	}
+	if v, ok := lookup("OPENAI_API_KEY"); ok && strings.TrimSpace(v) != "" {
+		cfg.APIKey = strings.TrimSpace(v)
+		return nil
+	}
+	if cfg.IsSet("forward-client-authorization") && cfg.ForwardClientAuthorization {
+		return nil
+	}
+	return errors.New("--backend openai: no upstream API key: set --api-key KEY or the OPENAI_API_KEY environment variable " +
+		"(or pass --forward-client-authorization to forward each client's own Authorization header)")
 }
 
 func sortStrings(s []string) []string {
@@ -153,6 +172,10 @@ type app struct {
 	kube     *k8s.Source
 	engine   *pd.Engine
 	tracer   *tracing.Tracer // nil = tracing off
+	kvs      *kvState        // nil unless a policy is kv_aware
+	history  *history.Store  // nil = --history-backend none
+	upstream *worker.Worker  // --backend openai: the upstream's registry entry
+	igw      *igw.Router     // --enable-igw
 	closers  []func()
 }
 
@@ -168,6 +191,13 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*app, err
 	a.tr = proxy.NewTransport(proxy.TransportOptions{ConnectTimeout: ct})
 	a.client = &http.Client{Transport: a.tr}
 	a.closers = append(a.closers, a.tr.CloseIdleConnections)
+	if cfg.HistoryBackend == "memory" {
+		h, err := history.New(history.Options{MaxEntries: cfg.HistoryMaxEntries, TTL: cfg.HistoryTTL(), Registerer: a.m.Registry})
+		if err != nil {
+			return nil, fmt.Errorf("--history-backend memory: %w", err)
+		}
+		a.history = h
+	}
 	a.reg.Subscribe(a.onRegistryChange)
 
 	// Listeners first: a busy port is a clear startup error, and the API
@@ -243,6 +273,9 @@ func (a *app) onRegistryChange(c worker.Change) {
 		if a.reg.Get(w.Key()) == nil {
 			a.m.ForgetWorker(w.Key())
 		}
+		if a.history != nil && !slices.ContainsFunc(c.Snap.All, func(x *worker.Worker) bool { return x.URL == w.URL }) {
+			a.history.ForgetWorker(w.URL)
+		}
 	}
 	a.m.ActiveWorkers.Set(float64(len(c.Snap.All)))
 	counts := map[[2]string]int{}
@@ -259,6 +292,18 @@ func (a *app) onRegistryChange(c worker.Change) {
 func (a *app) addStaticWorkers() error {
 	cfg := a.cfg
 	dp := max(cfg.IntraNodeDataParallelSize, 1)
+	if cfg.Mode() == config.ModeIGW {
+		return nil // registered by resolveStaticIGW once each worker names its model
+	}
+	if cfg.Mode() == config.ModeOpenAI {
+		base := upstream.BaseURL(cfg.WorkerURLs[0])
+		ws, err := a.addURL(base, worker.RoleRegular, nil, worker.SourceStatic, 1)
+		if err != nil {
+			return fmt.Errorf("--worker-urls %s: %w", cfg.WorkerURLs[0], err)
+		}
+		a.upstream = ws[0]
+		return nil
+	}
 	if cfg.Mode() != config.ModeVLLMPD {
 		for _, u := range cfg.WorkerURLs {
 			if _, err := a.addURL(u, worker.RoleRegular, nil, worker.SourceStatic, dp); err != nil {
@@ -313,11 +358,23 @@ func (a *app) policyOptions() policy.Options {
 }
 
 func (a *app) newPolicy(name string) (policy.Policy, error) {
+	if name == config.PolicyKVAware {
+		p, err := a.newKVAware()
+		if err != nil {
+			return nil, err
+		}
+		a.closers = append(a.closers, func() { _ = policy.Close(p) })
+		return p, nil
+	}
 	p, err := policy.New(name, a.policyOptions())
 	if err != nil {
 		return nil, err
 	}
 	a.closers = append(a.closers, func() { _ = policy.Close(p) })
+	if a.history != nil {
+		// previous_response_id goes to the worker that stored it
+		p = history.Pin(p, a.history)
+	}
 	return p, nil
 }
 
@@ -368,11 +425,34 @@ func (a *app) buildServer(ctx context.Context) error {
 		Logger:                     a.log,
 		Metrics:                    a.m,
 		Tracer:                     a.tracer,
+		History:                    a.history,
 		APIKey:                     cfg.APIKey,
 		ForwardClientAuthorization: cfg.ForwardClientAuthorization,
 	}
 
-	if cfg.Mode() == config.ModeVLLMPD {
+	if cfg.Mode() == config.ModeIGW {
+		if err := a.buildIGW(&sopts, ropts); err != nil {
+			return err
+		}
+	} else if cfg.Mode() == config.ModeOpenAI {
+		b, err := upstream.New(upstream.Options{
+			Worker:            a.upstream,
+			Client:            a.proxyClient(),
+			APIKey:            cfg.APIKey,
+			ForwardClientAuth: cfg.ForwardClientAuthorization,
+			Retry:             ropts.Retry,
+			RequestTimeout:    cfg.RequestTimeout(),
+			StreamIdleTimeout: cfg.StreamIdleTimeout(),
+			Metrics:           a.m,
+			Logger:            a.log,
+		})
+		if err != nil {
+			return err
+		}
+		sopts.Mode = server.ModeRegular
+		sopts.Generate = b
+		sopts.Policies = map[string]string{"backend": config.BackendOpenAI}
+	} else if cfg.Mode() == config.ModeVLLMPD {
 		pp, err := a.newPolicy(cfg.EffectivePrefillPolicy())
 		if err != nil {
 			return fmt.Errorf("--prefill-policy: %w", err)
@@ -398,6 +478,7 @@ func (a *app) buildServer(ctx context.Context) error {
 			SplitResponses:    cfg.PDSplitResponses,
 			Warmup:            cfg.PDWarmup,
 			Panic:             a.panic,
+			BypassThreshold:   cfg.PDUncachedTokenThreshold,
 			Profile:           cfg.Profile,
 			Metrics:           a.m,
 			Logger:            a.log,
@@ -471,6 +552,9 @@ func (a *app) buildServer(ctx context.Context) error {
 		Metrics:              a.m,
 		Logger:               a.log,
 	})
+	if a.kvs != nil {
+		sopts.Sections = map[string]func() any{"kv_aware": a.kvStatus}
+	}
 	srv, err := server.New(sopts)
 	if err != nil {
 		return err
@@ -580,6 +664,9 @@ func (a *app) loadPollInterval() time.Duration {
 // for minutes; the probe runs within --worker-startup-timeout-secs.
 func (a *app) adminAdd(ctx context.Context, raw string) ([]*worker.Worker, error) {
 	role := worker.RoleRegular
+	if a.cfg.Mode() == config.ModeOpenAI {
+		return nil, errors.New("--backend openai: the one upstream is --worker-urls; workers cannot be added")
+	}
 	if a.cfg.Mode() == config.ModeVLLMPD {
 		return nil, errors.New("PD mode: add prefill/decode workers with POST /workers {\"url\":..., \"worker_type\":\"prefill\"|\"decode\"}")
 	}
@@ -623,7 +710,14 @@ func (a *app) run(ctx context.Context) error {
 			a.log.Error("metrics listener failed", "err", err)
 		}
 	})
-	wg.Go(func() { a.health.Run(ctx) })
+	if a.cfg.Mode() != config.ModeOpenAI {
+		// An OpenAI-compatible API has no /health; its breaker is the
+		// upstream's passive health.
+		wg.Go(func() { a.health.Run(ctx) })
+	}
+	if a.igw != nil && len(a.cfg.WorkerURLs) > 0 {
+		wg.Go(func() { a.resolveStaticIGW(ctx, a.cfg.WorkerURLs) })
+	}
 	if a.kube != nil {
 		wg.Go(func() {
 			if err := a.kube.Run(ctx); err != nil && ctx.Err() == nil {

@@ -13,6 +13,7 @@ const (
 	PolicyRoundRobin     = "round_robin"
 	PolicyCacheAware     = "cache_aware"
 	PolicyPowerOfTwo     = "power_of_two"
+	PolicyKVAware        = "kv_aware"
 	PolicyConsistentHash = "consistent_hash"
 	PolicyRendezvousHash = "rendezvous_hash"
 )
@@ -43,7 +44,7 @@ const (
 )
 
 var (
-	policyNames         = []string{PolicyRandom, PolicyRoundRobin, PolicyCacheAware, PolicyPowerOfTwo, PolicyConsistentHash, PolicyRendezvousHash}
+	policyNames         = []string{PolicyRandom, PolicyRoundRobin, PolicyCacheAware, PolicyPowerOfTwo, PolicyConsistentHash, PolicyRendezvousHash, PolicyKVAware}
 	kvConnectorNames    = []string{KVConnectorNIXL, KVConnectorMooncake, KVConnectorMoRIIO, KVConnectorP2PNCCL}
 	backendNames        = []string{BackendVLLM, BackendTRTLLM, BackendOpenAI, BackendAnthropic}
 	logLevelNames       = []string{"debug", "info", "warn", "error"}
@@ -79,7 +80,7 @@ const (
 	ModeRegular Mode = "regular"
 	ModeOpenAI  Mode = "openai"
 	ModeVLLMPD  Mode = "vllm_prefill_decode"
-	// ModeIGW is derived from --enable-igw; Validate rejects it.
+	// ModeIGW is derived from --enable-igw: several models, one fleet each.
 	ModeIGW Mode = "igw"
 )
 
@@ -173,6 +174,8 @@ type Config struct {
 	DPSizeAnnotation           string   `json:"dp_size_annotation"`
 	LoadPollIntervalSecs       float64  `json:"load_poll_interval_secs"` // 0 = off
 	PDMaxFailovers             int      `json:"pd_max_failovers"`
+	HistoryMaxEntries          int      `json:"history_max_entries"`
+	HistoryTTLSecs             float64  `json:"history_ttl_secs"`
 	RetryBudgetRatio           float64  `json:"retry_budget_ratio"`
 	CBFailureRate              float64  `json:"cb_failure_rate"` // 0 = rate rule off
 	CBMinRequests              uint32   `json:"cb_min_requests"`
@@ -186,6 +189,21 @@ type Config struct {
 	HealthUnhealthyIntervalSecs    float64 `json:"health_unhealthy_interval_secs"`
 	HealthUnhealthyMaxIntervalSecs float64 `json:"health_unhealthy_max_interval_secs"`
 	PanicRouting                   bool    `json:"panic_routing"`
+
+	// kv_aware (kvaware.go)
+	KVBlockSize              int      `json:"kv_block_size"`
+	KVHashSeed               uint64   `json:"kv_hash_seed"`
+	KVSpeculativeIndexing    bool     `json:"kv_speculative_indexing"`
+	KVSpeculativeTTLMS       uint64   `json:"kv_speculative_ttl_ms"`
+	KVIndexMaxEntries        int      `json:"kv_index_max_entries"`
+	KVEventsPort             uint16   `json:"kv_events_port"`
+	KVEventsReplayPort       uint16   `json:"kv_events_replay_port"`
+	KVEventsTopic            string   `json:"kv_events_topic"`
+	KVEventsEndpoints        []string `json:"kv_events_endpoints"`
+	KVOverlapScoreWeight     float64  `json:"kv_overlap_score_weight"`
+	KVLoadWeight             float64  `json:"kv_load_weight"`
+	KVFallbackPolicy         string   `json:"kv_fallback_policy"`
+	PDUncachedTokenThreshold int      `json:"pd_uncached_token_threshold"`
 
 	// ConfigFile is --config; it cannot be set from inside a config file.
 	ConfigFile string `json:"-"`
@@ -237,34 +255,46 @@ func Default() *Config {
 		HistoryBackend:                 "memory",
 		KVConnector:                    KVConnectorNIXL,
 
-		QueueSize:                      100,
-		QueueTimeoutSecs:               60,
-		ForwardClientAuthorization:     true,
-		PDWarmup:                       true,
+		QueueSize:                  100,
+		QueueTimeoutSecs:           60,
+		ForwardClientAuthorization: true,
+		PDWarmup:                   true,
+		ShutdownTimeoutSecs:        30,
+		LogFormat:                  LogFormatText,
+		ConnectTimeoutSecs:         3,
+		KVWaitTimeoutSecs:          300,
+		StreamIdleTimeoutSecs:      300,
+		BodyReadTimeoutSecs:        60,
+		DecodeOutputLength:         DecodeOutputExact,
+		DiscoveryTTLSecs:           9,
+		DPSizeAnnotation:           "vllm.ai/dp-size",
+		PDMaxFailovers:             2,
+		HistoryMaxEntries:          100000,
+		HistoryTTLSecs:             86400,
+		RetryBudgetRatio:           0.2,
+		CBFailureRate:              0.5,
+		CBMinRequests:              20,
+		CBHalfOpenMaxRequests:      1,
+		MaxHeaderBytes:             1 << 20,
+
+		KVBlockSize:           16,
+		KVSpeculativeIndexing: true,
+		KVSpeculativeTTLMS:    2000,
+		KVIndexMaxEntries:     10_000_000,
+		KVEventsPort:          5557,
+		KVOverlapScoreWeight:  1,
+		KVLoadWeight:          0.5,
+		KVFallbackPolicy:      PolicyCacheAware,
+
 		HealthUnhealthyIntervalSecs:    0.5,
 		HealthUnhealthyMaxIntervalSecs: 1,
 		PanicRouting:                   true,
-		ShutdownTimeoutSecs:            30,
-		LogFormat:                      LogFormatText,
-		ConnectTimeoutSecs:             3,
-		KVWaitTimeoutSecs:              300,
-		StreamIdleTimeoutSecs:          300,
-		BodyReadTimeoutSecs:            60,
-		DecodeOutputLength:             DecodeOutputExact,
-		DiscoveryTTLSecs:               9,
-		DPSizeAnnotation:               "vllm.ai/dp-size",
-		PDMaxFailovers:                 2,
-		RetryBudgetRatio:               0.2,
-		CBFailureRate:                  0.5,
-		CBMinRequests:                  20,
-		CBHalfOpenMaxRequests:          1,
-		MaxHeaderBytes:                 1 << 20,
 	}
 }
 
 // Mode derives the routing mode with the Rust priority (REFERENCE §1.3):
 // --enable-igw, then --backend openai, then --vllm-pd-disaggregation, else
-// regular. ModeIGW is reported so callers can name it; Validate rejects it.
+// regular.
 func (c *Config) Mode() Mode {
 	switch {
 	case c.EnableIGW:
@@ -496,6 +526,9 @@ func (c *Config) ConnectTimeout() time.Duration { return secondsF(c.ConnectTimeo
 
 // DiscoveryTTL is --discovery-ttl-secs.
 func (c *Config) DiscoveryTTL() time.Duration { return secondsF(c.DiscoveryTTLSecs) }
+
+// HistoryTTL is --history-ttl-secs.
+func (c *Config) HistoryTTL() time.Duration { return secondsF(c.HistoryTTLSecs) }
 
 // LoadPollInterval is --load-poll-interval-secs (0 = off).
 func (c *Config) LoadPollInterval() time.Duration { return secondsF(c.LoadPollIntervalSecs) }

@@ -30,7 +30,9 @@ func (d *flagDef) isBool() bool {
 
 // flagDefs binds every flag to c's fields, in --help order. --prefill is
 // hand-parsed (splitPrefill); --help and --version are handled by tokenize.
-func flagDefs(c *Config) []flagDef {
+func flagDefs(c *Config) []flagDef { return append(baseFlagDefs(c), kvFlagDefs(c)...) }
+
+func baseFlagDefs(c *Config) []flagDef {
 	str := func(p *string) flag.Value { return stringValue{p} }
 	boo := func(p *bool) flag.Value { return boolValue{p} }
 	u16 := func(p *uint16) flag.Value { return uintValue[uint16]{p} }
@@ -59,9 +61,9 @@ func flagDefs(c *Config) []flagDef {
 		{name: "max-tree-size", meta: "N", usage: "Maximum size of the approximation tree for cache-aware routing", value: num(&c.MaxTreeSize)},
 		{name: "max-payload-size", meta: "BYTES", usage: "Maximum payload size in bytes", value: num(&c.MaxPayloadSize)},
 		{name: "intra-node-data-parallel-size", meta: "N", usage: "Intra-node data parallel size (DP replicas per worker URL)", value: num(&c.IntraNodeDataParallelSize)},
-		{name: "api-key", meta: "KEY", usage: "API key for worker authorization", value: str(&c.APIKey)},
+		{name: "api-key", meta: "KEY", usage: "API key for worker authorization (with --backend openai: the upstream's key, default $OPENAI_API_KEY)", value: str(&c.APIKey)},
 		{name: "api-key-validation-urls", meta: "URL", multi: true, usage: "API key validation URLs (default: env API_KEY_VALIDATION_URLS, comma-separated)", value: list(&c.APIKeyValidationURLs)},
-		{name: "backend", alias: "runtime", meta: "BACKEND", usage: "Backend to route requests to", value: enum(&c.Backend, backendNames)},
+		{name: "backend", alias: "runtime", meta: "BACKEND", usage: "Backend to route requests to (openai: one OpenAI-compatible upstream, --worker-urls BASE_URL)", value: enum(&c.Backend, backendNames)},
 		{name: "log-dir", meta: "DIR", usage: "Directory to store log files", value: str(&c.LogDir)},
 		{name: "log-level", meta: "LEVEL", usage: "Set the logging level", value: enum(&c.LogLevel, logLevelNames)},
 		{name: "enable-trace", usage: "Enable OpenTelemetry tracing", value: boo(&c.EnableTrace)},
@@ -96,7 +98,7 @@ func flagDefs(c *Config) []flagDef {
 		{name: "health-check-timeout-secs", meta: "SECS", usage: "Timeout in seconds for health check requests", value: u64(&c.HealthCheckTimeoutSecs)},
 		{name: "health-check-interval-secs", meta: "SECS", usage: "Interval in seconds between runtime health checks", value: u64(&c.HealthCheckIntervalSecs)},
 		{name: "health-check-endpoint", meta: "PATH", usage: "Health check endpoint path", value: str(&c.HealthCheckEndpoint)},
-		{name: "enable-igw", usage: "Enable Inference Gateway mode (not supported by Switchyard)", value: boo(&c.EnableIGW)},
+		{name: "enable-igw", usage: "Enable Inference Gateway mode: several models behind one router, routed by the body's model", value: boo(&c.EnableIGW)},
 		{name: "history-backend", meta: "BACKEND", usage: "History backend (memory or none)", value: enum(&c.HistoryBackend, historyBackendNames)},
 		{name: "profile", usage: "Enable profiling calls to vLLM workers", value: boo(&c.Profile)},
 		{name: "kv-connector", meta: "CONNECTOR", usage: "KV connector type for PD disaggregation", value: enum(&c.KVConnector, kvConnectorNames)},
@@ -132,6 +134,8 @@ func flagDefs(c *Config) []flagDef {
 		{extra: true, name: "health-unhealthy-interval-secs", meta: "SECS", usage: "Re-probe an unhealthy or never-probed worker SECS after a failed probe, doubling up to --health-unhealthy-max-interval-secs (healthy workers keep --health-check-interval-secs)", value: flt(&c.HealthUnhealthyIntervalSecs)},
 		{extra: true, name: "health-unhealthy-max-interval-secs", meta: "SECS", usage: "Longest delay between two probes of an unhealthy or never-probed worker (at most --health-check-interval-secs)", value: flt(&c.HealthUnhealthyMaxIntervalSecs)},
 		{extra: true, name: "panic-routing", usage: "When every worker of a role is unhealthy or open-circuit, route to the registered ones anyway instead of answering 503 (use =false to disable)", value: boo(&c.PanicRouting)},
+		{extra: true, name: "history-max-entries", meta: "N", usage: "--history-backend memory: response ids remembered (oldest forgotten first)", value: num(&c.HistoryMaxEntries)},
+		{extra: true, name: "history-ttl-secs", meta: "SECS", usage: "--history-backend memory: forget a response id this long after it was learned", value: flt(&c.HistoryTTLSecs)},
 		{extra: true, name: "pd-split-responses", usage: "PD-split /v1/responses (needs vLLM with kv_transfer_params on ResponsesRequest; default: serve it unsplit on a prefill worker)", value: boo(&c.PDSplitResponses)},
 	}
 }

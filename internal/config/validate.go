@@ -18,7 +18,24 @@ func (c *Config) Validate() error {
 	mode := c.Mode()
 
 	if mode == ModeIGW {
-		add(&Error{Kind: KindNotSupported, Field: "--enable-igw"})
+		// Multi-model fleets are regular-worker fleets for now.
+		igwUnsupported := []struct {
+			flag string
+			set  bool
+		}{
+			{"--vllm-pd-disaggregation", c.VLLMPDDisaggregation},
+			{"--prefill", len(c.Prefill) > 0},
+			{"--decode", len(c.Decode) > 0},
+			{"--vllm-discovery-address", c.VLLMDiscoveryAddress != ""},
+			{"--service-discovery", c.ServiceDiscovery},
+			{"--backend openai", c.Backend == BackendOpenAI},
+		}
+		for _, u := range igwUnsupported {
+			if u.set {
+				add(&Error{Kind: KindNotSupported, Field: u.flag, Reason: "with --enable-igw, whose model fleets are regular workers (--worker-urls, POST /workers); PD fleets per model are not implemented yet"})
+			}
+		}
+		c.checkURLs(add, "--worker-urls", c.WorkerURLs)
 	}
 
 	// §1.3: checks the Rust binary makes while building RouterConfig.
@@ -95,6 +112,8 @@ func (c *Config) Validate() error {
 			add(invalid("--max-tree-size", strconv.Itoa(c.MaxTreeSize), "Must be > 0"))
 		}
 	}
+
+	c.validateKV(add)
 
 	// Rule 3: server.
 	if c.Port == 0 {
@@ -282,6 +301,12 @@ func (c *Config) validateExtras(add func(*Error)) {
 		if !(f.v > 0) || math.IsInf(f.v, 1) {
 			add(invalid(f.flag, formatFloat(f.v), "Must be a finite number > 0"))
 		}
+	}
+	if c.HistoryMaxEntries < 1 {
+		add(invalid("--history-max-entries", strconv.Itoa(c.HistoryMaxEntries), "Must be >= 1"))
+	}
+	if !(c.HistoryTTLSecs > 0) || math.IsInf(c.HistoryTTLSecs, 1) {
+		add(invalid("--history-ttl-secs", formatFloat(c.HistoryTTLSecs), "Must be a finite number > 0"))
 	}
 	if !(c.DiscoveryTTLSecs > 0) || math.IsInf(c.DiscoveryTTLSecs, 1) {
 		add(invalid("--discovery-ttl-secs", formatFloat(c.DiscoveryTTLSecs), "Must be a finite number > 0"))

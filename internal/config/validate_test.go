@@ -82,8 +82,15 @@ func TestValidate(t *testing.T) {
 			msgPDNeedsSource,
 			"validation failed: vLLM PD mode with service discovery requires at least one non-empty selector (prefill or decode)",
 		}},
-		{name: "igw", args: with(w, "--enable-igw"), want: []string{"not supported: --enable-igw"}},
-		{name: "igw skips compatibility", args: []string{"--enable-igw", "--kv-connector", "moriio", "--policy", "power_of_two"}, want: []string{"not supported: --enable-igw"}},
+		{name: "igw", args: with(w, "--enable-igw"), want: nil},
+		{name: "igw without workers", args: []string{"--enable-igw"}, want: nil},
+		{name: "igw skips compatibility", args: []string{"--enable-igw", "--kv-connector", "moriio", "--policy", "power_of_two"}, want: nil},
+		{name: "igw bad url", args: []string{"--enable-igw", "--worker-urls", "h:1"}, want: []string{"invalid value for --worker-urls: h:1 - URL must start with http:// or https://"}},
+		{name: "igw with PD", args: []string{"--enable-igw", "--vllm-pd-disaggregation", "--prefill", "http://p:1", "--decode", "http://d:1"}, want: []string{
+			"not supported: --vllm-pd-disaggregation (with --enable-igw, whose model fleets are regular workers (--worker-urls, POST /workers); PD fleets per model are not implemented yet)",
+			"not supported: --prefill (with --enable-igw, whose model fleets are regular workers (--worker-urls, POST /workers); PD fleets per model are not implemented yet)",
+			"not supported: --decode (with --enable-igw, whose model fleets are regular workers (--worker-urls, POST /workers); PD fleets per model are not implemented yet)",
+		}},
 
 		// Rule 1: mode.
 		{name: "empty url", args: []string{"--worker-urls", ""}, want: []string{`invalid value for --worker-urls: "" - URL cannot be empty`}},
@@ -123,8 +130,8 @@ func TestValidate(t *testing.T) {
 		{name: "cache params checked for a pd side policy", args: with(pd, "--policy", "random", "--decode-policy", "cache_aware", "--cache-threshold", "2"),
 			want: []string{"invalid value for --cache-threshold: 2 - Must be between 0.0 and 1.0"}},
 		{name: "bad policy names (file)", args: w, mutate: func(c *Config) { c.Policy = "lru"; c.PrefillPolicy = "x" }, want: []string{
-			"invalid value for --policy: lru - Must be one of: random, round_robin, cache_aware, power_of_two, consistent_hash, rendezvous_hash",
-			"invalid value for --prefill-policy: x - Must be one of: random, round_robin, cache_aware, power_of_two, consistent_hash, rendezvous_hash",
+			"invalid value for --policy: lru - Must be one of: random, round_robin, cache_aware, power_of_two, consistent_hash, rendezvous_hash, kv_aware",
+			"invalid value for --prefill-policy: x - Must be one of: random, round_robin, cache_aware, power_of_two, consistent_hash, rendezvous_hash, kv_aware",
 		}},
 
 		// Rule 3: server.
@@ -188,6 +195,10 @@ func TestValidate(t *testing.T) {
 			"invalid value for --kv-connector: lmcache - Must be one of: nixl, mooncake, moriio, p2pnccl",
 			"invalid value for --log-format: yaml - Must be one of: text, json",
 			"invalid value for --decode-output-length: max - Must be one of: exact, toy-proxy",
+		}},
+		{name: "history bounds", args: with(w, "--history-max-entries", "0", "--history-ttl-secs", "0"), want: []string{
+			"invalid value for --history-max-entries: 0 - Must be >= 1",
+			"invalid value for --history-ttl-secs: 0 - Must be a finite number > 0",
 		}},
 		{name: "otel sampling ratio", args: with(w, "--otel-sampling-ratio", "1.5"), want: []string{"invalid value for --otel-sampling-ratio: 1.5 - Must be between 0.0 and 1.0"}},
 		{name: "discovery address not host:port", args: with(zmq[:1], "--vllm-discovery-address", "0.0.0.0"), want: []string{"invalid value for --vllm-discovery-address: 0.0.0.0 - Must be host:port"}},

@@ -129,6 +129,10 @@ type Options struct {
 	// Panic routes to registered workers when a role has none available
 	// (nil = off; worker.Panic).
 	Panic *worker.Panic
+	// BypassThreshold: with a KV-aware policy, a request whose prompt has
+	// fewer than this many tokens uncached on the chosen decode (or is
+	// shorter than it) is served by the decode alone (bypass.go). 0 = off.
+	BypassThreshold int
 }
 
 // Engine is the PD dispatcher. It implements proxy.Dispatcher.
@@ -365,6 +369,11 @@ type reqState struct {
 	rc       *proxy.Receipt
 	warmup   bool // a pair warm-up (warmup.go): kept out of the request metrics
 	panicked bool // the current pair is a panic pick (worker.Panic): breakers do not refuse it
+
+	// The prompt's token ids and the KV-aware policy's state for them,
+	// computed once by prepare (bypass.go); nil when no policy needs them.
+	tokens   []uint32
+	prepared any
 }
 
 // Dispatch serves one PD generation request.
@@ -454,8 +463,12 @@ func (e *Engine) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call)
 		defer cancel()
 	}
 
+	e.prepare(ctx, r, c, st)
 	if st.kind == routeResponses && !e.o.SplitResponses {
 		e.passthrough(ctx, tw, r, c, st)
+		return
+	}
+	if e.bypass(ctx, tw, r, c, st) {
 		return
 	}
 
@@ -575,14 +588,14 @@ func (e *Engine) pickPair(r *http.Request, c *proxy.Call, st *reqState, exclude 
 		for k := range avoid {
 			exA[k] = true
 		}
-		req := &policy.Request{Path: st.path, Headers: hdr, Body: c.Body, Exclude: exA}
+		req := e.newPolicyRequest(st, hdr, c.Body, exA)
 		if pr, _, _ := e.scanPairs(req, snap, st, exclude, dWhy, false); pr != nil {
 			e.normalPick()
 			return pr, nil
 		}
 	}
 	ex0 := maps.Clone(ex) // scanPairs adds the prefills it passed over
-	req := &policy.Request{Path: st.path, Headers: hdr, Body: c.Body, Exclude: ex}
+	req := e.newPolicyRequest(st, hdr, c.Body, ex)
 	pr, fallback, modeMsg := e.scanPairs(req, snap, st, exclude, dWhy, true)
 	if pr != nil {
 		e.normalPick()
@@ -592,7 +605,7 @@ func (e *Engine) pickPair(r *http.Request, c *proxy.Call, st *reqState, exclude 
 		e.normalPick()
 		return fallback, nil
 	}
-	if pr := e.panicPair(&policy.Request{Path: st.path, Headers: hdr, Body: c.Body, Exclude: ex0}, snap, st); pr != nil {
+	if pr := e.panicPair(e.newPolicyRequest(st, hdr, c.Body, ex0), snap, st); pr != nil {
 		st.panicked = true
 		return pr, nil
 	}

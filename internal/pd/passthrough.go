@@ -46,7 +46,7 @@ func (e *Engine) passthrough(ctx context.Context, w http.ResponseWriter, r *http
 		if pr.RequestID == "" {
 			pr.RequestID = hex32(asV4(e.o.NewID()))
 		}
-		f = e.plainAttempt(ctx, w, st, pr, c.Body)
+		f = e.plainAttempt(ctx, w, st, pr, "prefill", c.Body)
 		if f == nil {
 			return
 		}
@@ -77,7 +77,7 @@ func (e *Engine) pickPrefill(r *http.Request, c *proxy.Call, st *reqState, exclu
 	if len(snap.Prefill) == 0 {
 		return nil, "", sel("no prefill workers available (none registered)")
 	}
-	req := &policy.Request{Path: st.path, Headers: e.policyHeaders(r), Body: c.Body, Exclude: exclude}
+	req := e.newPolicyRequest(st, e.policyHeaders(r), c.Body, exclude)
 	ch, err := e.o.PrefillPolicy.Pick(req, policy.Candidates{Gen: snap.Gen, Workers: snap.Prefill})
 	if err != nil || ch.Worker == nil || !req.Usable(ch.Worker) || ch.Worker.Role != worker.RolePrefill {
 		return nil, "", sel(describe("prefill", snap.Prefill, exclude, ""))
@@ -85,13 +85,14 @@ func (e *Engine) pickPrefill(r *http.Request, c *proxy.Call, st *reqState, exclu
 	return ch.Worker, ch.Reason, nil
 }
 
-// plainAttempt sends the client's body to pr.P and relays the answer. It
+// plainAttempt sends the client's body to pr.P, a worker of role legName
+// ("prefill", or "decode" for a prefill bypass), and relays the answer. It
 // returns nil when a response was written to the client.
-func (e *Engine) plainAttempt(ctx context.Context, w http.ResponseWriter, st *reqState, pr *Pair, body []byte) *failure {
-	who := "prefill worker " + pr.P.Key()
-	l, ok := e.startLeg(ctx, "prefill", pr.P, st, pr)
+func (e *Engine) plainAttempt(ctx context.Context, w http.ResponseWriter, st *reqState, pr *Pair, legName string, body []byte) *failure {
+	who := legName + " worker " + pr.P.Key()
+	l, ok := e.startLeg(ctx, legName, pr.P, st, pr)
 	if !ok {
-		return &failure{leg: "prefill", reason: "breaker_open", w: pr.P, status: http.StatusServiceUnavailable, retry: true,
+		return &failure{leg: legName, reason: "breaker_open", w: pr.P, status: http.StatusServiceUnavailable, retry: true,
 			errType: "server_selection", msg: who + " circuit breaker is open"}
 	}
 	prof := e.newProfiler(pr)
@@ -99,7 +100,7 @@ func (e *Engine) plainAttempt(ctx context.Context, w http.ResponseWriter, st *re
 	req, err := e.newLegRequest(ctx, st, pr, l, pr.PRank, body)
 	if err != nil {
 		e.legFailed(l, "error", err)
-		return &failure{leg: "prefill", reason: "error", w: pr.P, status: http.StatusBadGateway, retry: true, errType: "prefill", msg: who + ": " + err.Error()}
+		return &failure{leg: legName, reason: "error", w: pr.P, status: http.StatusBadGateway, retry: true, errType: legName, msg: who + ": " + err.Error()}
 	}
 	prof.start(pr.P)
 	resp, err := e.o.Client.Do(req)
@@ -114,15 +115,15 @@ func (e *Engine) plainAttempt(ctx context.Context, w http.ResponseWriter, st *re
 			reason = "connect"
 		}
 		e.legFailed(l, reason, err)
-		return &failure{leg: "prefill", reason: reason, w: pr.P, status: http.StatusBadGateway, retry: true,
-			errType: "prefill", msg: fmt.Sprintf("%s failed before answering: %v", who, unwrapURL(err))}
+		return &failure{leg: legName, reason: reason, w: pr.P, status: http.StatusBadGateway, retry: true,
+			errType: legName, msg: fmt.Sprintf("%s failed before answering: %v", who, unwrapURL(err))}
 	}
 	defer resp.Body.Close()
 	tracing.SetStatus(l.span, resp.StatusCode)
 	if s := resp.StatusCode; s >= 500 || s == http.StatusTooManyRequests || s == http.StatusRequestTimeout {
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 		e.legFailed(l, "status", nil)
-		return &failure{leg: "prefill", reason: "status", w: pr.P, status: s, retry: true, errType: "prefill",
+		return &failure{leg: legName, reason: "status", w: pr.P, status: s, retry: true, errType: legName,
 			msg:   fmt.Sprintf("%s returned HTTP %d: %s", who, s, snippet(data)),
 			relay: &buffered{status: s, header: resp.Header, body: data}}
 	}
@@ -174,7 +175,7 @@ func (e *Engine) plainAttempt(ctx context.Context, w http.ResponseWriter, st *re
 		msg = fmt.Sprintf("%s response failed: %v", who, res.UpstreamErr)
 		e.legFailed(l, reason, res.UpstreamErr)
 	}
-	e.log.Warn("pd unsplit response failed after commit", "prefill", pr.P.Key(), "reason", reason, "err", res.UpstreamErr)
+	e.log.Warn("pd unsplit response failed after commit", legName, pr.P.Key(), "reason", reason, "err", res.UpstreamErr)
 	e.countErr(reason)
 	if sse {
 		_ = proxy.WriteSSEError(w, res, status, msg)

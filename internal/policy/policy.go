@@ -7,6 +7,7 @@
 package policy
 
 import (
+	"context"
 	"errors"
 	"net/http"
 
@@ -41,6 +42,14 @@ type Request struct {
 	// true never panics but may yield a meaningless routing text.
 	ValidJSON bool
 
+	// Tokens are the prompt's token ids as the engine computes them, set
+	// by a Preparer before Pick (nil: not tokenized). TokenErr says why
+	// they are missing when tokenizing failed.
+	Tokens   []uint32
+	TokenErr error
+	// Prepared is opaque state a Preparer leaves for its own Pick.
+	Prepared any
+
 	// Lazily computed by RoutingText / HashKey (request.go); a Request is
 	// used by one goroutine at a time, like *http.Request.
 	text    *string // routing text
@@ -65,6 +74,21 @@ type Choice struct {
 type Policy interface {
 	Name() string
 	Pick(req *Request, c Candidates) (Choice, error)
+}
+
+// Preparer is implemented by policies that need work done before Pick
+// that may block, such as asking an engine to tokenize the prompt.
+// Dispatchers call Prepare once per request, with the request's context,
+// before the first Pick; Pick itself never blocks.
+type Preparer interface {
+	Prepare(ctx context.Context, req *Request, c Candidates)
+}
+
+// Prepare calls p's Prepare if it has one.
+func Prepare(ctx context.Context, p Policy, req *Request, c Candidates) {
+	if pp, ok := p.(Preparer); ok {
+		pp.Prepare(ctx, req, c)
+	}
 }
 
 // PairPolicy is implemented by policies that want to choose the prefill and

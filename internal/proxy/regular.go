@@ -136,6 +136,10 @@ func (p *Regular) Dispatch(w http.ResponseWriter, r *http.Request, c *Call) {
 		rs.header["Content-Type"] = []string{"application/json"}
 	}
 	rs.preq = policy.Request{Path: c.Path, Headers: p.policyHeaders(r.Header), Body: c.Body}
+	if pp, ok := p.o.Policy.(policy.Preparer); ok {
+		snap := p.o.Registry.Snapshot()
+		pp.Prepare(r.Context(), &rs.preq, policy.Candidates{Gen: snap.Gen, Workers: snap.ByRole(p.o.Role)})
+	}
 	p.serve(r.Context(), w, rs)
 }
 

@@ -71,6 +71,9 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
 		s.o.Passthrough.ServeHTTP(w, r)
 		return
 	}
+	if route == responsesRoute && s.o.History != nil {
+		w = s.learnResponseID(w, c)
+	}
 	s.o.Generate.Dispatch(w, r, c)
 }
 

@@ -300,6 +300,9 @@ func (s *Server) handleServerInfo(w http.ResponseWriter, r *http.Request) {
 	if s.o.PDStatus != nil {
 		body["pd"] = s.o.PDStatus()
 	}
+	for name, f := range s.o.Sections {
+		body[name] = f()
+	}
 	if urls := instanceURLs(snap, true, s.infoRoles()...); len(urls) > 0 {
 		ctx, cancel := context.WithTimeout(r.Context(), s.o.UpstreamTimeout)
 		var info map[string]any

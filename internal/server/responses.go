@@ -1,15 +1,21 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/history"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
 )
+
+// responsesRoute is the Responses API creation route.
+const responsesRoute = "/v1/responses"
 
 // A stored Responses API object lives on the one worker that generated it,
 // so GET /v1/responses/{id} and POST /v1/responses/{id}/cancel ask every
@@ -23,6 +29,12 @@ import (
 //   - 404 when every worker answered 404;
 //   - 502 naming the failed workers when some could not answer: the
 //     response may live on one of them, so a 404 would be a lie.
+//
+// With a history store (--history-backend memory) the router learns the id
+// of every response it relays from /v1/responses and which worker produced
+// it; GET and cancel of a known id go to that worker alone and its answer,
+// whatever it is, is relayed (502 if it cannot answer). An unknown id, or
+// one whose worker has left the fleet, is fanned out as above.
 //
 // DELETE /v1/responses/{id} and GET /v1/responses/{id}/input are answered
 // 501: vLLM serves neither.
@@ -46,6 +58,19 @@ func (s *Server) handleResponseFanOut(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.EscapedPath()
 	if q := r.URL.RawQuery; q != "" {
 		path += "?" + q
+	}
+	if h := s.o.History; h != nil {
+		op := history.OpRetrieve
+		if r.Method == http.MethodPost {
+			op = history.OpCancel
+		}
+		owner, ok := h.Peek(r.PathValue("id"))
+		ok = ok && slices.Contains(urls, owner)
+		h.Count(op, ok)
+		if ok {
+			s.serveFromOwner(w, r, owner, path)
+			return
+		}
 	}
 	answers := make(chan fanAnswer, len(urls))
 	cancels := make([]context.CancelFunc, len(urls))
@@ -110,6 +135,47 @@ func (s *Server) handleResponseFanOut(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.writeFanOutMiss(w, r, got, len(urls))
+}
+
+// serveFromOwner relays the answer of the one worker that stored the
+// response.
+func (s *Server) serveFromOwner(w http.ResponseWriter, r *http.Request, owner, path string) {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	resp, err := s.callResponse(ctx, cancel, r, owner+path)
+	if err != nil {
+		if r.Context().Err() != nil {
+			stateFrom(r.Context()).logOnly = 499
+			return
+		}
+		s.writeError(w, r, http.StatusBadGateway, "upstream_error", fmt.Sprintf(
+			"%s %s: worker %s, which stored this response, could not answer: %v", r.Method, r.URL.Path, owner, err))
+		return
+	}
+	defer resp.Body.Close()
+	s.log.Debug("responses: answered by the owner", "path", r.URL.Path, "worker", owner, "status", resp.StatusCode)
+	proxy.CopyResponseHeaders(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	proxy.Relay(ctx, w, resp.Body, proxy.RelayOptions{})
+}
+
+// learnResponseID wraps the writer of a /v1/responses relay so the id of
+// the answer is remembered with the worker that produced it: the decode
+// worker of a PD split, else the prefill worker (PD unsplit) or the
+// regular worker.
+func (s *Server) learnResponseID(w http.ResponseWriter, c *proxy.Call) http.ResponseWriter {
+	return history.NewLearner(w, func(id string) {
+		rc := c.Receipt
+		key := cmp.Or(rc.Decode, rc.Prefill, rc.Worker)
+		if key == "" {
+			return
+		}
+		url := key
+		if wk := s.reg.Get(key); wk != nil {
+			url = wk.URL
+		}
+		s.o.History.Put(id, url)
+	})
 }
 
 // callResponse sends the client's method to url. The worker has

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/admission"
+	"github.com/switchyard-llm/switchyard/internal/history"
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
 	"github.com/switchyard-llm/switchyard/internal/tracing"
@@ -42,7 +43,8 @@ type AddWorkerRequest struct {
 	Role          worker.Role
 	ModelID       string
 	BootstrapPort *int
-	DPSize        int // 0 = not given
+	DPSize        int               // 0 = not given
+	Labels        map[string]string // e.g. {"policy": "round_robin"} (--enable-igw)
 }
 
 // Options configures a Server. Registry and Generate are required.
@@ -76,9 +78,19 @@ type Options struct {
 	// DiscoveryStatus is extra JSON-able detail for /get_server_info and
 	// /workers (e.g. ZMQ listener address, live instances, MoRI mode).
 	DiscoveryStatus func() any
+	// History remembers which worker stored each relayed Responses API
+	// object (--history-backend memory): retrieval and cancel go to that
+	// worker only. nil → every worker is asked (--history-backend none).
+	History *history.Store
+	// ModelsStatus groups the workers by model for /workers (--enable-igw);
+	// nil → no "models" key.
+	ModelsStatus func() any
 	// PDStatus is the PD engine's pair state (troubled pairs, warm-ups) for
 	// /workers and /get_server_info; nil outside PD mode.
 	PDStatus func() any
+	// Sections are more named sections of /workers and /get_server_info
+	// (e.g. "kv_aware": the KV index and each worker's event stream).
+	Sections map[string]func() any
 
 	Version  string            // router version for /get_server_info
 	Policies map[string]string // e.g. {"policy":"cache_aware","prefill":"random","decode":"power_of_two"}

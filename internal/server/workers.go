@@ -207,13 +207,15 @@ func (s *Server) handleListWorkers(w http.ResponseWriter, _ *http.Request) {
 }
 
 // createWorkerBody is the POST /workers JSON. Unknown fields (priority,
-// cost, labels) are accepted and ignored.
+// cost) are accepted and ignored; labels (string values) are passed to
+// AddWorkerSpec (--enable-igw reads labels.policy) and ignored otherwise.
 type createWorkerBody struct {
-	URL           string `json:"url"`
-	WorkerType    string `json:"worker_type"`
-	ModelID       string `json:"model_id"`
-	BootstrapPort *int   `json:"bootstrap_port"`
-	DPSize        int    `json:"dp_size"`
+	URL           string            `json:"url"`
+	WorkerType    string            `json:"worker_type"`
+	ModelID       string            `json:"model_id"`
+	BootstrapPort *int              `json:"bootstrap_port"`
+	DPSize        int               `json:"dp_size"`
+	Labels        map[string]string `json:"labels"`
 }
 
 func (s *Server) handleCreateWorker(w http.ResponseWriter, r *http.Request) {
@@ -234,7 +236,7 @@ func (s *Server) handleCreateWorker(w http.ResponseWriter, r *http.Request) {
 		s.writeRESTError(w, r, http.StatusBadRequest, codeInvalidURL, "Invalid worker URL "+in.URL+": "+err.Error())
 		return
 	}
-	req := AddWorkerRequest{URL: in.URL, ModelID: in.ModelID, BootstrapPort: in.BootstrapPort, DPSize: in.DPSize}
+	req := AddWorkerRequest{URL: in.URL, ModelID: in.ModelID, BootstrapPort: in.BootstrapPort, DPSize: in.DPSize, Labels: in.Labels}
 	typed := in.ModelID != "" || in.BootstrapPort != nil || in.DPSize != 0
 	if in.WorkerType != "" {
 		role, err := worker.ParseRole(in.WorkerType)
@@ -295,8 +297,14 @@ func (s *Server) handleWorkers(w http.ResponseWriter, _ *http.Request) {
 	if s.o.DiscoveryStatus != nil {
 		body["discovery"] = s.o.DiscoveryStatus()
 	}
+	if s.o.ModelsStatus != nil {
+		body["models"] = s.o.ModelsStatus()
+	}
 	if s.o.PDStatus != nil {
 		body["pd"] = s.o.PDStatus()
+	}
+	for name, f := range s.o.Sections {
+		body[name] = f()
 	}
 	writeJSON(w, http.StatusOK, body)
 }

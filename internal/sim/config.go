@@ -68,8 +68,12 @@ type Config struct {
 	DeferTimeout   time.Duration
 	TransferTime   time.Duration
 
-	ResponsesStore    bool // VLLM_ENABLE_RESPONSES_API_STORE=1
-	ResponsesStoreMax int  // stored responses kept; the oldest is evicted
+	ResponsesStore    bool   // VLLM_ENABLE_RESPONSES_API_STORE=1
+	ResponsesStoreMax int    // stored responses kept; the oldest is evicted
+	APIKey            string // vLLM's --api-key: /v1/* needs "Authorization: Bearer <key>"
+	OpenAIStrict      bool   // answer like OpenAI's API: unknown request fields are a 400
+
+	Cache CacheConfig // prefix cache usage reporting, KV events
 
 	Faults FaultConfig
 
@@ -182,6 +186,8 @@ func ParseArgs(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&c.Preset, "profile-preset", PresetDefault, "engine preset: default, deepseek-r1-1p1d or zero")
 	var ov engineOverrides
 	ov.register(fs)
+	var cf cacheFlags
+	cf.register(fs)
 	fs.Float64Var(&c.TimeScale, "time-scale", 1.0, "multiplies every simulated duration")
 
 	fs.Int64Var(&c.Seed, "seed", 0, "sampling seed (a request's \"seed\" overrides it)")
@@ -193,6 +199,8 @@ func ParseArgs(args []string, stderr io.Writer) (Config, error) {
 	fs.DurationVar(&c.TransferTime, "transfer-timeout", 30*time.Second, "handshake and KV read timeout")
 	fs.BoolVar(&c.ResponsesStore, "responses-store", false, "keep /v1/responses results for GET /v1/responses/{id} (mirrors vLLM's VLLM_ENABLE_RESPONSES_API_STORE=1)")
 	fs.IntVar(&c.ResponsesStoreMax, "responses-store-max", 10000, "responses kept by --responses-store; the oldest is evicted when full")
+	fs.StringVar(&c.APIKey, "api-key", "", "require \"Authorization: Bearer KEY\" on every /v1/* request, like vLLM's --api-key (401 otherwise)")
+	fs.BoolVar(&c.OpenAIStrict, "openai-strict", false, "behave like OpenAI's API: chat/completion fields OpenAI does not know (vLLM's extensions) are a 400, a bad key is OpenAI's 401")
 
 	fs.IntVar(&c.Faults.FailNext, "fail-next", 0, "fail the next N generation requests with --fail-status")
 	fs.IntVar(&c.Faults.FailStatus, "fail-status", 500, "HTTP status used by --fail-next")
@@ -222,6 +230,9 @@ func ParseArgs(args []string, stderr io.Writer) (Config, error) {
 	c.Engine = p
 	c.MaxModelLen = mml
 	ov.apply(fs, &c)
+	if err := cf.apply(&c); err != nil {
+		return c, &UsageError{Err: err}
+	}
 	if err := c.Validate(); err != nil {
 		return c, &UsageError{Err: err}
 	}
@@ -407,6 +418,7 @@ func (c *Config) Validate() error {
 	if f.FailReads < 0 {
 		bad("fail-reads", "must be >= 0, got %d", f.FailReads)
 	}
+	errs = append(errs, c.validateCache()...)
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:

@@ -37,6 +37,7 @@ func (in *Instance) routes() http.Handler {
 		"/stop_profile":        {map[string]http.HandlerFunc{http.MethodPost: in.handleProfile(false)}},
 		"/metrics":             {map[string]http.HandlerFunc{http.MethodGet: in.handleMetrics}},
 		"/sim/stats":           {map[string]http.HandlerFunc{http.MethodGet: in.handleStats}},
+		"/reset_prefix_cache":  {map[string]http.HandlerFunc{http.MethodPost: in.handleResetPrefixCache}},
 		"/sim/faults":          {map[string]http.HandlerFunc{http.MethodGet: in.handleFaultsGet, http.MethodPost: in.handleFaultsPost}},
 	}
 	// Paths with parameters: a "{name}" segment matches one non-empty path
@@ -69,7 +70,7 @@ func (in *Instance) routes() http.Handler {
 		}
 		f(w, r)
 	})
-	return in.recoverMiddleware(h)
+	return in.recoverMiddleware(in.checkAPIKey(h))
 }
 
 // paramRoute is a route whose path has "{name}" segments.
@@ -379,6 +380,7 @@ func (in *Instance) handleMetrics(w http.ResponseWriter, _ *http.Request) {
 	fmt.Fprintf(&b, "vllm:request_success_total{finished_reason=\"length\",model_name=%s} %d\n", model, length)
 	fmt.Fprintf(&b, "vllm:request_success_total{finished_reason=\"stop\",model_name=%s} %d\n", model, stop)
 	fmt.Fprintf(&b, "vllm:request_success_total{finished_reason=\"abort\",model_name=%s} %d\n", model, abort)
+	in.writePrefixCacheMetrics(&b, model)
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	_, _ = io.WriteString(w, b.String())
 }
@@ -444,6 +446,10 @@ func (in *Instance) handleGenerate(api apiKind) http.HandlerFunc {
 		xrid := r.Header.Get("X-Request-Id")
 		body, aerr := readBody(w, r)
 		if aerr != nil {
+			in.writeError(w, aerr)
+			return
+		}
+		if aerr := in.openAIStrictCheck(api, body); aerr != nil {
 			in.writeError(w, aerr)
 			return
 		}
@@ -557,7 +563,8 @@ func (in *Instance) newJobs(r *http.Request, g *genReq, pinned int) ([]*job, *ap
 			rank = in.pickRank()
 		}
 		j := &job{in: in, g: sg, rank: rank, eng: in.engines[rank], ctx: r.Context()}
-		j.req = engine.Request{ID: sg.requestID, PromptTokens: len(sg.promptIDs), MaxTokens: sg.maxTokens}
+		j.req = engine.Request{ID: sg.requestID, PromptTokens: len(sg.promptIDs), MaxTokens: sg.maxTokens,
+			Tokens: sg.promptIDs, OutputToken: j.outputToken}
 		if !sg.ignoreEOS && sg.minTokens == 0 && in.cfg.EOSProbability > 0 {
 			j.req.EOS = func(i int) bool { return i == 0 && j.firstEOS.Load() }
 		}
@@ -756,7 +763,8 @@ func (in *Instance) streamResponse(w http.ResponseWriter, r *http.Request, jobs 
 		in.ctr.status5xx.Add(1)
 		_, _ = w.Write(errorEvent(finishError(*failed)))
 	} else if g.includeUsage {
-		_, _ = w.Write(cw.usageChunk(prompt, completion))
+		cached := cachedTokens(jobs)
+		_, _ = w.Write(cw.usageChunk(prompt, completion, func(b []byte) []byte { return in.appendPromptTokensDetails(b, cached) }))
 	}
 	_, _ = w.Write(doneEvent)
 	_ = rc.Flush()
@@ -792,6 +800,7 @@ func (in *Instance) jsonResponse(w http.ResponseWriter, r *http.Request, jobs []
 		u.CompletionTokens += final[i].Generated
 	}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	u.PromptTokensDetails = in.promptTokensDetails(cachedTokens(jobs))
 	// vLLM returns final_res_batch[0].kv_transfer_params.
 	var kv any
 	if final[0].Reason == engine.FinishLength && jobs[0].responseKV != nil {

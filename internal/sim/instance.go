@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -74,6 +75,9 @@ type Instance struct {
 
 	// respStore is the Responses API store (--responses-store); nil = off.
 	respStore *responseStore
+
+	// kvPubs are the KV event publishers, one per DP rank (--kv-events-config).
+	kvPubs []*kvPublisher
 
 	// freshConns are accepted HTTP connections that have not carried a
 	// request yet (a client's spare dial). http.Server.Shutdown counts them
@@ -197,6 +201,10 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Instance, error) {
 		in.Close()
 		return nil, err
 	}
+	if err := in.startKVEvents(); err != nil {
+		in.Close()
+		return nil, err
+	}
 	for i := range in.engines {
 		e, l := in.engines[i], in.links[i]
 		in.goBackground(e.Run)
@@ -285,6 +293,7 @@ func (in *Instance) Close() {
 		}
 		in.pool.Close()
 		in.clients.Close()
+		in.closeKVEvents()
 		in.wg.Wait()
 	})
 }
@@ -389,6 +398,9 @@ func (in *Instance) bind() error {
 	return nil
 }
 
+// Where bindRange looks for a free run of ports first.
+const runPortLow, runPortHigh = 20000, 32000
+
 // bindRange binds n ROUTER sockets on consecutive ports from base (0 =
 // find a free run of ports).
 func (in *Instance) bindRange(flagName string, base, n int, mk func(offset int) sidechan.Handler) ([]*sidechan.Server, int, error) {
@@ -397,9 +409,17 @@ func (in *Instance) bindRange(flagName string, base, n int, mk func(offset int) 
 			_ = s.Close()
 		}
 	}
-	for attempt := 0; attempt < 50; attempt++ {
+	for attempt := 0; attempt < 200; attempt++ {
 		var servers []*sidechan.Server
-		first, err := sidechan.Listen(in.ctx, in.cfg.Host, base, mk(0))
+		start := base
+		if base == 0 && n > 1 && attempt%2 == 0 {
+			// A run starting at an ephemeral port often finds the next
+			// port taken by an outgoing connection on a busy machine, so
+			// every other try starts below Linux's ephemeral range
+			// (32768-60999 by default).
+			start = runPortLow + rand.IntN(runPortHigh-runPortLow-n)
+		}
+		first, err := sidechan.Listen(in.ctx, in.cfg.Host, start, mk(0))
 		if err != nil {
 			if base != 0 {
 				return nil, 0, fmt.Errorf("bind --%s %d: %w", flagName, base, err)

@@ -97,8 +97,9 @@ type genReq struct {
 	respID          string // response id: cmpl-<id> / chatcmpl-<id> / resp_<id>
 	index           int    // choice index in a batch
 	instructions    *string
-	kvDropped       bool // /v1/responses: kv_transfer_params was sent and ignored
-	store           bool // /v1/responses: "store" is true or absent
+	previousID      *string // /v1/responses previous_response_id (found in the store)
+	kvDropped       bool    // /v1/responses: kv_transfer_params was sent and ignored
+	store           bool    // /v1/responses: "store" is true or absent
 	created         int64
 }
 
@@ -441,11 +442,14 @@ func (c *chunkWriter) tokenChunk(index int, piece, finish string, promptTokens, 
 }
 
 // usageChunk is the final include_usage event (choices: []), summed over
-// the choices.
-func (c *chunkWriter) usageChunk(promptTokens, completionTokens int) []byte {
+// the choices; details (optional) extends the usage object.
+func (c *chunkWriter) usageChunk(promptTokens, completionTokens int, details func([]byte) []byte) []byte {
 	b := append(c.buf[:0], c.prefix...)
 	b = append(b, `,"choices":[],"usage":`...)
 	b = appendUsage(b, promptTokens, completionTokens)
+	if details != nil {
+		b = details(b)
+	}
 	b = append(b, "}\n\n"...)
 	c.buf = b
 	return b

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"sort"
 	"sync"
 	"testing"
@@ -325,24 +326,30 @@ func TestP2PNCCLPairMatchesUnified(t *testing.T) {
 }
 
 // TestWriteTTFTBeatsRead measures both modes in one run at 8k input with the
-// default preset and compares medians (PROTOCOL §7, §9.5).
+// default preset and compares medians (PROTOCOL §7, §9.5). It compares wall
+// clock times of real sockets, which a loaded machine (CI with other builds)
+// reorders, so it runs only when asked: SWITCHYARD_TIMING_TESTS=1. The
+// timing model it exercises is checked deterministically in
+// internal/sim/engine (fake time), and `make bench-pd` measures the modes.
 func TestWriteTTFTBeatsRead(t *testing.T) {
-	if testing.Short() {
-		t.Skip("timing test")
+	if testing.Short() || os.Getenv("SWITCHYARD_TIMING_TESTS") == "" {
+		t.Skip("wall-clock timing comparison: set SWITCHYARD_TIMING_TESTS=1")
 	}
 	ctx := testCtx(t)
 	pw := startSim(t, "--role", "prefill", "--transfer-mode", "WRITE")
 	dw := startSim(t, "--role", "decode", "--transfer-mode", "WRITE")
 	pr := startSim(t, "--role", "prefill", "--transfer-mode", "READ")
 	dr := startSim(t, "--role", "decode", "--transfer-mode", "READ")
-	prompt := words(8000, "t")
+	// A fresh prompt every time: a repeated one would be served from the
+	// prefill's prefix cache and measure no prefill at all.
+	prompt := func(i int) string { return words(8000, fmt.Sprintf("t%d-", i)) }
 	// Warm both pairs (first-contact handshakes), then alternate.
-	runWrite(t, ctx, pw, dw, prompt, 2)
-	runRead(t, ctx, pr, dr, prompt, 2)
+	runWrite(t, ctx, pw, dw, prompt(0), 2)
+	runRead(t, ctx, pr, dr, prompt(1), 2)
 	var ws, rs []time.Duration
-	for range 3 {
-		w := runWrite(t, ctx, pw, dw, prompt, 2)
-		r := runRead(t, ctx, pr, dr, prompt, 2)
+	for i := range 3 {
+		w := runWrite(t, ctx, pw, dw, prompt(2+2*i), 2)
+		r := runRead(t, ctx, pr, dr, prompt(3+2*i), 2)
 		if w.ttft == 0 || r.ttft == 0 {
 			t.Fatalf("no first token: write %+v read %+v", w.status, r.status)
 		}

@@ -30,6 +30,7 @@ type rawResponses struct {
 	Seed            *int64          `json:"seed"`
 	KVParams        json.RawMessage `json:"kv_transfer_params"`
 	Store           json.RawMessage `json:"store"`
+	PreviousID      *string         `json:"previous_response_id"`
 }
 
 // parseResponses validates a /v1/responses body. The prompt is the chat
@@ -55,6 +56,14 @@ func (in *Instance) parseResponses(body []byte, xrid string) (*genReq, *apiError
 		return g, &apiError{status: http.StatusNotFound, typ: "NotFoundError", message: fmt.Sprintf("The model `%s` does not exist.", *raw.Model), param: "model"}
 	}
 	g.model = in.cfg.Model
+	if raw.PreviousID != nil {
+		// vLLM answers 404 when the previous response is not in this
+		// server's store (without the store, never found).
+		if _, ok := in.lookupResponse(*raw.PreviousID); !ok {
+			return g, responseNotFound(*raw.PreviousID)
+		}
+		g.previousID = raw.PreviousID
+	}
 	if len(raw.Input) == 0 || string(raw.Input) == "null" {
 		return g, &apiError{status: 400, typ: "BadRequestError", message: "Field required: input", param: "input"}
 	}
@@ -193,22 +202,25 @@ func (j *job) responseObject(p engine.Progress, text string) map[string]any {
 		output = append(output, j.responseMessage("completed", text))
 		usage = map[string]any{
 			"input_tokens":          len(g.promptIDs),
-			"input_tokens_details":  map[string]any{"cached_tokens": 0},
+			"input_tokens_details":  map[string]any{"cached_tokens": j.handle().CachedTokens()},
 			"output_tokens":         p.Generated,
 			"output_tokens_details": map[string]any{"reasoning_tokens": 0},
 			"total_tokens":          len(g.promptIDs) + p.Generated,
 		}
 	}
-	var instructions any
+	var instructions, previous any
 	if g.instructions != nil {
 		instructions = *g.instructions
+	}
+	if g.previousID != nil {
+		previous = *g.previousID
 	}
 	return map[string]any{
 		"id": g.respID, "object": "response", "created_at": g.created, "model": g.model,
 		"status": status, "incomplete_details": incomplete, "instructions": instructions,
 		"metadata": nil, "output": output, "parallel_tool_calls": true, "temperature": 1.0,
 		"tool_choice": "auto", "tools": []any{}, "top_p": 1.0, "background": false,
-		"max_output_tokens": g.maxTokens, "max_tool_calls": nil, "previous_response_id": nil,
+		"max_output_tokens": g.maxTokens, "max_tool_calls": nil, "previous_response_id": previous,
 		"prompt": nil, "reasoning": nil, "service_tier": "auto", "text": nil, "top_logprobs": nil,
 		"truncation": "disabled", "usage": usage, "user": nil,
 	}

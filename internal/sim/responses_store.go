@@ -99,6 +99,7 @@ func (in *Instance) lookupResponse(id string) ([]byte, bool) {
 // starting_after/stream query parameters only matter for background
 // responses, which the sim does not have; they are ignored.
 func (in *Instance) handleRetrieveResponse(w http.ResponseWriter, r *http.Request) {
+	in.ctr.reqRetrieve.Add(1)
 	id := r.PathValue("response_id")
 	b, ok := in.lookupResponse(id)
 	if !ok {
@@ -112,6 +113,7 @@ func (in *Instance) handleRetrieveResponse(w http.ResponseWriter, r *http.Reques
 // a queued or in-progress background response can be cancelled in vLLM;
 // every stored sim response is finished.
 func (in *Instance) handleCancelResponse(w http.ResponseWriter, r *http.Request) {
+	in.ctr.reqCancel.Add(1)
 	id := r.PathValue("response_id")
 	if _, ok := in.lookupResponse(id); !ok {
 		in.writeError(w, responseNotFound(id))

@@ -267,3 +267,51 @@ func TestResponsesStoreEvictsOldest(t *testing.T) {
 		}
 	}
 }
+
+// TestResponsesPreviousID: previous_response_id must name a response in
+// this instance's store (vLLM's 404 otherwise); a found one is echoed.
+func TestResponsesPreviousID(t *testing.T) {
+	ctx := testCtx(t)
+	on := startSim(t, "--responses-store")
+	off := startSim(t)
+	id, _, _ := postResponse(t, ctx, on, map[string]any{"input": "first turn", "max_output_tokens": 3}, "")
+	for _, tc := range []struct {
+		name   string
+		in     *Instance
+		prev   string
+		status int
+	}{
+		{"stored", on, id, 200},
+		{"unknown id", on, "resp_nope", 404},
+		{"no store", off, id, 404},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := doRaw(t, ctx, http.MethodPost, tc.in.url("/v1/responses"),
+				map[string]any{"input": "second turn", "max_output_tokens": 3, "previous_response_id": tc.prev})
+			if r.status != tc.status {
+				t.Fatalf("status %d %s, want %d", r.status, r.raw, tc.status)
+			}
+			if tc.status == 404 {
+				if diff := cmp.Diff(notFoundBody(tc.prev), r.body); diff != "" {
+					t.Fatalf("404 body (-want +got):\n%s", diff)
+				}
+				return
+			}
+			if got := r.body["previous_response_id"]; got != tc.prev {
+				t.Fatalf("previous_response_id %v, want %s", got, tc.prev)
+			}
+		})
+	}
+	var st Stats
+	r := doRaw(t, ctx, http.MethodGet, on.url("/v1/responses/"+id), nil)
+	if r.status != 200 {
+		t.Fatalf("GET: %d", r.status)
+	}
+	raw := doRaw(t, ctx, http.MethodGet, on.url("/sim/stats"), nil).raw
+	if err := json.Unmarshal(raw, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Requests.ResponsesGet != 1 || st.Requests.ResponsesCancel != 0 {
+		t.Fatalf("stats retrieve %d cancel %d, want 1 0", st.Requests.ResponsesGet, st.Requests.ResponsesCancel)
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/sim/engine"
 )
 
 // counters are the instance-wide event counts behind GET /sim/stats.
@@ -14,6 +16,8 @@ type counters struct {
 	reqCompletions atomic.Int64
 	reqChat        atomic.Int64
 	reqResponses   atomic.Int64
+	reqRetrieve    atomic.Int64 // GET /v1/responses/{id}
+	reqCancel      atomic.Int64 // POST /v1/responses/{id}/cancel
 	reqPrefillLeg  atomic.Int64 // prefill role, do_remote_decode requests
 	reqDecodeLeg   atomic.Int64 // decode role, remote-prefilled requests
 	reqPlain       atomic.Int64 // served without any KV handoff
@@ -232,6 +236,8 @@ type Stats struct {
 		Completions     int64 `json:"completions"`
 		ChatCompletions int64 `json:"chat_completions"`
 		Responses       int64 `json:"responses"`
+		ResponsesGet    int64 `json:"responses_retrieve"`
+		ResponsesCancel int64 `json:"responses_cancel"`
 		PrefillLeg      int64 `json:"prefill_leg"`
 		DecodeLeg       int64 `json:"decode_leg"`
 		Plain           int64 `json:"plain"`
@@ -307,6 +313,9 @@ type EngineStats struct {
 	KVBlocksTotal int    `json:"kv_blocks_total"`
 	Steps         uint64 `json:"steps"`
 	Preemptions   uint64 `json:"preemptions"`
+
+	PrefixCache engine.PrefixStats `json:"prefix_cache"`
+	KVEvents    *KVEventsStats     `json:"kv_events,omitempty"`
 }
 
 func (in *Instance) stats() Stats {
@@ -323,6 +332,8 @@ func (in *Instance) stats() Stats {
 	r.Completions = c.reqCompletions.Load()
 	r.ChatCompletions = c.reqChat.Load()
 	r.Responses = c.reqResponses.Load()
+	r.ResponsesGet = c.reqRetrieve.Load()
+	r.ResponsesCancel = c.reqCancel.Load()
 	r.PrefillLeg = c.reqPrefillLeg.Load()
 	r.DecodeLeg = c.reqDecodeLeg.Load()
 	r.Plain = c.reqPlain.Load()
@@ -343,6 +354,7 @@ func (in *Instance) stats() Stats {
 			DPRank: i, Running: es.Running, Waiting: es.Waiting, WaitingRemote: es.WaitingRemote,
 			Pinned: es.PinnedFinished, KVBlocksUsed: es.BlocksUsed, KVBlocksTotal: es.BlocksTotal,
 			Steps: es.Steps, Preemptions: es.Preemptions,
+			PrefixCache: e.PrefixCacheStats(), KVEvents: in.kvEventStats(i),
 		})
 	}
 	t := &s.Transfers

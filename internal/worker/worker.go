@@ -143,6 +143,10 @@ type Spec struct {
 	TransferMode  string // "READ" or "WRITE" for MoRI-IO, "" otherwise
 	BootstrapPort int    // Mooncake bootstrap port, 0 = connector default
 	Format        string // registration format ("moriio-new", "moriio-old", "p2pnccl"), "" for static
+
+	// KVEventsPort is the worker's KV event publisher port when its source
+	// knows it (a pod annotation); 0 = the router's --kv-events-port.
+	KVEventsPort int
 }
 
 // Key is the worker's identity: URL, or URL@rank for a DP-pinned worker.

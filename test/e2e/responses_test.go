@@ -9,15 +9,15 @@ import (
 	"time"
 )
 
-// TestResponsesRetrieveFanOut: a stored Responses API object lives on the
-// worker that generated it; the router finds it (GET) or forwards the
+// TestResponsesRetrieveFanOut (--history-backend none): a stored Responses
+// API object lives on the worker that generated it; the router finds it (GET) or forwards the
 // cancel to it whichever worker that is, and does not pretend a response
 // is missing when the worker that may hold it is down.
 func TestResponsesRetrieveFanOut(t *testing.T) {
 	a := startSim(t, "--role", "unified", "--responses-store")
 	b := startSim(t, "--role", "unified", "--responses-store")
 	r := startRouter(t, "--worker-urls", a.URL(), b.URL(), "--policy", "round_robin",
-		"--health-check-interval-secs", "3600")
+		"--history-backend", "none", "--health-check-interval-secs", "3600")
 	r.WaitReady(t, 5*time.Second)
 	ctx := ctxT(t, 30*time.Second)
 

@@ -39,6 +39,7 @@ type podView struct {
 	url           string // "" when ip is empty or unusable
 	dpSize        int
 	bootstrapPort int    // prefill only; 0 = connector default
+	kvEventsPort  int    // KV event publisher port; 0 = the router's --kv-events-port
 	warn          string // annotation problems, logged once per value
 }
 
@@ -130,6 +131,14 @@ func (s *Source) viewOf(pod *corev1.Pod, role worker.Role) *podView {
 			}
 		}
 	}
+	if a, ok := pod.Annotations[KVEventsPortAnnotation]; ok {
+		n, err := strconv.Atoi(strings.TrimSpace(a))
+		if err != nil || n < 1 || n > 65535 {
+			warns = append(warns, fmt.Sprintf("annotation %s=%q is not a port; using --kv-events-port", KVEventsPortAnnotation, a))
+		} else {
+			v.kvEventsPort = n
+		}
+	}
 	v.warn = strings.Join(warns, "; ")
 	return v
 }
@@ -143,6 +152,7 @@ func (v *podView) specs(instance string) []worker.Spec {
 	if v.role == worker.RolePrefill {
 		spec.BootstrapPort = v.bootstrapPort
 	}
+	spec.KVEventsPort = v.kvEventsPort
 	return worker.ExpandDP(spec, v.dpSize)
 }
 

@@ -43,6 +43,10 @@ const (
 	// DefaultBootstrapPortAnnotation carries a prefill pod's Mooncake
 	// bootstrap port (as in the Rust router).
 	DefaultBootstrapPortAnnotation = "vllm.ai/bootstrap-port"
+	// KVEventsPortAnnotation carries the port of a pod's KV event
+	// publisher (vLLM --kv-events-config endpoint) for the kv_aware
+	// policy; without it the router's --kv-events-port applies.
+	KVEventsPortAnnotation = "vllm.ai/kv-events-port"
 	// DefaultDPSizeAnnotation carries a pod's data-parallel size.
 	DefaultDPSizeAnnotation = "vllm.ai/dp-size"
 	// DefaultResync re-delivers every watched pod this often, which also

@@ -348,7 +348,7 @@ func TestAllNamespaces(t *testing.T) {
 func TestPDRolesRelabelAndAnnotations(t *testing.T) {
 	e := start(t, nil, Options{Namespace: ns, PD: true, PrefillSelector: prefillSel, DecodeSelector: decodeSel, DefaultDPSize: 1},
 		pod("p0", prefillSel, "10.0.0.1", true, DefaultBootstrapPortAnnotation, "8998"),
-		pod("d0", decodeSel, "10.0.0.2", true, DefaultBootstrapPortAnnotation, "9999"),
+		pod("d0", decodeSel, "10.0.0.2", true, DefaultBootstrapPortAnnotation, "9999", KVEventsPortAnnotation, "6557"),
 		pod("p1", prefillSel, "10.0.0.3", true, DefaultDPSizeAnnotation, "2"),
 	)
 	e.expect("prefill http://10.0.0.1:8000", "decode http://10.0.0.2:8000",
@@ -359,6 +359,12 @@ func TestPDRolesRelabelAndAnnotations(t *testing.T) {
 	}
 	if w := e.reg.Get("http://10.0.0.2:8000"); w.BootstrapPort != 0 {
 		t.Fatalf("decode bootstrap port = %d, want 0 (prefill only)", w.BootstrapPort)
+	}
+	if w := e.reg.Get("http://10.0.0.2:8000"); w.KVEventsPort != 6557 {
+		t.Fatalf("decode KV events port = %d, want 6557 (annotation)", w.KVEventsPort)
+	}
+	if w := e.reg.Get("http://10.0.0.1:8000"); w.KVEventsPort != 0 {
+		t.Fatalf("prefill KV events port = %d, want 0 (no annotation)", w.KVEventsPort)
 	}
 	for r := range 2 {
 		w := e.reg.Get(fmt.Sprintf("http://10.0.0.3:8000@%d", r))

@@ -138,11 +138,14 @@ func runClients(t *testing.T, endpoint string, clients []pyClient) []pyResult {
 }
 
 const (
-	pyCount = "15"  // sends per client
-	pyIvl   = "0.1" // seconds between sends: 1.5 s, five heartbeat timeouts
+	pyCount = "25"  // sends per client
+	pyIvl   = "0.1" // seconds between sends: 2.5 s, 2.5 heartbeat timeouts
 )
 
-var heartbeats = []string{"--heartbeat-ivl", "100", "--heartbeat-timeout", "300"}
+// A PING left unanswered drops the connection after the timeout, well
+// before the clients finish; the timeout leaves room for a loaded machine
+// (a 300 ms timeout flaked with the other core busy).
+var heartbeats = []string{"--heartbeat-ivl", "100", "--heartbeat-timeout", "1000"}
 
 func TestInteropLibzmqDealers(t *testing.T) {
 	needPython(t)
@@ -184,7 +187,9 @@ func TestInteropLibzmqDealers(t *testing.T) {
 				lat := max(at.Sub(r.first), 0)
 				t.Logf("%-36s sent %d, registered %v after the first send, connects %d, disconnects %d",
 					c.name, r.Sent, lat.Round(time.Microsecond), r.Connects, r.Disconnects)
-				if lat > 100*time.Millisecond {
+				// Registered by its first messages, not at the end (a loaded
+				// machine delays it by hundreds of milliseconds).
+				if lat > time.Second {
 					t.Errorf("%s: registered %v after the first message", c.name, lat)
 				}
 				if r.Connects != 1 || r.Disconnects != 0 {
@@ -195,7 +200,7 @@ func TestInteropLibzmqDealers(t *testing.T) {
 				}
 			}
 			// Every message arrived and was accepted; nothing was replaced.
-			waitFor(t, time.Second, "all registrations counted", func() bool { return e.processed(t) >= float64(total) })
+			waitFor(t, 10*time.Second, "all registrations counted", func() bool { return e.processed(t) >= float64(total) })
 			if p := e.processed(t); p != float64(total) {
 				t.Errorf("processed %v messages, sent %d", p, total)
 			}

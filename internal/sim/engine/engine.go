@@ -19,6 +19,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,6 +74,12 @@ type Request struct {
 	ID           string
 	PromptTokens int
 	MaxTokens    int
+	// Tokens are the prompt's token ids (len PromptTokens). Optional: a
+	// request without them takes no part in prefix caching.
+	Tokens []uint32
+	// OutputToken returns the id of generated token i (its blocks are
+	// cached as they fill). Optional.
+	OutputToken func(i int) uint32
 	// EOS reports whether the token at index i is EOS. Optional.
 	EOS func(i int) bool
 	// RemoteKV: after admission the request holds its slot and blocks and
@@ -118,6 +125,7 @@ type Handle struct {
 	reason       FinishReason
 	err          error
 	stepSeq      uint64 // step in which it was last scheduled
+	pc           handlePrefix
 }
 
 // Progress is a snapshot of a request's state.
@@ -148,6 +156,7 @@ type Engine struct {
 	wake     chan struct{}
 
 	stats counters
+	pc    engineCache
 }
 
 type counters struct {
@@ -164,7 +173,7 @@ type counters struct {
 // New returns an engine; call Run to drive it.
 func New(p Params) *Engine {
 	e := &Engine{p: p, wake: make(chan struct{}, 1)}
-	e.pool.total = p.NumBlocks
+	e.pool = newBlockPool(p.NumBlocks, p.PrefixCaching)
 	e.SetSlowFactor(1)
 	return e
 }
@@ -195,6 +204,9 @@ func (e *Engine) Submit(req *Request) (*Handle, error) {
 	need := e.p.BlocksFor(req.PromptTokens + req.MaxTokens)
 	if need > e.p.NumBlocks {
 		return nil, ErrTooLarge
+	}
+	if req.Tokens != nil && len(req.Tokens) != req.PromptTokens {
+		return nil, fmt.Errorf("engine: request %s has %d token ids for %d prompt tokens", req.ID, len(req.Tokens), req.PromptTokens)
 	}
 	h := &Handle{e: e, req: req, notify: make(chan struct{}, 1)}
 	e.mu.Lock()
@@ -271,7 +283,7 @@ func (h *Handle) KVReady(load time.Duration, recompute bool) {
 	}
 	h.kvArrived = true
 	if recompute {
-		h.computed = 0
+		h.computed = h.pc.hitTokens // its own cached prefix stays valid
 	} else {
 		h.computed = h.req.PromptTokens - 1
 		h.loadPending = load
@@ -432,7 +444,9 @@ func (e *Engine) Run(ctx context.Context) {
 		batch, hooks = e.schedule(batch[:0], hooks[:0])
 		if len(batch) == 0 {
 			e.lastEnd = time.Time{} // idle: the next step starts when it starts
+			sink, evs := e.takeEvents()
 			e.mu.Unlock()
+			publish(sink, evs)
 			e.runHooks(hooks, time.Time{}, 0)
 			select {
 			case <-ctx.Done():
@@ -562,6 +576,7 @@ func (e *Engine) schedule(batch []entry, hooks []hook) ([]entry, []hook) {
 		}
 		n := min(total-h.computed, budget)
 		batch = append(batch, newEntry(h, n, total))
+		e.cacheBlocks(h, h.computed+n)
 		budget -= n
 	}
 
@@ -575,11 +590,9 @@ func (e *Engine) schedule(batch []entry, hooks []hook) ([]entry, []hook) {
 			break
 		}
 		total := h.req.PromptTokens + h.generated
-		b, ok := e.pool.alloc(e.p.BlocksFor(total) - len(h.blocks))
-		if !ok {
+		if !e.admitBlocks(h, total) {
 			break
 		}
-		h.blocks = append(h.blocks, b...)
 		e.waiting[0] = nil
 		e.waiting = e.waiting[1:]
 		first := !h.admitted
@@ -596,6 +609,7 @@ func (e *Engine) schedule(batch []entry, hooks []hook) ([]entry, []hook) {
 		e.running = append(e.running, h)
 		n := min(total-h.computed, budget)
 		batch = append(batch, newEntry(h, n, total))
+		e.cacheBlocks(h, h.computed+n)
 		budget -= n
 	}
 	if len(e.waiting) == 0 && cap(e.waiting) > 1024 {
@@ -610,6 +624,7 @@ func (e *Engine) preempt(h *Handle) {
 	e.running = removeHandle(e.running, h)
 	e.pool.release(h.blocks)
 	h.blocks = nil
+	h.forgetBlocks()
 	h.computed = 0
 	h.loadPending = 0
 	h.kvArrived = true // its KV, remote or not, is now recomputed locally
@@ -658,7 +673,9 @@ func (e *Engine) complete(batch []entry, seq uint64) {
 			h.st = stDone
 		}
 	}
+	sink, evs := e.takeEvents()
 	e.mu.Unlock()
+	publish(sink, evs)
 	for _, h := range signal {
 		h.signal()
 	}
@@ -675,38 +692,4 @@ func (e *Engine) shutdown() {
 	for _, h := range all {
 		h.Fail(ErrClosed)
 	}
-}
-
-// blockPool hands out block ids; ids are recycled LIFO and new ids are
-// minted lazily, so memory follows peak use rather than num_blocks.
-type blockPool struct {
-	total int
-	used  int
-	next  int32
-	free  []int32
-}
-
-func (p *blockPool) alloc(n int) ([]int32, bool) {
-	if n <= 0 {
-		return nil, true
-	}
-	if p.total-p.used < n {
-		return nil, false
-	}
-	out := make([]int32, 0, n)
-	for len(out) < n && len(p.free) > 0 {
-		out = append(out, p.free[len(p.free)-1])
-		p.free = p.free[:len(p.free)-1]
-	}
-	for len(out) < n {
-		out = append(out, p.next)
-		p.next++
-	}
-	p.used += n
-	return out, true
-}
-
-func (p *blockPool) release(ids []int32) {
-	p.free = append(p.free, ids...)
-	p.used -= len(ids)
 }

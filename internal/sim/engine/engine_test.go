@@ -43,6 +43,28 @@ func withEngine(t *testing.T, p Params, f func(t *testing.T, e *Engine)) {
 	})
 }
 
+// withQueued is withEngine for tests that submit several requests "at
+// once": the engine starts when f calls run, so none of them can be
+// scheduled before the others are queued (a goroutine race even inside the
+// bubble).
+func withQueued(t *testing.T, p Params, f func(t *testing.T, e *Engine, run func())) {
+	t.Helper()
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		e := New(p)
+		done := make(chan struct{})
+		started := false
+		f(t, e, func() {
+			started = true
+			go func() { e.Run(ctx); close(done) }()
+		})
+		cancel()
+		if started {
+			<-done
+		}
+	})
+}
+
 func submit(t *testing.T, e *Engine, r *Request) *Handle {
 	t.Helper()
 	h, err := e.Submit(r)
@@ -91,16 +113,17 @@ func TestPrefillTimeIsABL(t *testing.T) {
 }
 
 func TestContinuousBatching(t *testing.T) {
-	withEngine(t, testParams(), func(t *testing.T, e *Engine) {
-		start := time.Now()
+	withQueued(t, testParams(), func(t *testing.T, e *Engine, start func()) {
+		t0 := time.Now()
 		a := submit(t, e, &Request{ID: "a", PromptTokens: 10, MaxTokens: 3})
 		b := submit(t, e, &Request{ID: "b", PromptTokens: 10, MaxTokens: 3})
+		start()
 		endA, _ := waitFinished(a)
 		endB, _ := waitFinished(b)
 		// One prefill step for both (20 tokens), then two decode steps of 2.
 		want := 5*time.Millisecond + 20*20*time.Microsecond + 2*(2*time.Millisecond+2*50*time.Microsecond)
-		if endA.Sub(start) != want || endB.Sub(start) != want {
-			t.Errorf("finished at %v/%v, want both %v", endA.Sub(start), endB.Sub(start), want)
+		if endA.Sub(t0) != want || endB.Sub(t0) != want {
+			t.Errorf("finished at %v/%v, want both %v", endA.Sub(t0), endB.Sub(t0), want)
 		}
 		if s := e.Snapshot(); s.Steps != 3 || s.Tokens != 6 {
 			t.Errorf("steps=%d tokens=%d, want 3 and 6", s.Steps, s.Tokens)
@@ -128,13 +151,14 @@ func TestJoinAtStepBoundary(t *testing.T) {
 func TestSlotsQueueFCFS(t *testing.T) {
 	p := testParams()
 	p.MaxNumSeqs = 1
-	withEngine(t, p, func(t *testing.T, e *Engine) {
+	withQueued(t, p, func(t *testing.T, e *Engine, run func()) {
 		start := time.Now()
 		a := submit(t, e, &Request{ID: "a", PromptTokens: 100, MaxTokens: 2})
 		b := submit(t, e, &Request{ID: "b", PromptTokens: 100, MaxTokens: 1})
 		if s := e.Snapshot(); s.Waiting != 2 {
 			t.Errorf("waiting = %d, want 2 before the first step", s.Waiting)
 		}
+		run()
 		endA, _ := waitFinished(a)
 		endB, _ := waitFinished(b)
 		f := 7 * time.Millisecond
@@ -318,10 +342,11 @@ func TestPreemptionRecomputes(t *testing.T) {
 	p := testParams()
 	p.BlockSize = 4
 	p.NumBlocks = 12 // 48 tokens
-	withEngine(t, p, func(t *testing.T, e *Engine) {
+	withQueued(t, p, func(t *testing.T, e *Engine, run func()) {
 		// Each needs 5 blocks for its prompt and grows to 8 by the end.
 		a := submit(t, e, &Request{ID: "a", PromptTokens: 20, MaxTokens: 12})
 		b := submit(t, e, &Request{ID: "b", PromptTokens: 20, MaxTokens: 12})
+		run()
 		_, pa := waitFinished(a)
 		_, pb := waitFinished(b)
 		if pa.Generated != 12 || pb.Generated != 12 {

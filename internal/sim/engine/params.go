@@ -12,6 +12,9 @@ type Params struct {
 	NumBlocks           int // KV blocks per engine
 	BlockSize           int // tokens per block
 	MaxNumBatchedTokens int // token budget of one step (chunked prefill)
+	// PrefixCaching keeps full blocks of finished requests for reuse
+	// (vLLM's --enable-prefix-caching).
+	PrefixCaching bool
 
 	PrefillBase     time.Duration // a: fixed cost of a step that carries prefill tokens
 	PrefillPerToken time.Duration // b: per prefill token

@@ -1,0 +1,252 @@
+package igw
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+
+	"github.com/switchyard-llm/switchyard/internal/policy"
+	"github.com/switchyard-llm/switchyard/internal/proxy"
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
+	"github.com/switchyard-llm/switchyard/internal/worker"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type modelWorker struct {
+	*httptest.Server
+	hits atomic.Int32
+}
+
+func newWorker(t *testing.T, name string) *modelWorker {
+	mw := &modelWorker{}
+	mw.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mw.hits.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"served_by":"`+name+`"}`)
+	}))
+	t.Cleanup(mw.Close)
+	return mw
+}
+
+type env struct {
+	rt     *Router
+	reg    *worker.Registry
+	srv    *httptest.Server
+	closed []policy.Policy
+	prom   *prometheus.Registry
+}
+
+func newEnv(t *testing.T) *env {
+	e := &env{reg: worker.NewRegistry(worker.BreakerConfig{})}
+	tr := proxy.NewTransport(proxy.TransportOptions{})
+	t.Cleanup(tr.CloseIdleConnections)
+	e.prom = prometheus.NewRegistry()
+	rt, err := New(Options{
+		Registerer: e.prom,
+		Registry:   e.reg, DefaultPolicy: policy.NameRoundRobin,
+		NewPolicy: func(name string) (policy.Policy, error) {
+			p, err := policy.New(name, policy.DefaultOptions())
+			if err == nil {
+				e.closed = append(e.closed, p)
+			}
+			return p, err
+		},
+		Regular: proxy.RegularOptions{Client: &http.Client{Transport: tr}, Retry: proxy.RetryConfig{MaxAttempts: 2}, RequestTimeout: 10 * time.Second},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, p := range e.closed {
+			_ = policy.Close(p)
+		}
+	})
+	e.rt = rt
+	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		obj, err := rawjson.Parse(b)
+		if err != nil {
+			http.Error(w, err.Error(), 400)
+			return
+		}
+		rt.Dispatch(w, r, &proxy.Call{Route: r.URL.Path, Path: r.URL.Path, Body: b, Obj: obj, Start: time.Now(), Receipt: &proxy.Receipt{}})
+	}))
+	t.Cleanup(e.srv.Close)
+	return e
+}
+
+func (e *env) add(t *testing.T, url, model string) *worker.Worker {
+	ws, err := e.reg.Add(worker.Spec{URL: url, Role: worker.RoleRegular, DPRank: -1, ModelID: model})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ws[0]
+}
+
+func (e *env) post(t *testing.T, body string) (int, string) {
+	resp, err := http.Post(e.srv.URL+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestRouteByModel(t *testing.T) {
+	e := newEnv(t)
+	a1, a2, b1 := newWorker(t, "a1"), newWorker(t, "a2"), newWorker(t, "b1")
+	e.add(t, a1.URL, "model-a")
+	e.add(t, a2.URL, "model-a")
+	bw := e.add(t, b1.URL, "org/model-b")
+
+	for range 6 {
+		if st, body := e.post(t, `{"model":"model-a","prompt":"x"}`); st != 200 || !strings.Contains(body, `"a`) {
+			t.Fatalf("model-a: %d %s", st, body)
+		}
+	}
+	if a1.hits.Load() != 3 || a2.hits.Load() != 3 || b1.hits.Load() != 0 {
+		t.Fatalf("model-a spread a1=%d a2=%d b1=%d", a1.hits.Load(), a2.hits.Load(), b1.hits.Load())
+	}
+	if st, body := e.post(t, `{"model":"org/model-b","prompt":"x"}`); st != 200 || !strings.Contains(body, "b1") {
+		t.Fatalf("model-b: %d %s", st, body)
+	}
+
+	cases := []struct {
+		name   string
+		body   string
+		status int
+		want   map[string]any
+	}{
+		{"unknown model", `{"model":"gpt-9","prompt":"x"}`, 404, map[string]any{"message": "The model `gpt-9` does not exist.", "type": "NotFoundError", "param": "model", "code": 404.0}},
+		{"not a string", `{"model":7,"prompt":"x"}`, 400, map[string]any{"message": "model must be a string, got 7", "type": "BadRequestError", "param": "model", "code": 400.0}},
+		{"missing with two models", `{"prompt":"x"}`, 400, map[string]any{"message": "model is required: this router serves several models (model-a, org/model-b)", "type": "BadRequestError", "param": "model", "code": 400.0}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			st, body := e.post(t, tc.body)
+			var got struct{ Error map[string]any }
+			if st != tc.status || json.Unmarshal([]byte(body), &got) != nil {
+				t.Fatalf("%d %s", st, body)
+			}
+			for k, v := range tc.want {
+				if got.Error[k] != v {
+					t.Fatalf("%s = %v, want %v (%s)", k, got.Error[k], v, body)
+				}
+			}
+		})
+	}
+
+	// model-b's only worker goes down: 503 naming it; model-a still served.
+	bw.SetHealthy(false)
+	if st, body := e.post(t, `{"model":"org/model-b","prompt":"x"}`); st != 503 || !strings.Contains(body, `Model \"org/model-b\" has no live workers`) {
+		t.Fatalf("model-b down: %d %s", st, body)
+	}
+	if st, _ := e.post(t, `{"model":"model-a","prompt":"x"}`); st != 200 {
+		t.Fatalf("model-a with b down: %d", st)
+	}
+	want := `
+# HELP vllm_router_model_rejections_total --enable-igw: requests refused before a fleet was chosen, by reason (unknown_model: 404, bad_model, model_required: 400).
+# TYPE vllm_router_model_rejections_total counter
+vllm_router_model_rejections_total{reason="bad_model"} 1
+vllm_router_model_rejections_total{reason="model_required"} 1
+vllm_router_model_rejections_total{reason="unknown_model"} 1
+# HELP vllm_router_model_requests_total --enable-igw: generation requests per served model, by outcome (routed to the model's fleet, or no_live_workers: 503).
+# TYPE vllm_router_model_requests_total counter
+vllm_router_model_requests_total{model="model-a",outcome="routed"} 7
+vllm_router_model_requests_total{model="org/model-b",outcome="no_live_workers"} 1
+vllm_router_model_requests_total{model="org/model-b",outcome="routed"} 1
+`
+	if err := testutil.GatherAndCompare(e.prom, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
+	}
+	// One model left: "model" may be omitted.
+	e.reg.Remove(bw.Key())
+	if st, body := e.post(t, `{"prompt":"x"}`); st != 200 || !strings.Contains(body, `"a`) {
+		t.Fatalf("single model, no model field: %d %s", st, body)
+	}
+}
+
+func TestRetryStaysInModel(t *testing.T) {
+	e := newEnv(t)
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close()
+	other := newWorker(t, "other")
+	good := newWorker(t, "good")
+	e.add(t, deadURL, "m")
+	e.add(t, other.URL, "n")
+	e.add(t, good.URL, "m")
+	for range 4 {
+		if st, body := e.post(t, `{"model":"m","prompt":"x"}`); st != 200 || !strings.Contains(body, "good") {
+			t.Fatalf("%d %s", st, body)
+		}
+	}
+	if other.hits.Load() != 0 {
+		t.Fatalf("a retry left the model's fleet: %d hits on model n", other.hits.Load())
+	}
+}
+
+func TestSetPolicy(t *testing.T) {
+	e := newEnv(t)
+	if err := e.rt.SetPolicy("m", "nope"); err == nil || !strings.Contains(err.Error(), `labels.policy "nope" is not a policy`) {
+		t.Fatalf("unknown policy: %v", err)
+	}
+	if err := e.rt.SetPolicy("m", policy.NameRandom); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rt.SetPolicy("m", policy.NameRandom); err != nil {
+		t.Fatalf("same policy again: %v", err)
+	}
+	if err := e.rt.SetPolicy("m", policy.NameCacheAware); err == nil || !strings.Contains(err.Error(), `already routes with policy "random"`) {
+		t.Fatalf("conflict: %v", err)
+	}
+	w := newWorker(t, "w")
+	e.add(t, w.URL, "m")
+	if st, _ := e.post(t, `{"model":"m","prompt":"x"}`); st != 200 {
+		t.Fatalf("%d", st)
+	}
+	if got := e.rt.Policy("m"); got != policy.NameRandom {
+		t.Fatalf("fleet policy %q", got)
+	}
+	if got := e.rt.Policy("other"); got != policy.NameRoundRobin {
+		t.Fatalf("default policy %q", got)
+	}
+}
+
+func TestForModelFilterCache(t *testing.T) {
+	mk := func(url, model string) *worker.Worker {
+		return worker.New(worker.Spec{URL: url, DPRank: -1, ModelID: model}, worker.BreakerConfig{})
+	}
+	ws := []*worker.Worker{mk("http://a", "x"), mk("http://b", "y"), mk("http://c", "x")}
+	inner, _ := policy.New(policy.NameRoundRobin, policy.DefaultOptions())
+	p := ForModel(inner, "x").(*modelPolicy)
+	seen := map[string]int{}
+	for range 4 {
+		ch, err := p.Pick(&policy.Request{}, policy.Candidates{Gen: 1, Workers: ws})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[ch.Worker.URL]++
+	}
+	if seen["http://a"] != 2 || seen["http://c"] != 2 || seen["http://b"] != 0 {
+		t.Fatalf("picks %v", seen)
+	}
+	ws2 := ws[:1]
+	if got := p.filter(policy.Candidates{Gen: 1, Workers: ws2}); len(got) != 1 {
+		t.Fatalf("a different candidate slice at the same generation reused the cache: %d", len(got))
+	}
+	if got := p.filter(policy.Candidates{Gen: 2, Workers: nil}); len(got) != 0 {
+		t.Fatalf("empty: %d", len(got))
+	}
+}

@@ -1,0 +1,340 @@
+// Package kvaware is the kv_aware policy: it routes a request to the
+// worker whose prefix cache, as the engines report it through their KV
+// events (internal/kvevents), already holds most of the prompt, blended
+// with load. See docs/KV-ROUTING.md.
+package kvaware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/kvevents"
+	"github.com/switchyard-llm/switchyard/internal/policy"
+	"github.com/switchyard-llm/switchyard/internal/worker"
+)
+
+// Name is the policy's name on the command line.
+const Name = "kv_aware"
+
+// Options configures a Policy.
+type Options struct {
+	Index     *kvevents.Index
+	Tokenizer *Tokenizer
+	// Fallback routes what kv_aware cannot: prompts not tokenized, and
+	// fleets none of whose candidates publishes events.
+	Fallback policy.Policy
+	// HasEvents reports whether a worker's event stream is followed (nil:
+	// every worker with entries in the index).
+	HasEvents func(key string) bool
+
+	// Cost of a candidate, in tokens: OverlapWeight × prompt tokens it
+	// would have to compute + LoadWeight × prompt tokens × its requests in
+	// flight. 1 and 0.5: one request already running weighs half a
+	// prefill of this prompt.
+	OverlapWeight float64
+	LoadWeight    float64
+
+	// Speculative records a routed prompt's blocks on the chosen worker
+	// for SpeculativeTTL, so a burst of one prefix is not spread before the
+	// engine's events arrive.
+	Speculative    bool
+	SpeculativeTTL time.Duration
+	MaxSpeculative int // entries at most (1,000,000)
+
+	LocalLoadOnly bool // ignore the load workers report
+	Now           func() time.Time
+}
+
+// Stats counts decisions.
+type Stats struct {
+	Picks, Hits                        atomic.Uint64 // kv_aware decisions; with a cached prefix
+	FallbackNoTokens, FallbackNoEvents atomic.Uint64
+	MatchedTokens, PromptTokens        atomic.Uint64 // predicted cached tokens; prompt tokens routed
+	TokenizeErrors                     atomic.Uint64
+	Bypass                             atomic.Uint64 // PD requests sent to the decode alone
+}
+
+// Policy is kv_aware. Build it with New.
+type Policy struct {
+	o    Options
+	spec *speculative
+	S    Stats
+}
+
+var (
+	_ policy.Policy   = (*Policy)(nil)
+	_ policy.Preparer = (*Policy)(nil)
+)
+
+// New returns the policy.
+func New(o Options) (*Policy, error) {
+	if o.Index == nil || o.Tokenizer == nil || o.Fallback == nil {
+		return nil, errors.New("kv_aware: needs an index, a tokenizer and a fallback policy")
+	}
+	if o.OverlapWeight < 0 || o.LoadWeight < 0 {
+		return nil, fmt.Errorf("kv_aware: weights must be >= 0 (overlap %v, load %v)", o.OverlapWeight, o.LoadWeight)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.SpeculativeTTL <= 0 {
+		o.SpeculativeTTL = 2 * time.Second
+	}
+	if o.MaxSpeculative <= 0 {
+		o.MaxSpeculative = 1_000_000
+	}
+	if o.HasEvents == nil {
+		o.HasEvents = func(key string) bool { return o.Index.WorkerBlocks(key) > 0 }
+	}
+	return &Policy{o: o, spec: newSpeculative(o.MaxSpeculative)}, nil
+}
+
+// Name implements policy.Policy.
+func (p *Policy) Name() string { return Name }
+
+// Fallback is the policy used when kv_aware cannot decide.
+func (p *Policy) Fallback() policy.Policy { return p.o.Fallback }
+
+// prepared is what Prepare leaves on the request.
+type prepared struct {
+	keys []uint64
+}
+
+// Prepare tokenizes the prompt at one of the candidates (any engine of the
+// model tokenizes alike) and computes its block keys.
+func (p *Policy) Prepare(ctx context.Context, req *policy.Request, c policy.Candidates) {
+	if req.Tokens != nil {
+		req.Prepared = &prepared{keys: p.o.Index.BlockKeys(req.Tokens, "")}
+		return
+	}
+	var base string
+	for _, w := range c.Workers {
+		if req.Usable(w) {
+			base = w.URL
+			break
+		}
+	}
+	if base == "" {
+		return
+	}
+	toks, err := p.o.Tokenizer.Tokens(ctx, base, req.Path, req.Body)
+	if err != nil {
+		req.TokenErr = err
+		if !errors.Is(err, ErrNotTokenizable) {
+			p.S.TokenizeErrors.Add(1)
+		}
+		return
+	}
+	req.Tokens = toks
+	req.Prepared = &prepared{keys: p.o.Index.BlockKeys(toks, "")}
+}
+
+// CachedBlocks returns, per worker key, how many leading blocks of the
+// request's prompt the worker holds (events and speculative entries).
+func (p *Policy) CachedBlocks(req *policy.Request) map[string]int {
+	pr, _ := req.Prepared.(*prepared)
+	if pr == nil || len(pr.keys) == 0 {
+		return nil
+	}
+	m := p.o.Index.Match(pr.keys)
+	if p.o.Speculative {
+		for k, d := range p.spec.match(pr.keys, p.o.Now()) {
+			if d > m[k] {
+				if m == nil {
+					m = map[string]int{}
+				}
+				m[k] = d
+			}
+		}
+	}
+	return m
+}
+
+// CountBypass counts a PD request served by the decode alone.
+func (p *Policy) CountBypass() { p.S.Bypass.Add(1) }
+
+// BlockSize is the tokens per block of the index.
+func (p *Policy) BlockSize() int { return p.o.Index.BlockSize() }
+
+// Pick implements policy.Policy.
+func (p *Policy) Pick(req *policy.Request, c policy.Candidates) (policy.Choice, error) {
+	if req == nil {
+		req = &policy.Request{}
+	}
+	pr, _ := req.Prepared.(*prepared)
+	if pr == nil {
+		p.S.FallbackNoTokens.Add(1)
+		return p.fallback(req, c, "not tokenized")
+	}
+	streams := 0
+	for _, w := range c.Workers {
+		if req.Usable(w) && p.o.HasEvents(w.Key()) {
+			streams++
+		}
+	}
+	if streams == 0 {
+		p.S.FallbackNoEvents.Add(1)
+		return p.fallback(req, c, "no candidate publishes KV events")
+	}
+	cached := p.CachedBlocks(req)
+	n := len(req.Tokens)
+	bs := p.o.Index.BlockSize()
+	best, bestCost, bestLoad, ties := -1, 0.0, int64(0), 0
+	for i, w := range c.Workers {
+		if !req.Usable(w) {
+			continue
+		}
+		load := p.load(w)
+		uncached := n - cached[w.Key()]*bs
+		cost := p.o.OverlapWeight*float64(uncached) + p.o.LoadWeight*float64(n)*float64(load)
+		switch {
+		case best < 0 || cost < bestCost || (cost == bestCost && load < bestLoad):
+			best, bestCost, bestLoad, ties = i, cost, load, 1
+		case cost == bestCost && load == bestLoad:
+			ties++
+			if rand.IntN(ties) == 0 {
+				best = i
+			}
+		}
+	}
+	if best < 0 {
+		return policy.Choice{}, policy.ErrNoWorker
+	}
+	w := c.Workers[best]
+	hit := cached[w.Key()]
+	p.S.Picks.Add(1)
+	p.S.PromptTokens.Add(uint64(n))
+	p.S.MatchedTokens.Add(uint64(hit * bs))
+	if hit > 0 {
+		p.S.Hits.Add(1)
+	}
+	if p.o.Speculative && len(pr.keys) > 0 {
+		p.spec.insert(pr.keys, w.Key(), p.o.Now(), p.o.SpeculativeTTL)
+	}
+	return policy.Choice{Worker: w, Reason: fmt.Sprintf("kv match %d/%d blocks, load %d", hit, len(pr.keys), bestLoad)}, nil
+}
+
+func (p *Policy) fallback(req *policy.Request, c policy.Candidates, why string) (policy.Choice, error) {
+	ch, err := p.o.Fallback.Pick(req, c)
+	if err == nil {
+		ch.Reason = "kv_aware fallback (" + why + "): " + ch.Reason
+	}
+	return ch, err
+}
+
+func (p *Policy) load(w *worker.Worker) int64 {
+	l := w.Load()
+	if !p.o.LocalLoadOnly {
+		if pl := w.PolledLoad(); pl > l {
+			l = pl
+		}
+	}
+	return l
+}
+
+// Close releases the fallback policy.
+func (p *Policy) Close() error { return policy.Close(p.o.Fallback) }
+
+// RemoveWorker forgets a worker's speculative entries and tells the
+// fallback policy.
+func (p *Policy) RemoveWorker(key string) {
+	p.spec.removeWorker(key)
+	policy.RemoveWorker(p.o.Fallback, key)
+}
+
+// speculative holds the blocks of recently routed prompts on the worker
+// they were sent to, until a TTL: the engine's events confirm (or not)
+// within that time.
+type speculative struct {
+	mu  sync.Mutex
+	m   map[uint64]map[string]time.Time // block key → worker → expiry
+	q   []specItem                      // insertion order
+	max int
+}
+
+type specItem struct {
+	key    uint64
+	worker string
+	exp    time.Time
+}
+
+func newSpeculative(max int) *speculative {
+	return &speculative{m: map[uint64]map[string]time.Time{}, max: max}
+}
+
+// insert records keys on worker until now+ttl. Entries expire in
+// insertion order (one TTL for all), so pruning pops from the head.
+func (s *speculative) insert(keys []uint64, worker string, now time.Time, ttl time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for len(s.q) > 0 && (len(s.q)+len(keys) > s.max || !s.q[0].exp.After(now)) {
+		s.dropHead()
+	}
+	if len(keys) > s.max {
+		keys = keys[:s.max]
+	}
+	exp := now.Add(ttl)
+	for _, k := range keys {
+		ws := s.m[k]
+		if ws == nil {
+			ws = map[string]time.Time{}
+			s.m[k] = ws
+		}
+		ws[worker] = exp
+		s.q = append(s.q, specItem{k, worker, exp})
+	}
+}
+
+func (s *speculative) dropHead() {
+	it := s.q[0]
+	s.q = s.q[1:]
+	if ws := s.m[it.key]; ws != nil && ws[it.worker].Equal(it.exp) {
+		delete(ws, it.worker)
+		if len(ws) == 0 {
+			delete(s.m, it.key)
+		}
+	}
+}
+
+func (s *speculative) match(keys []uint64, now time.Time) map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var depth map[string]int
+	for i, k := range keys {
+		ws := s.m[k]
+		if len(ws) == 0 {
+			break
+		}
+		alive := 0
+		for w, exp := range ws {
+			if !exp.After(now) || (i > 0 && depth[w] != i) {
+				continue
+			}
+			if depth == nil {
+				depth = map[string]int{}
+			}
+			depth[w] = i + 1
+			alive++
+		}
+		if alive == 0 {
+			break
+		}
+	}
+	return depth
+}
+
+func (s *speculative) removeWorker(worker string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, ws := range s.m {
+		delete(ws, worker)
+		if len(ws) == 0 {
+			delete(s.m, k)
+		}
+	}
+}

@@ -1,0 +1,297 @@
+package kvaware
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/switchyard-llm/switchyard/internal/kvevents"
+	"github.com/switchyard-llm/switchyard/internal/policy"
+	"github.com/switchyard-llm/switchyard/internal/worker"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// tokenizeServer answers POST /tokenize like vLLM: a completions prompt is
+// split on spaces, each word's id its length*1000+position; chat messages
+// render "role: content" per message first.
+type tokenizeServer struct {
+	*httptest.Server
+	calls atomic.Int64
+	last  atomic.Value // last request body
+}
+
+func newTokenizeServer(t *testing.T) *tokenizeServer {
+	ts := &tokenizeServer{}
+	ts.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ts.calls.Add(1)
+		var req struct {
+			Prompt   *string `json:"prompt"`
+			Messages []struct {
+				Role, Content string
+			} `json:"messages"`
+			AddGenerationPrompt *bool `json:"add_generation_prompt"`
+		}
+		if r.URL.Path != "/tokenize" || json.NewDecoder(r.Body).Decode(&req) != nil {
+			http.Error(w, `{"error":{"message":"bad"}}`, 400)
+			return
+		}
+		text := ""
+		if req.Prompt != nil {
+			text = *req.Prompt
+		}
+		for _, m := range req.Messages {
+			text += m.Role + ": " + m.Content + " "
+		}
+		if req.AddGenerationPrompt == nil || *req.AddGenerationPrompt {
+			if len(req.Messages) > 0 {
+				text += "assistant:"
+			}
+		}
+		ts.last.Store(req)
+		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": wordIDs(text)})
+	}))
+	t.Cleanup(ts.Close)
+	return ts
+}
+
+func wordIDs(text string) []uint32 {
+	var ids []uint32
+	for i, f := range strings.Fields(text) {
+		ids = append(ids, uint32(len(f)*1000+i))
+	}
+	return ids
+}
+
+func words(n int, prefix string) string {
+	ws := make([]string, n)
+	for i := range ws {
+		ws[i] = fmt.Sprintf("%s%d", prefix, i)
+	}
+	return strings.Join(ws, " ")
+}
+
+func mkWorkers(urls ...string) []*worker.Worker {
+	ws := make([]*worker.Worker, len(urls))
+	for i, u := range urls {
+		ws[i] = worker.New(worker.Spec{URL: u, DPRank: -1, Role: worker.RoleRegular}, worker.BreakerConfig{})
+	}
+	return ws
+}
+
+// storeFor publishes, into the index, the blocks a worker would report
+// after serving tokens.
+func storeFor(x *kvevents.Index, key string, tokens []uint32, blocks int) {
+	bs := x.BlockSize()
+	e := kvevents.BlockStored{BlockSize: bs, LoRAID: -1, TokenIDs: tokens[:blocks*bs]}
+	for i := range blocks {
+		e.BlockHashes = append(e.BlockHashes, kvevents.Hash(fmt.Sprintf("%s/%d", key, i)))
+	}
+	x.Apply(key, []kvevents.Event{e})
+}
+
+func newPolicy(t *testing.T, x *kvevents.Index, mod func(*Options)) *Policy {
+	t.Helper()
+	fb, err := policy.New(policy.NameRoundRobin, policy.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Index: x, Tokenizer: NewTokenizer(http.DefaultClient, time.Second, 100), Fallback: fb,
+		OverlapWeight: 1, LoadWeight: 0.5, Speculative: false}
+	if mod != nil {
+		mod(&o)
+	}
+	p, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+func completion(prompt string) []byte {
+	b, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt, "max_tokens": 5})
+	return b
+}
+
+func TestKVAwarePicksTheWorkerHoldingThePrefix(t *testing.T) {
+	ts := newTokenizeServer(t)
+	x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 4})
+	ws := mkWorkers(ts.URL, "http://b:1", "http://c:1")
+	c := policy.Candidates{Gen: 1, Workers: ws}
+	p := newPolicy(t, x, nil)
+	prompt := words(40, "w")
+	toks := wordIDs(prompt)
+	storeFor(x, ws[0].Key(), toks, 2)     // A: 2 blocks
+	storeFor(x, ws[1].Key(), toks, 8)     // B: 8 blocks
+	storeFor(x, ws[2].Key(), toks[4:], 8) // C: other tokens
+
+	pick := func(body []byte, path string) (policy.Choice, *policy.Request) {
+		t.Helper()
+		req := &policy.Request{Path: path, Body: body}
+		policy.Prepare(t.Context(), p, req, c)
+		ch, err := p.Pick(req, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ch, req
+	}
+	ch, req := pick(completion(prompt), "/v1/completions")
+	if ch.Worker != ws[1] || !strings.Contains(ch.Reason, "kv match 8/10") {
+		t.Fatalf("picked %v (%s)", ch.Worker, ch.Reason)
+	}
+	if got := p.CachedBlocks(req); got[ws[0].Key()] != 2 || got[ws[1].Key()] != 8 || got[ws[2].Key()] != 0 {
+		t.Fatalf("cached %v", got)
+	}
+	// The same prompt again is served from the tokenizer cache.
+	before := ts.calls.Load()
+	pick(completion(prompt), "/v1/completions")
+	if ts.calls.Load() != before {
+		t.Fatal("a repeated prompt was tokenized again")
+	}
+
+	// Load outweighs a small cache advantage: B busy with 3 requests
+	// costs 0.5×40×3 = 60 tokens, more than A's 32 uncached.
+	rel := []func(){ws[1].Acquire(), ws[1].Acquire(), ws[1].Acquire()}
+	ch, _ = pick(completion(prompt), "/v1/completions")
+	if ch.Worker != ws[0] {
+		t.Fatalf("with B busy picked %v (%s)", ch.Worker, ch.Reason)
+	}
+	for _, r := range rel {
+		r()
+	}
+
+	// Token-id prompts need no tokenizer call.
+	ids, _ := json.Marshal(map[string]any{"prompt": toks})
+	before = ts.calls.Load()
+	if ch, _ := pick(ids, "/v1/completions"); ch.Worker != ws[1] || ts.calls.Load() != before {
+		t.Fatalf("token-id prompt: %v, %d calls", ch.Worker, ts.calls.Load()-before)
+	}
+
+	// After B evicts its blocks (events), it no longer attracts the prompt.
+	x.Apply(ws[1].Key(), []kvevents.Event{kvevents.AllBlocksCleared{}})
+	if ch, _ := pick(completion(prompt), "/v1/completions"); ch.Worker != ws[0] {
+		t.Fatalf("after B cleared: %v (%s)", ch.Worker, ch.Reason)
+	}
+}
+
+func TestKVAwareChatTokenizedWithTheTemplateFields(t *testing.T) {
+	ts := newTokenizeServer(t)
+	x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 2})
+	ws := mkWorkers(ts.URL)
+	p := newPolicy(t, x, nil)
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"a b c d e f"}],"temperature":0,"add_generation_prompt":false}`)
+	req := &policy.Request{Path: "/v1/chat/completions", Body: body}
+	policy.Prepare(t.Context(), p, req, policy.Candidates{Workers: ws})
+	want := wordIDs("user: a b c d e f ")
+	if fmt.Sprint(req.Tokens) != fmt.Sprint(want) {
+		t.Fatalf("tokens %v want %v (err %v)", req.Tokens, want, req.TokenErr)
+	}
+}
+
+func TestKVAwareFallsBack(t *testing.T) {
+	ts := newTokenizeServer(t)
+	x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 4})
+	ws := mkWorkers(ts.URL, "http://b:1")
+	c := policy.Candidates{Gen: 1, Workers: ws}
+	p := newPolicy(t, x, nil)
+	cases := []struct {
+		name, path, body, reason string
+	}{
+		{"batch of prompts", "/v1/completions", `{"prompt":["a b","c d"]}`, "not tokenized"},
+		{"media in chat", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, "not tokenized"},
+		{"unknown route", "/v1/embeddings", `{"input":"x"}`, "not tokenized"},
+		{"cache salt", "/v1/completions", `{"prompt":"a b c d","cache_salt":"s"}`, "not tokenized"},
+		{"no worker has events", "/v1/completions", `{"prompt":"a b c d e f g h"}`, "no candidate publishes KV events"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			req := &policy.Request{Path: tc.path, Body: []byte(tc.body)}
+			policy.Prepare(t.Context(), p, req, c)
+			ch, err := p.Pick(req, c)
+			if err != nil || ch.Worker == nil || !strings.Contains(ch.Reason, "kv_aware fallback ("+tc.reason+")") {
+				t.Fatalf("choice %+v err %v", ch, err)
+			}
+		})
+	}
+	if p.S.FallbackNoTokens.Load() != 4 || p.S.FallbackNoEvents.Load() != 1 {
+		t.Fatalf("fallback counts %d %d", p.S.FallbackNoTokens.Load(), p.S.FallbackNoEvents.Load())
+	}
+}
+
+func TestKVAwareSpeculativeKeepsABurstTogether(t *testing.T) {
+	ts := newTokenizeServer(t)
+	x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 4})
+	ws := mkWorkers(ts.URL, "http://b:1", "http://c:1")
+	c := policy.Candidates{Gen: 1, Workers: ws}
+	now := time.Unix(1000, 0)
+	p := newPolicy(t, x, func(o *Options) {
+		o.Speculative, o.SpeculativeTTL = true, 2*time.Second
+		o.Now = func() time.Time { return now }
+		o.HasEvents = func(string) bool { return true }
+	})
+	prompt := completion(words(32, "s"))
+	var first *worker.Worker
+	for i := range 5 {
+		req := &policy.Request{Path: "/v1/completions", Body: prompt}
+		policy.Prepare(t.Context(), p, req, c)
+		ch, err := p.Pick(req, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first = ch.Worker
+		} else if ch.Worker != first {
+			t.Fatalf("request %d of a burst went to %v, not %v (%s)", i, ch.Worker, first, ch.Reason)
+		}
+	}
+	// Unconfirmed by events, the entries expire.
+	now = now.Add(3 * time.Second)
+	req := &policy.Request{Path: "/v1/completions", Body: prompt}
+	policy.Prepare(t.Context(), p, req, c)
+	if got := p.CachedBlocks(req); len(got) != 0 {
+		t.Fatalf("speculative entries after the TTL: %v", got)
+	}
+}
+
+// BenchmarkTokenize measures what kv_aware adds before a pick: a /tokenize
+// round trip on loopback (miss) or the cache (hit), for 1k and 8k-word
+// prompts. The tokenize server here splits on spaces, so the figure is the
+// router's side plus HTTP and JSON, not a real tokenizer's work.
+func BenchmarkTokenize(b *testing.B) {
+	for _, n := range []int{1000, 8000} {
+		prompt := words(n, "w")
+		for _, hit := range []bool{false, true} {
+			b.Run(fmt.Sprintf("words=%d/cached=%v", n, hit), func(b *testing.B) {
+				srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					var req struct{ Prompt string }
+					_ = json.NewDecoder(r.Body).Decode(&req)
+					_ = json.NewEncoder(w).Encode(map[string]any{"tokens": wordIDs(req.Prompt)})
+				}))
+				defer srv.Close()
+				// A one-entry cache alternating between two prompts misses
+				// every time.
+				tok := NewTokenizer(srv.Client(), 5*time.Second, 1)
+				bodies := [][]byte{completion(prompt), completion("x " + prompt)}
+				i := 0
+				for b.Loop() {
+					body := bodies[0]
+					if !hit {
+						i++
+						body = bodies[i%2]
+					}
+					if _, err := tok.Tokens(b.Context(), srv.URL, "/v1/completions", body); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

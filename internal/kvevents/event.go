@@ -1,0 +1,371 @@
+// Package kvevents decodes the KV-cache events a vLLM engine publishes
+// with --kv-events-config (ZMQ PUB, msgpack KVEventBatch) and keeps an
+// index of which worker holds which prefix block.
+//
+// Wire format (vllm/distributed/kv_events.py): every ZMQ message has three
+// frames, (topic, 8-byte big-endian sequence number, payload). The payload
+// is a msgspec-encoded KVEventBatch, an array [ts, events, dp_rank?]. Each
+// event is tagged with its class name and comes in one of the two
+// encodings vLLM has shipped:
+//   - positional: an array whose first element is the tag, then the fields
+//     in declaration order (array_like=True, trailing defaults omitted);
+//   - named: a map with "type": tag and one entry per field (defaults
+//     omitted), the encoding of vLLM PR #42892 and later.
+//
+// Block hashes are opaque to the router (sha256 bytes, or 64-bit ints with
+// VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES): the index keys blocks by a chained
+// hash of their token ids that the router computes itself, and uses the
+// engine's hashes only to resolve parents and removals.
+package kvevents
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+)
+
+// Hash is an engine block hash, kept opaque: "i" + decimal for integer
+// hashes, "b" + raw bytes for byte hashes.
+type Hash string
+
+// Event is one of BlockStored, BlockRemoved, AllBlocksCleared.
+type Event interface{ kind() string }
+
+// BlockStored: the engine cached full blocks. TokenIDs holds the tokens of
+// all of them, BlockSize per block; Parent is the hash of the block before
+// the first one ("" for the first block of a sequence).
+type BlockStored struct {
+	BlockHashes []Hash
+	Parent      Hash
+	TokenIDs    []uint32
+	BlockSize   int
+	LoRAID      int64 // -1 when absent
+	LoRAName    string
+	Medium      string
+}
+
+// BlockRemoved: the engine evicted these blocks from Medium.
+type BlockRemoved struct {
+	BlockHashes []Hash
+	Medium      string
+}
+
+// AllBlocksCleared: the engine dropped its whole prefix cache.
+type AllBlocksCleared struct{}
+
+func (BlockStored) kind() string      { return "BlockStored" }
+func (BlockRemoved) kind() string     { return "BlockRemoved" }
+func (AllBlocksCleared) kind() string { return "AllBlocksCleared" }
+
+// Kind names an event's type ("BlockStored", ...).
+func Kind(e Event) string { return e.kind() }
+
+// Batch is one KVEventBatch.
+type Batch struct {
+	TS     float64
+	Events []Event
+	DPRank int // -1 when the publisher did not say
+}
+
+// Limits on what one batch may carry, beyond the input-size bound every
+// length already has.
+const (
+	maxEventsPerBatch = 1 << 16
+	maxBlockSize      = 1 << 16
+)
+
+// ErrUnknownEvent marks an event whose tag this decoder does not know; the
+// batch's other events are still returned.
+var ErrUnknownEvent = errors.New("kvevents: unknown event type")
+
+// DecodeBatch decodes a KVEventBatch payload. Events of an unknown type
+// are skipped (counted by the caller through the returned skipped count);
+// any malformed structure is an error and the whole batch is dropped.
+func DecodeBatch(payload []byte) (b Batch, skipped int, err error) {
+	r := &reader{b: payload}
+	n, err := r.arrayLen()
+	if err != nil {
+		return Batch{}, 0, fmt.Errorf("kvevents: batch: %w", err)
+	}
+	if n < 2 {
+		return Batch{}, 0, fmt.Errorf("kvevents: batch has %d fields, want at least 2", n)
+	}
+	b.DPRank = -1
+	if b.TS, err = r.float(); err != nil {
+		return Batch{}, 0, fmt.Errorf("kvevents: batch ts: %w", err)
+	}
+	ne, err := r.arrayLen()
+	if err != nil {
+		return Batch{}, 0, fmt.Errorf("kvevents: batch events: %w", err)
+	}
+	if ne > maxEventsPerBatch {
+		return Batch{}, 0, fmt.Errorf("kvevents: %d events in one batch (max %d)", ne, maxEventsPerBatch)
+	}
+	b.Events = make([]Event, 0, ne)
+	for i := range ne {
+		e, err := decodeEvent(r)
+		if errors.Is(err, ErrUnknownEvent) {
+			skipped++
+			continue
+		}
+		if err != nil {
+			return Batch{}, 0, fmt.Errorf("kvevents: event %d: %w", i, err)
+		}
+		b.Events = append(b.Events, e)
+	}
+	if n >= 3 {
+		if !r.isNil() {
+			rank, err := r.int64v()
+			if err != nil || rank < 0 || rank > 1<<16 {
+				return Batch{}, 0, fmt.Errorf("kvevents: batch data_parallel_rank: bad value (%v)", err)
+			}
+			b.DPRank = int(rank)
+		}
+		for range n - 3 {
+			if err := r.skip(1); err != nil {
+				return Batch{}, 0, fmt.Errorf("kvevents: batch: %w", err)
+			}
+		}
+	}
+	if r.remaining() != 0 {
+		return Batch{}, 0, fmt.Errorf("kvevents: %d trailing bytes after the batch", r.remaining())
+	}
+	return b, skipped, nil
+}
+
+// decodeEvent reads one event in either encoding.
+func decodeEvent(r *reader) (Event, error) {
+	c, err := r.peek()
+	if err != nil {
+		return nil, err
+	}
+	if c&0xf0 == 0x80 || c == 0xde || c == 0xdf {
+		return decodeNamed(r)
+	}
+	return decodePositional(r)
+}
+
+// field decoders shared by both encodings, by field name.
+type fieldSet struct {
+	hashes    []Hash
+	parent    Hash
+	tokens    []uint32
+	blockSize int
+	loraID    int64
+	loraName  string
+	medium    string
+}
+
+func (f *fieldSet) read(r *reader, name string) error {
+	var err error
+	switch name {
+	case "block_hashes":
+		f.hashes, err = readHashes(r)
+	case "parent_block_hash":
+		f.parent, err = readOptHash(r)
+	case "token_ids":
+		f.tokens, err = readTokens(r)
+	case "block_size":
+		var v int64
+		v, err = r.int64v()
+		if err == nil && (v <= 0 || v > maxBlockSize) {
+			err = fmt.Errorf("block_size %d out of range", v)
+		}
+		f.blockSize = int(v)
+	case "lora_id":
+		f.loraID = -1
+		if !r.isNil() {
+			f.loraID, err = r.int64v()
+		}
+	case "lora_name":
+		f.loraName, err = readOptStr(r)
+	case "medium":
+		f.medium, err = readOptStr(r)
+	default:
+		err = r.skip(1)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
+// Field order of the positional encoding (vLLM's declaration order).
+var (
+	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"}
+	removedFields = []string{"block_hashes", "medium"}
+)
+
+func decodePositional(r *reader) (Event, error) {
+	n, err := r.arrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 1 {
+		return nil, errors.New("empty event array")
+	}
+	tag, err := r.str()
+	if err != nil {
+		return nil, fmt.Errorf("event tag: %w", err)
+	}
+	f := fieldSet{loraID: -1}
+	var names []string
+	switch tag {
+	case "BlockStored":
+		names = storedFields
+	case "BlockRemoved":
+		names = removedFields
+	case "AllBlocksCleared":
+	default:
+		for range n - 1 {
+			if err := r.skip(1); err != nil {
+				return nil, err
+			}
+		}
+		return nil, fmt.Errorf("%w %q", ErrUnknownEvent, tag)
+	}
+	for i := 1; i < n; i++ {
+		name := ""
+		if i-1 < len(names) {
+			name = names[i-1]
+		}
+		if err := f.read(r, name); err != nil {
+			return nil, err
+		}
+	}
+	return f.event(tag, n-1)
+}
+
+func decodeNamed(r *reader) (Event, error) {
+	n, err := r.mapLen()
+	if err != nil {
+		return nil, err
+	}
+	f := fieldSet{loraID: -1}
+	tag := ""
+	seen := 0
+	for range n {
+		k, err := r.str()
+		if err != nil {
+			return nil, fmt.Errorf("event key: %w", err)
+		}
+		if k == "type" {
+			if tag, err = r.str(); err != nil {
+				return nil, fmt.Errorf("event type: %w", err)
+			}
+			continue
+		}
+		if err := f.read(r, k); err != nil {
+			return nil, err
+		}
+		if k == "block_hashes" || k == "token_ids" || k == "block_size" {
+			seen++
+		}
+	}
+	switch tag {
+	case "BlockStored":
+		if seen < 3 {
+			return nil, errors.New("BlockStored without block_hashes, token_ids or block_size")
+		}
+		return f.event(tag, len(storedFields))
+	case "BlockRemoved", "AllBlocksCleared":
+		return f.event(tag, len(removedFields))
+	case "":
+		return nil, errors.New("event map without a type")
+	}
+	return nil, fmt.Errorf("%w %q", ErrUnknownEvent, tag)
+}
+
+// event builds and validates the tagged event from its fields; nfields is
+// how many positional fields were present.
+func (f *fieldSet) event(tag string, nfields int) (Event, error) {
+	switch tag {
+	case "BlockStored":
+		if nfields < 4 {
+			return nil, fmt.Errorf("BlockStored has %d fields, want at least 4", nfields)
+		}
+		if len(f.hashes) == 0 {
+			return nil, errors.New("BlockStored without block hashes")
+		}
+		if len(f.tokens) != len(f.hashes)*f.blockSize {
+			return nil, fmt.Errorf("BlockStored: %d token ids for %d blocks of %d", len(f.tokens), len(f.hashes), f.blockSize)
+		}
+		return BlockStored{BlockHashes: f.hashes, Parent: f.parent, TokenIDs: f.tokens, BlockSize: f.blockSize,
+			LoRAID: f.loraID, LoRAName: f.loraName, Medium: f.medium}, nil
+	case "BlockRemoved":
+		return BlockRemoved{BlockHashes: f.hashes, Medium: f.medium}, nil
+	}
+	return AllBlocksCleared{}, nil
+}
+
+func readHash(r *reader) (Hash, error) {
+	c, err := r.peek()
+	if err != nil {
+		return "", err
+	}
+	if c <= 0x7f || c >= 0xe0 || (c >= 0xcc && c <= 0xd3) {
+		u, neg, err := r.integer()
+		if err != nil {
+			return "", err
+		}
+		if neg {
+			return Hash("i" + strconv.FormatInt(int64(u), 10)), nil
+		}
+		return Hash("i" + strconv.FormatUint(u, 10)), nil
+	}
+	s, _, err := r.strOrBin()
+	if err != nil {
+		return "", err
+	}
+	if len(s) == 0 {
+		return "", errors.New("empty block hash")
+	}
+	return Hash("b" + string(s)), nil
+}
+
+func readOptHash(r *reader) (Hash, error) {
+	if r.isNil() {
+		return "", nil
+	}
+	return readHash(r)
+}
+
+func readHashes(r *reader) ([]Hash, error) {
+	n, err := r.arrayLen()
+	if err != nil {
+		return nil, err
+	}
+	hs := make([]Hash, n)
+	for i := range hs {
+		if hs[i], err = readHash(r); err != nil {
+			return nil, err
+		}
+	}
+	return hs, nil
+}
+
+func readTokens(r *reader) ([]uint32, error) {
+	n, err := r.arrayLen()
+	if err != nil {
+		return nil, err
+	}
+	ts := make([]uint32, n)
+	for i := range ts {
+		u, neg, err := r.integer()
+		if err != nil {
+			return nil, err
+		}
+		if neg || u > 1<<32-1 {
+			return nil, errors.New("token id out of range")
+		}
+		ts[i] = uint32(u)
+	}
+	return ts, nil
+}
+
+func readOptStr(r *reader) (string, error) {
+	if r.isNil() {
+		return "", nil
+	}
+	return r.str()
+}

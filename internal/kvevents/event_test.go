@@ -1,0 +1,174 @@
+package kvevents
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Payloads are built with an independent msgpack encoder (vmihailenco), in
+// the two shapes msgspec produces for vLLM's event structs.
+
+func enc(t testing.TB, v any) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	e := msgpack.NewEncoder(&buf)
+	e.UseCompactInts(true)
+	e.UseCompactFloats(false)
+	if err := e.Encode(v); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func seq(from, n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = from + i
+	}
+	return s
+}
+
+func u32(s []int) []uint32 {
+	out := make([]uint32, len(s))
+	for i, v := range s {
+		out[i] = uint32(v)
+	}
+	return out
+}
+
+// positionalStored is msgspec's array_like tagged encoding.
+func positionalStored(hashes []any, parent any, tokens []int, bs int, lora any, medium any) []any {
+	return []any{"BlockStored", hashes, parent, tokens, bs, lora, medium}
+}
+
+// namedStored is the map encoding (defaults omitted, as msgspec does).
+func namedStored(hashes []any, parent any, tokens []int, bs int, medium any) map[string]any {
+	return map[string]any{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+		"token_ids": tokens, "block_size": bs, "lora_id": nil, "medium": medium, "lora_name": nil}
+}
+
+func TestDecodeBatch(t *testing.T) {
+	h1, h2 := []byte("\x01\x02sha256-a"), []byte("\x03sha256-b")
+	cases := []struct {
+		name    string
+		payload []any
+		want    Batch
+		skipped int
+	}{
+		{"positional, bytes hashes, dp rank",
+			[]any{1.5, []any{
+				positionalStored([]any{h1, h2}, nil, seq(0, 8), 4, nil, "GPU"),
+				[]any{"BlockRemoved", []any{h1}, "GPU"},
+				[]any{"AllBlocksCleared"},
+			}, 3},
+			Batch{TS: 1.5, DPRank: 3, Events: []Event{
+				BlockStored{BlockHashes: []Hash{Hash("b" + string(h1)), Hash("b" + string(h2))}, TokenIDs: u32(seq(0, 8)), BlockSize: 4, LoRAID: -1, Medium: "GPU"},
+				BlockRemoved{BlockHashes: []Hash{Hash("b" + string(h1))}, Medium: "GPU"},
+				AllBlocksCleared{},
+			}}, 0},
+		{"positional, int hashes with parent, no dp rank, trailing defaults omitted",
+			[]any{2.0, []any{[]any{"BlockStored", []any{uint64(1 << 63), -5}, 42, seq(100, 4), 2}}},
+			Batch{TS: 2, DPRank: -1, Events: []Event{
+				BlockStored{BlockHashes: []Hash{"i9223372036854775808", "i-5"}, Parent: "i42", TokenIDs: u32(seq(100, 4)), BlockSize: 2, LoRAID: -1},
+			}}, 0},
+		{"named maps, unknown fields skipped",
+			[]any{3.25, []any{
+				func() map[string]any {
+					m := namedStored([]any{h1}, h2, seq(7, 4), 4, "CPU")
+					m["extra_keys"] = []any{[]any{"mm", "x", 3}}
+					m["group_idx"] = 1
+					return m
+				}(),
+				map[string]any{"type": "BlockRemoved", "block_hashes": []any{h1}, "medium": "CPU"},
+				map[string]any{"type": "AllBlocksCleared"},
+			}, nil},
+			Batch{TS: 3.25, DPRank: -1, Events: []Event{
+				BlockStored{BlockHashes: []Hash{Hash("b" + string(h1))}, Parent: Hash("b" + string(h2)), TokenIDs: u32(seq(7, 4)), BlockSize: 4, LoRAID: -1, Medium: "CPU"},
+				BlockRemoved{BlockHashes: []Hash{Hash("b" + string(h1))}, Medium: "CPU"},
+				AllBlocksCleared{},
+			}}, 0},
+		{"unknown event types are skipped, the rest kept",
+			[]any{1.0, []any{[]any{"SomethingNew", 1, 2}, map[string]any{"type": "AlsoNew"}, []any{"AllBlocksCleared"}}},
+			Batch{TS: 1, DPRank: -1, Events: []Event{AllBlocksCleared{}}}, 2},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, skipped, err := DecodeBatch(enc(t, tc.payload))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Fatalf("batch (-want +got):\n%s", d)
+			}
+			if skipped != tc.skipped {
+				t.Fatalf("skipped %d want %d", skipped, tc.skipped)
+			}
+		})
+	}
+}
+
+func TestDecodeBatchRejects(t *testing.T) {
+	cases := []struct {
+		name    string
+		payload []byte
+		wantErr string
+	}{
+		{"not an array", enc(t, map[string]any{"ts": 1}), "want array"},
+		{"one field", enc(t, []any{1.0}), "at least 2"},
+		{"token count does not match blocks", enc(t, []any{1.0, []any{positionalStored([]any{[]byte("a")}, nil, seq(0, 3), 4, nil, nil)}}), "3 token ids for 1 blocks"},
+		{"zero block size", enc(t, []any{1.0, []any{positionalStored([]any{[]byte("a")}, nil, []int{}, 0, nil, nil)}}), "block_size 0"},
+		{"negative token", enc(t, []any{1.0, []any{positionalStored([]any{[]byte("a")}, nil, []int{-1}, 1, nil, nil)}}), "token id"},
+		{"stored without hashes", enc(t, []any{1.0, []any{positionalStored([]any{}, nil, []int{}, 4, nil, nil)}}), "without block hashes"},
+		{"map without type", enc(t, []any{1.0, []any{map[string]any{"block_hashes": []any{}}}}), "without a type"},
+		{"named stored missing fields", enc(t, []any{1.0, []any{map[string]any{"type": "BlockStored", "block_hashes": []any{[]byte("a")}}}}), "BlockStored without"},
+		{"trailing bytes", append(enc(t, []any{1.0, []any{}}), 0x01), "trailing"},
+		// An array header claiming 2^32-1 elements in a few bytes.
+		{"hostile array length", []byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff}, "truncated"},
+		{"hostile string length", []byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x91, 0xdb, 0xff, 0xff, 0xff, 0xff}, "truncated"},
+		{"deep nesting", enc(t, []any{1.0, []any{[]any{"X", nest(40)}}}), "too deep"},
+		{"empty", nil, "truncated"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := DecodeBatch(tc.payload)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("err %v, want it to contain %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func nest(n int) any {
+	var v any = 1
+	for range n {
+		v = []any{v}
+	}
+	return v
+}
+
+func FuzzDecodeBatch(f *testing.F) {
+	f.Add(enc(f, []any{1.5, []any{positionalStored([]any{[]byte("a"), 7}, nil, seq(0, 8), 4, nil, "GPU"), []any{"AllBlocksCleared"}}, 0}))
+	f.Add(enc(f, []any{1.5, []any{namedStored([]any{[]byte("a")}, 3, seq(0, 4), 4, nil)}}))
+	f.Add([]byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		batch, _, err := DecodeBatch(b)
+		if err != nil {
+			return
+		}
+		// Whatever decodes must be internally consistent and indexable.
+		for _, e := range batch.Events {
+			if s, ok := e.(BlockStored); ok && len(s.TokenIDs) != len(s.BlockHashes)*s.BlockSize {
+				t.Fatalf("inconsistent BlockStored %+v", s)
+			}
+		}
+		x := NewIndex(IndexOptions{BlockSize: 4, MaxEntries: 1000})
+		x.Apply("w", batch.Events)
+		if _, n := x.Stats(); n < 0 || n > 1000 {
+			t.Fatalf("index size %d", n)
+		}
+	})
+}

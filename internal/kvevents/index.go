@@ -1,0 +1,308 @@
+package kvevents
+
+import (
+	"encoding/binary"
+	"sync"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Index maps prefix blocks to the workers that hold them, from the events
+// each worker publishes. A block is keyed by a chained hash of token ids
+// the router computes itself (BlockKeys), so a request's prompt tokens are
+// looked up with no knowledge of the engine's own hash function; the
+// engine's hashes only resolve a stored block's parent and a removal.
+//
+// Memory is bounded by MaxEntries (one entry per block per worker); stores
+// past the bound are dropped and counted. Safe for concurrent use.
+type Index struct {
+	blockSize int
+	seed      uint64
+	max       int
+
+	mu      sync.RWMutex
+	blocks  map[uint64][]int32 // block key → ids of the workers holding it
+	workers map[string]*workerBlocks
+	byID    map[int32]string
+	nextID  int32
+	entries int
+	stats   IndexStats
+}
+
+// IndexStats counts what the index did with the events it was given.
+type IndexStats struct {
+	Stored, Removed, Cleared uint64 // blocks stored, removed; clears
+	Orphans                  uint64 // stored blocks whose parent was unknown
+	BlockSizeMismatch        uint64 // stored events of another block size
+	Full                     uint64 // stores dropped at MaxEntries
+}
+
+type workerBlocks struct {
+	id     int32
+	engine map[Hash]blockRef // engine hash → router key and media
+}
+
+type blockRef struct {
+	key   uint64
+	media uint8 // bit per medium (GPU, CPU, STORAGE, other)
+}
+
+// IndexOptions configures NewIndex.
+type IndexOptions struct {
+	BlockSize  int    // tokens per block; must match the engines' (16)
+	Seed       uint64 // seed of the router's chained block hash (0)
+	MaxEntries int    // blocks × workers kept at most (10,000,000)
+}
+
+// NewIndex returns an empty index.
+func NewIndex(o IndexOptions) *Index {
+	if o.BlockSize <= 0 {
+		o.BlockSize = 16
+	}
+	if o.MaxEntries <= 0 {
+		o.MaxEntries = 10_000_000
+	}
+	return &Index{blockSize: o.BlockSize, seed: o.Seed, max: o.MaxEntries,
+		blocks: map[uint64][]int32{}, workers: map[string]*workerBlocks{}, byID: map[int32]string{}}
+}
+
+// BlockSize is the tokens per block the index was built for.
+func (x *Index) BlockSize() int { return x.blockSize }
+
+// BlockKeys returns the chained key of every full block of tokens: key i
+// hashes key i-1 (or the seed and LoRA name for the first block) and the
+// block's token ids.
+func (x *Index) BlockKeys(tokens []uint32, lora string) []uint64 {
+	n := len(tokens) / x.blockSize
+	keys := make([]uint64, n)
+	prev := x.root(lora)
+	buf := make([]byte, 8+4*x.blockSize)
+	for i := range n {
+		prev = x.chain(buf, prev, tokens[i*x.blockSize:(i+1)*x.blockSize])
+		keys[i] = prev
+	}
+	return keys
+}
+
+func (x *Index) root(lora string) uint64 {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], x.seed)
+	d := xxhash.New()
+	_, _ = d.Write(b[:])
+	_, _ = d.WriteString(lora)
+	return d.Sum64()
+}
+
+func (x *Index) chain(buf []byte, prev uint64, block []uint32) uint64 {
+	binary.LittleEndian.PutUint64(buf, prev)
+	for j, t := range block {
+		binary.LittleEndian.PutUint32(buf[8+4*j:], t)
+	}
+	return xxhash.Sum64(buf[:8+4*len(block)])
+}
+
+func mediumBit(m string) uint8 {
+	switch m {
+	case "", "GPU", "gpu":
+		return 1
+	case "CPU", "cpu":
+		return 2
+	case "STORAGE", "storage":
+		return 4
+	}
+	return 8
+}
+
+// Apply records one worker's events, in order.
+func (x *Index) Apply(worker string, events []Event) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	w := x.workerLocked(worker)
+	for _, e := range events {
+		switch e := e.(type) {
+		case BlockStored:
+			x.storeLocked(w, e)
+		case BlockRemoved:
+			bit := mediumBit(e.Medium)
+			for _, h := range e.BlockHashes {
+				x.removeLocked(w, h, bit)
+			}
+		case AllBlocksCleared:
+			x.stats.Cleared++
+			x.clearLocked(w)
+		}
+	}
+}
+
+func (x *Index) workerLocked(worker string) *workerBlocks {
+	w := x.workers[worker]
+	if w == nil {
+		x.nextID++
+		w = &workerBlocks{id: x.nextID, engine: map[Hash]blockRef{}}
+		x.workers[worker] = w
+		x.byID[w.id] = worker
+	}
+	return w
+}
+
+func (x *Index) storeLocked(w *workerBlocks, e BlockStored) {
+	if e.BlockSize != x.blockSize {
+		x.stats.BlockSizeMismatch += uint64(len(e.BlockHashes))
+		return
+	}
+	prev := x.root(e.LoRAName)
+	if e.Parent != "" {
+		p, ok := w.engine[e.Parent]
+		if !ok {
+			x.stats.Orphans += uint64(len(e.BlockHashes))
+			return
+		}
+		prev = p.key
+	}
+	bit := mediumBit(e.Medium)
+	buf := make([]byte, 8+4*x.blockSize)
+	for i, h := range e.BlockHashes {
+		prev = x.chain(buf, prev, e.TokenIDs[i*x.blockSize:(i+1)*x.blockSize])
+		ref, had := w.engine[h]
+		if had && ref.key == prev {
+			ref.media |= bit
+			w.engine[h] = ref
+			continue
+		}
+		if had { // the engine reused a hash for other tokens: replace it
+			x.dropLocked(w, ref.key)
+		}
+		if x.entries >= x.max {
+			x.stats.Full += uint64(len(e.BlockHashes) - i)
+			return
+		}
+		w.engine[h] = blockRef{key: prev, media: bit}
+		x.blocks[prev] = append(x.blocks[prev], w.id)
+		x.entries++
+		x.stats.Stored++
+	}
+}
+
+func (x *Index) removeLocked(w *workerBlocks, h Hash, bit uint8) {
+	ref, ok := w.engine[h]
+	if !ok {
+		return
+	}
+	ref.media &^= bit
+	if ref.media != 0 {
+		w.engine[h] = ref
+		return
+	}
+	delete(w.engine, h)
+	x.dropLocked(w, ref.key)
+	x.stats.Removed++
+}
+
+// dropLocked removes w from the holders of key.
+func (x *Index) dropLocked(w *workerBlocks, key uint64) {
+	hs := x.blocks[key]
+	for i, id := range hs {
+		if id == w.id {
+			hs[i] = hs[len(hs)-1]
+			hs = hs[:len(hs)-1]
+			x.entries--
+			break
+		}
+	}
+	if len(hs) == 0 {
+		delete(x.blocks, key)
+	} else {
+		x.blocks[key] = hs
+	}
+}
+
+func (x *Index) clearLocked(w *workerBlocks) {
+	for _, ref := range w.engine {
+		x.dropLocked(w, ref.key)
+	}
+	w.engine = map[Hash]blockRef{}
+}
+
+// Clear drops everything known of one worker (it restarted: its cache is
+// empty and its next events describe a new one).
+func (x *Index) Clear(worker string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if w := x.workers[worker]; w != nil {
+		x.clearLocked(w)
+	}
+}
+
+// RemoveWorker forgets a worker that left the fleet.
+func (x *Index) RemoveWorker(worker string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	w := x.workers[worker]
+	if w == nil {
+		return
+	}
+	x.clearLocked(w)
+	delete(x.workers, worker)
+	delete(x.byID, w.id)
+}
+
+// Match returns, for every worker holding the first block of keys, how
+// many leading blocks of keys it holds.
+func (x *Index) Match(keys []uint64) map[string]int {
+	if len(keys) == 0 {
+		return nil
+	}
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	first := x.blocks[keys[0]]
+	if len(first) == 0 {
+		return nil
+	}
+	alive := append(make([]int32, 0, len(first)), first...)
+	depth := make(map[int32]int, len(first))
+	for _, id := range alive {
+		depth[id] = 1
+	}
+	for i := 1; i < len(keys) && len(alive) > 0; i++ {
+		hs := x.blocks[keys[i]]
+		kept := alive[:0]
+		for _, id := range alive {
+			if contains(hs, id) {
+				depth[id] = i + 1
+				kept = append(kept, id)
+			}
+		}
+		alive = kept
+	}
+	out := make(map[string]int, len(depth))
+	for id, d := range depth {
+		out[x.byID[id]] = d
+	}
+	return out
+}
+
+func contains(ids []int32, id int32) bool {
+	for _, v := range ids {
+		if v == id {
+			return true
+		}
+	}
+	return false
+}
+
+// Stats returns the counters and the current size.
+func (x *Index) Stats() (IndexStats, int) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.stats, x.entries
+}
+
+// WorkerBlocks is how many blocks the index holds for one worker.
+func (x *Index) WorkerBlocks(worker string) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if w := x.workers[worker]; w != nil {
+		return len(w.engine)
+	}
+	return 0
+}

@@ -1,0 +1,124 @@
+package kvevents
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// stored builds the BlockStored event an engine would publish for the
+// full blocks tokens[from:to] of one sequence, with engine hashes of its
+// own ("<name>/<block index>").
+func stored(name string, tokens []uint32, bs, from, to int) BlockStored {
+	e := BlockStored{BlockSize: bs, LoRAID: -1, TokenIDs: tokens[from*bs : to*bs]}
+	for i := from; i < to; i++ {
+		e.BlockHashes = append(e.BlockHashes, Hash(fmt.Sprintf("%s/%d", name, i)))
+	}
+	if from > 0 {
+		e.Parent = Hash(fmt.Sprintf("%s/%d", name, from-1))
+	}
+	return e
+}
+
+func TestIndexMatch(t *testing.T) {
+	const bs = 4
+	prompt := u32(seq(1, 40))   // 10 blocks
+	other := u32(seq(1000, 40)) // unrelated
+	steps := []struct {
+		name   string
+		worker string
+		events []Event
+		query  []uint32
+		want   map[string]int
+	}{
+		{"nothing indexed", "", nil, prompt, nil},
+		{"A stores 6 blocks in two events (the second through its parent)", "A",
+			[]Event{stored("a", prompt, bs, 0, 4), stored("a", prompt, bs, 4, 6)}, prompt, map[string]int{"A": 6}},
+		{"B stores 3 blocks", "B", []Event{stored("b", prompt, bs, 0, 3)}, prompt, map[string]int{"A": 6, "B": 3}},
+		{"a partial last block is not a block", "", nil, prompt[:7], map[string]int{"A": 1, "B": 1}},
+		{"other tokens match nothing", "", nil, other, nil},
+		{"A evicts block 2: its prefix stops at 2", "A",
+			[]Event{BlockRemoved{BlockHashes: []Hash{"a/2"}}}, prompt, map[string]int{"A": 2, "B": 3}},
+		{"removal on another medium leaves the GPU copy", "B",
+			[]Event{BlockRemoved{BlockHashes: []Hash{"b/0"}, Medium: "CPU"}}, prompt, map[string]int{"A": 2, "B": 3}},
+		{"a store whose parent the index never saw is an orphan", "B",
+			[]Event{BlockStored{BlockHashes: []Hash{"b/9"}, Parent: "b/8", TokenIDs: prompt[36:40], BlockSize: bs, LoRAID: -1}},
+			prompt, map[string]int{"A": 2, "B": 3}},
+		{"another block size is not indexed", "B",
+			[]Event{BlockStored{BlockHashes: []Hash{"z"}, TokenIDs: other[:8], BlockSize: 8, LoRAID: -1}}, other, nil},
+		{"A clears its cache", "A", []Event{AllBlocksCleared{}}, prompt, map[string]int{"B": 3}},
+	}
+	x := NewIndex(IndexOptions{BlockSize: bs})
+	for _, s := range steps {
+		if s.events != nil {
+			x.Apply(s.worker, s.events)
+		}
+		got := x.Match(x.BlockKeys(s.query, ""))
+		if len(got) == 0 {
+			got = nil
+		}
+		if d := cmp.Diff(s.want, got); d != "" {
+			t.Fatalf("%s: match (-want +got):\n%s", s.name, d)
+		}
+	}
+	st, n := x.Stats()
+	if st.Orphans != 1 || st.BlockSizeMismatch != 1 || st.Cleared != 1 || n != 3 {
+		t.Fatalf("stats %+v size %d", st, n)
+	}
+	x.RemoveWorker("B")
+	if got := x.Match(x.BlockKeys(prompt, "")); len(got) != 0 {
+		t.Fatalf("after removal: %v", got)
+	}
+	if _, n := x.Stats(); n != 0 {
+		t.Fatalf("size %d after every worker left", n)
+	}
+}
+
+func TestIndexLoRAAndSeedSeparate(t *testing.T) {
+	prompt := u32(seq(1, 8))
+	x := NewIndex(IndexOptions{BlockSize: 4})
+	e := stored("a", prompt, 4, 0, 2)
+	e.LoRAName = "sql-adapter"
+	x.Apply("A", []Event{e})
+	if got := x.Match(x.BlockKeys(prompt, "")); len(got) != 0 {
+		t.Fatalf("base-model lookup matched LoRA blocks: %v", got)
+	}
+	if got := x.Match(x.BlockKeys(prompt, "sql-adapter")); got["A"] != 2 {
+		t.Fatalf("LoRA lookup: %v", got)
+	}
+	y := NewIndex(IndexOptions{BlockSize: 4, Seed: 7})
+	if x.BlockKeys(prompt, "")[0] == y.BlockKeys(prompt, "")[0] {
+		t.Fatal("the seed does not change block keys")
+	}
+}
+
+func TestIndexBounded(t *testing.T) {
+	x := NewIndex(IndexOptions{BlockSize: 1, MaxEntries: 5})
+	x.Apply("A", []Event{stored("a", u32(seq(0, 8)), 1, 0, 8)})
+	st, n := x.Stats()
+	if n != 5 || st.Full != 3 {
+		t.Fatalf("size %d stats %+v", n, st)
+	}
+	// Evictions make room again.
+	x.Apply("A", []Event{BlockRemoved{BlockHashes: []Hash{"a/4"}}})
+	x.Apply("B", []Event{stored("b", u32(seq(0, 1)), 1, 0, 1)})
+	if got := x.Match(x.BlockKeys(u32(seq(0, 1)), "")); got["A"] != 1 || got["B"] != 1 {
+		t.Fatalf("match %v", got)
+	}
+}
+
+func BenchmarkIndexMatch8k(b *testing.B) {
+	const bs = 16
+	prompt := u32(seq(0, 8192))
+	x := NewIndex(IndexOptions{BlockSize: bs})
+	for w := range 8 {
+		x.Apply(fmt.Sprintf("w%d", w), []Event{stored(fmt.Sprintf("w%d", w), prompt, bs, 0, 64*(w+1))})
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if m := x.Match(x.BlockKeys(prompt, "")); m["w7"] != 512 {
+			b.Fatal(m)
+		}
+	}
+}

@@ -1,0 +1,279 @@
+package kvevents
+
+import (
+	"bufio"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// publisher is testdata/publisher.py: vLLM's publisher protocol on libzmq.
+type publisher struct {
+	t      *testing.T
+	in     io.WriteCloser
+	out    *bufio.Scanner
+	pub    string
+	replay string
+}
+
+func startPublisher(t *testing.T, topic string) *publisher {
+	t.Helper()
+	cmd := exec.Command("/usr/bin/python3", "testdata/publisher.py", topic)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outR, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Skipf("python3 publisher: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = in.Close()
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	p := &publisher{t: t, in: in, out: bufio.NewScanner(outR)}
+	line := p.line()
+	var pubPort, repPort int
+	if _, err := fmt.Sscanf(line, "ready %d %d", &pubPort, &repPort); err != nil {
+		t.Fatalf("publisher said %q (%v); stderr: %s", line, err, stderr.String())
+	}
+	p.pub = fmt.Sprintf("tcp://127.0.0.1:%d", pubPort)
+	p.replay = fmt.Sprintf("tcp://127.0.0.1:%d", repPort)
+	return p
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (p *publisher) line() string {
+	p.t.Helper()
+	got := make(chan string, 1)
+	go func() {
+		if p.out.Scan() {
+			got <- p.out.Text()
+		} else {
+			got <- "EOF"
+		}
+	}()
+	select {
+	case l := <-got:
+		return l
+	case <-time.After(20 * time.Second):
+		p.t.Fatal("publisher did not answer")
+		return ""
+	}
+}
+
+func (p *publisher) do(cmd map[string]any) {
+	p.t.Helper()
+	b, _ := json.Marshal(cmd)
+	if _, err := p.in.Write(append(b, '\n')); err != nil {
+		p.t.Fatal(err)
+	}
+	if l := p.line(); !strings.HasPrefix(l, "ok") {
+		p.t.Fatalf("publisher: %q", l)
+	}
+}
+
+func jb(s string) map[string]string { return map[string]string{"bytes": hex.EncodeToString([]byte(s))} }
+
+// storedJSON is a BlockStored in the named encoding (current vLLM) or the
+// positional one, for blocks [from, to) of tokens, engine hashes name/i.
+func storedJSON(named bool, name string, tokens []int, bs, from, to int) any {
+	var hs []any
+	for i := from; i < to; i++ {
+		hs = append(hs, jb(fmt.Sprintf("%s/%d", name, i)))
+	}
+	var parent any
+	if from > 0 {
+		parent = jb(fmt.Sprintf("%s/%d", name, from-1))
+	}
+	toks := tokens[from*bs : to*bs]
+	if named {
+		return map[string]any{"type": "BlockStored", "block_hashes": hs, "parent_block_hash": parent,
+			"token_ids": toks, "block_size": bs, "lora_id": nil, "medium": "GPU", "lora_name": nil}
+	}
+	return []any{"BlockStored", hs, parent, toks, bs, nil, "GPU"}
+}
+
+func batch(events ...any) []any { return []any{float64(time.Now().Unix()), events, 0} }
+
+func waitMatch(t *testing.T, x *Index, tokens []int, want map[string]int, what string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got := x.Match(x.BlockKeys(u32(tokens), ""))
+		if len(got) == 0 {
+			got = nil
+		}
+		if cmp.Equal(want, got) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: match %v, want %v", what, got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestSubscriberAgainstLibzmqPublisher(t *testing.T) {
+	for _, named := range []bool{true, false} {
+		t.Run(fmt.Sprintf("named=%v", named), func(t *testing.T) {
+			const bs = 4
+			p := startPublisher(t, "kv@w1")
+			x := NewIndex(IndexOptions{BlockSize: bs})
+			s, err := NewSubscriber(Options{Index: x, Redial: 50 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(s.Close)
+			s.Set([]Source{{Worker: "w1", Endpoint: p.pub, ReplayEndpoint: p.replay, Topic: "kv@"}})
+			prompt, other := seq(1, 24), seq(500, 16)
+
+			// Published before the subscription may be connected: what the
+			// SUB socket missed comes back through the replay endpoint.
+			p.do(map[string]any{"op": "publish", "batch": batch(storedJSON(named, "a", prompt, bs, 0, 4))})
+			waitMatch(t, x, prompt, map[string]int{"w1": 4}, "first store")
+
+			// A batch the SUB never sees (a high-water-mark drop): the next
+			// one reveals the gap and the replay brings the removal.
+			p.do(map[string]any{"op": "publish", "hide": true, "batch": batch(
+				[]any{"BlockRemoved", []any{jb("a/2")}, "GPU"})})
+			p.do(map[string]any{"op": "publish", "batch": batch(storedJSON(named, "o", other, bs, 0, 4))})
+			waitMatch(t, x, other, map[string]int{"w1": 4}, "store after the gap")
+			waitMatch(t, x, prompt, map[string]int{"w1": 2}, "replayed removal")
+			if s.C.Gaps.Load() == 0 || s.C.Replayed.Load() == 0 {
+				t.Fatalf("gaps %d replayed %d", s.C.Gaps.Load(), s.C.Replayed.Load())
+			}
+
+			// The engine restarts: a new sequence from 0, an empty cache.
+			p.do(map[string]any{"op": "restart"})
+			p.do(map[string]any{"op": "publish", "batch": batch(storedJSON(named, "r", prompt, bs, 0, 1))})
+			waitMatch(t, x, prompt, map[string]int{"w1": 1}, "after restart")
+			waitMatch(t, x, other, nil, "old entries after restart")
+			if s.C.Restarts.Load()+s.C.Resets.Load() == 0 {
+				t.Fatalf("restart not seen: restarts %d resets %d", s.C.Restarts.Load(), s.C.Resets.Load())
+			}
+
+			// AllBlocksCleared; then the worker leaves the fleet.
+			p.do(map[string]any{"op": "publish", "batch": batch(storedJSON(named, "o", other, bs, 0, 2), []any{"AllBlocksCleared"})})
+			waitMatch(t, x, prompt, nil, "after clear")
+			p.do(map[string]any{"op": "publish", "batch": batch(storedJSON(named, "o", other, bs, 0, 2))})
+			waitMatch(t, x, other, map[string]int{"w1": 2}, "store after clear")
+			s.Set(nil)
+			if got := x.Match(x.BlockKeys(u32(other), "")); len(got) != 0 {
+				t.Fatalf("entries of a removed worker: %v", got)
+			}
+		})
+	}
+}
+
+func TestSubscriberDropsOversizedAndMalformed(t *testing.T) {
+	p := startPublisher(t, "")
+	x := NewIndex(IndexOptions{BlockSize: 4})
+	s, err := NewSubscriber(Options{Index: x, MaxFrame: 4096, Redial: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	s.Set([]Source{{Worker: "w", Endpoint: p.pub, ReplayEndpoint: p.replay}})
+	prompt := seq(1, 8)
+	p.do(map[string]any{"op": "publish", "batch": batch(storedJSON(true, "a", prompt, 4, 0, 1))})
+	defer func() {
+		t.Logf("counters: malformed %d gaps %d replayed %d failed %d reconnects %d batches %d", s.C.Malformed.Load(), s.C.Gaps.Load(), s.C.Replayed.Load(), s.C.ReplayFailed.Load(), s.C.Reconnects.Load(), s.C.Batches.Load())
+	}()
+	waitMatch(t, x, prompt, map[string]int{"w": 1}, "first")
+	// A garbage payload is dropped and counted; the connection stays.
+	p.do(map[string]any{"op": "raw", "size": 100})
+	// A frame over the limit closes the connection; the subscriber dials
+	// again and later batches are applied.
+	p.do(map[string]any{"op": "raw", "size": 100_000})
+	deadline := time.Now().Add(20 * time.Second)
+	for s.C.Reconnects.Load() == 0 || s.C.Malformed.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("reconnects %d malformed %d", s.C.Reconnects.Load(), s.C.Malformed.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Keep publishing until one lands on the new connection (a PUB drops
+	// what it sends before the subscriber has reconnected).
+	deadline = time.Now().Add(20 * time.Second)
+	for i := 1; ; i++ {
+		// The replay after the reconnect fails on the oversized batch it
+		// still buffers, so the worker's entries were reset: store both.
+		p.do(map[string]any{"op": "publish", "batch": batch(storedJSON(true, "a", prompt, 4, 0, 2))})
+		if x.Match(x.BlockKeys(u32(prompt), ""))["w"] == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no batch applied after the reconnect (%d sent)", i)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestHandleGapWithoutReplay: a gap that cannot be repaired resets the
+// worker's entries rather than keep blocks that may be gone.
+func TestHandleGapWithoutReplay(t *testing.T) {
+	x := NewIndex(IndexOptions{BlockSize: 4})
+	s, err := NewSubscriber(Options{Index: x})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c := &subscription{s: s, src: Source{Worker: "w"}, last: -1}
+	prompt := u32(seq(1, 8))
+	frame := func(seq uint64, events ...any) [][]byte {
+		var b [8]byte
+		for i := range 8 {
+			b[7-i] = byte(seq >> (8 * i))
+		}
+		return [][]byte{nil, b[:], enc(t, []any{1.0, events})}
+	}
+	c.handle(t.Context(), frame(0, positionalStored([]any{[]byte("a/0"), []byte("a/1")}, nil, seq(1, 8), 4, nil, nil)))
+	if got := x.Match(x.BlockKeys(prompt, "")); got["w"] != 2 {
+		t.Fatalf("before the gap: %v", got)
+	}
+	c.handle(t.Context(), frame(5, []any{"AllBlocksCleared"}))
+	if got := x.Match(x.BlockKeys(prompt, "")); len(got) != 0 || s.C.ReplayFailed.Load() != 1 {
+		t.Fatalf("after an unrepaired gap: %v (failed %d)", got, s.C.ReplayFailed.Load())
+	}
+	c.handle(t.Context(), [][]byte{nil, {1, 2}, nil})
+	if s.C.Malformed.Load() != 1 {
+		t.Fatal("a message with a short sequence frame was not counted")
+	}
+}

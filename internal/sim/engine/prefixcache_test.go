@@ -1,0 +1,283 @@
+package engine
+
+import (
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func cacheParams(numBlocks int) Params {
+	p := testParams()
+	p.PrefixCaching = true
+	p.NumBlocks = numBlocks
+	return p
+}
+
+// seqTokens returns n token ids starting at base.
+func seqTokens(base, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(base + i)
+	}
+	return out
+}
+
+// eventLog collects an engine's KV event batches.
+type eventLog struct {
+	mu      sync.Mutex
+	batches []KVEventBatch
+}
+
+func (l *eventLog) sink(b KVEventBatch) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.batches = append(l.batches, b)
+}
+
+func (l *eventLog) take() []KVEvent {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []KVEvent
+	for _, b := range l.batches {
+		out = append(out, b.Events...)
+	}
+	l.batches = nil
+	return out
+}
+
+// chain is the hash chain of tokens' full blocks of size bs.
+func chain(tokens []uint32, bs int) []BlockHash {
+	var out []BlockHash
+	for k := 0; (k+1)*bs <= len(tokens); k++ {
+		var parent *BlockHash
+		if k > 0 {
+			parent = &out[k-1]
+		}
+		out = append(out, ChainHash(parent, tokens[k*bs:(k+1)*bs]))
+	}
+	return out
+}
+
+func withCacheEngine(t *testing.T, p Params, f func(t *testing.T, e *Engine, log *eventLog)) {
+	t.Helper()
+	withEngine(t, p, func(t *testing.T, e *Engine) {
+		log := &eventLog{}
+		e.SetKVEventSink(log.sink)
+		f(t, e, log)
+	})
+}
+
+// run submits a request for tokens and waits for it to finish; it returns
+// the request's cached tokens and how long it took.
+func run(t *testing.T, e *Engine, id string, tokens []uint32, maxTokens int, out func(int) uint32) (int, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	h := submit(t, e, &Request{ID: id, PromptTokens: len(tokens), Tokens: tokens, MaxTokens: maxTokens, OutputToken: out})
+	end, p := waitFinished(h)
+	if p.Reason != FinishLength {
+		t.Fatalf("%s finished with %v", id, p.Reason)
+	}
+	return h.CachedTokens(), end.Sub(start)
+}
+
+func TestPrefixCacheHitSkipsCachedTokens(t *testing.T) {
+	p := cacheParams(1000)
+	withCacheEngine(t, p, func(t *testing.T, e *Engine, log *eventLog) {
+		a := seqTokens(100, 48)
+		cached, took := run(t, e, "a", a, 1, nil)
+		if cached != 0 || took != p.PrefillTime(48) {
+			t.Fatalf("first: cached %d in %v, want 0 in %v", cached, took, p.PrefillTime(48))
+		}
+		hs := chain(a, 16)
+		want := []KVEvent{{Kind: BlockStored, Hashes: hs, Tokens: a}}
+		if diff := cmp.Diff(want, log.take()); diff != "" {
+			t.Fatalf("first request's events (-want +got):\n%s", diff)
+		}
+		// At most num_tokens-1 tokens can hit: 2 of the 3 blocks.
+		cached, took = run(t, e, "b", a, 1, nil)
+		if wantT := p.PrefillBase + 16*p.PrefillPerToken; cached != 32 || took != wantT {
+			t.Fatalf("repeat: cached %d in %v, want 32 in %v", cached, took, wantT)
+		}
+		// The recomputed last block is stored again (vLLM does not
+		// de-duplicate).
+		want = []KVEvent{{Kind: BlockStored, Hashes: hs[2:], Parent: &hs[1], Tokens: a[32:]}}
+		if diff := cmp.Diff(want, log.take()); diff != "" {
+			t.Fatalf("repeat's events (-want +got):\n%s", diff)
+		}
+		st := e.PrefixCacheStats()
+		if st.Queries != 96 || st.Hits != 32 {
+			t.Fatalf("stats %+v, want 96 queries, 32 hits", st)
+		}
+	})
+}
+
+func TestPrefixCacheLRUEvictsTailFirst(t *testing.T) {
+	withCacheEngine(t, cacheParams(8), func(t *testing.T, e *Engine, log *eventLog) {
+		a, b, c := seqTokens(0, 48), seqTokens(1000, 48), seqTokens(2000, 48)
+		run(t, e, "a", a, 1, nil)
+		run(t, e, "b", b, 1, nil)
+		log.take()
+		// 8 blocks: a and b hold 6 cached; c takes the 2 fresh ones and
+		// evicts the least recently used: a's last block first.
+		run(t, e, "c", c, 1, nil)
+		ha := chain(a, 16)
+		var removed []BlockHash
+		for _, ev := range log.take() {
+			if ev.Kind == BlockRemoved {
+				removed = append(removed, ev.Hashes...)
+			}
+		}
+		if diff := cmp.Diff([]BlockHash{ha[2]}, removed); diff != "" {
+			t.Fatalf("evicted (-want +got):\n%s", diff)
+		}
+		if cached, _ := run(t, e, "a2", a, 1, nil); cached != 32 {
+			t.Fatalf("a after one eviction: %d cached tokens, want 32", cached)
+		}
+		// Three new prompts push everything else out.
+		for i := range 3 {
+			run(t, e, "x", seqTokens(5000+100*i, 48), 1, nil)
+		}
+		if cached, _ := run(t, e, "b2", b, 1, nil); cached != 0 {
+			t.Fatalf("b after eviction pressure: %d cached tokens, want 0", cached)
+		}
+		if st := e.PrefixCacheStats(); st.CachedBlocks > 8 || st.Evictions == 0 {
+			t.Fatalf("stats %+v", st)
+		}
+	})
+}
+
+func TestPrefixCacheGeneratedBlocks(t *testing.T) {
+	withCacheEngine(t, cacheParams(1000), func(t *testing.T, e *Engine, log *eventLog) {
+		prompt := seqTokens(0, 20)
+		gen := func(i int) uint32 { return uint32(9000 + i) }
+		run(t, e, "a", prompt, 30, gen)
+		// KV exists for 20+30-1 tokens: 3 full blocks, the last two made
+		// of generated tokens.
+		all := append(append([]uint32(nil), prompt...), seqTokens(9000, 30)...)
+		hs := chain(all[:48], 16)
+		var stored []BlockHash
+		for _, ev := range log.take() {
+			if ev.Kind == BlockStored {
+				stored = append(stored, ev.Hashes...)
+			}
+		}
+		if diff := cmp.Diff(hs, stored); diff != "" {
+			t.Fatalf("stored (-want +got):\n%s", diff)
+		}
+		// A follow-up turn that resends prompt and answer hits all three.
+		if cached, _ := run(t, e, "b", all[:49], 1, nil); cached != 48 {
+			t.Fatalf("follow-up: %d cached tokens, want 48", cached)
+		}
+	})
+}
+
+func TestPrefixCacheReset(t *testing.T) {
+	withCacheEngine(t, cacheParams(1000), func(t *testing.T, e *Engine, log *eventLog) {
+		a := seqTokens(0, 48)
+		run(t, e, "a", a, 1, nil)
+		log.take()
+		// Refused while a request holds blocks.
+		h := submit(t, e, &Request{ID: "busy", PromptTokens: 16, Tokens: seqTokens(500, 16), MaxTokens: 50})
+		waitTokens(h, 1)
+		if e.ResetPrefixCache() {
+			t.Fatal("reset succeeded while a request runs")
+		}
+		waitFinished(h)
+		if !e.ResetPrefixCache() {
+			t.Fatal("reset failed on an idle engine")
+		}
+		synctest.Wait()
+		evs := log.take()
+		if len(evs) == 0 || evs[len(evs)-1].Kind != AllBlocksCleared {
+			t.Fatalf("events after reset: %+v", evs)
+		}
+		if cached, _ := run(t, e, "a2", a, 1, nil); cached != 0 {
+			t.Fatalf("after reset: %d cached tokens, want 0", cached)
+		}
+		if st := e.PrefixCacheStats(); st.Resets != 1 || st.ResetsFailed != 1 {
+			t.Fatalf("stats %+v", st)
+		}
+	})
+}
+
+func TestPrefixCacheDisabled(t *testing.T) {
+	p := testParams()
+	withCacheEngine(t, p, func(t *testing.T, e *Engine, log *eventLog) {
+		a := seqTokens(0, 48)
+		run(t, e, "a", a, 1, nil)
+		if cached, took := run(t, e, "b", a, 1, nil); cached != 0 || took != p.PrefillTime(48) {
+			t.Fatalf("caching off: cached %d in %v", cached, took)
+		}
+		if evs := log.take(); len(evs) != 0 {
+			t.Fatalf("events with caching off: %+v", evs)
+		}
+		if st := e.PrefixCacheStats(); st.Queries != 0 || st.Hits != 0 || st.Enabled {
+			t.Fatalf("stats %+v", st)
+		}
+	})
+}
+
+func TestPrefixCacheConcurrentSharers(t *testing.T) {
+	// Two running requests share cached blocks; the blocks stay until both
+	// are done, and the pool's accounting balances.
+	withCacheEngine(t, cacheParams(1000), func(t *testing.T, e *Engine, log *eventLog) {
+		a := seqTokens(0, 64)
+		run(t, e, "warm", a, 1, nil)
+		h1 := submit(t, e, &Request{ID: "1", PromptTokens: 64, Tokens: a, MaxTokens: 20})
+		h2 := submit(t, e, &Request{ID: "2", PromptTokens: 64, Tokens: a, MaxTokens: 5})
+		waitFinished(h1)
+		waitFinished(h2)
+		if h1.CachedTokens() != 48 || h2.CachedTokens() != 48 {
+			t.Fatalf("cached %d and %d, want 48", h1.CachedTokens(), h2.CachedTokens())
+		}
+		if s := e.Snapshot(); s.BlocksUsed != 0 {
+			t.Fatalf("%d blocks still used", s.BlocksUsed)
+		}
+	})
+}
+
+func TestSubmitRejectsTokenCountMismatch(t *testing.T) {
+	e := New(cacheParams(10))
+	if _, err := e.Submit(&Request{ID: "x", PromptTokens: 3, Tokens: []uint32{1, 2}}); err == nil {
+		t.Fatal("mismatched token ids accepted")
+	}
+}
+
+func TestPrefixCachePreemptedRequestReusesItsBlocks(t *testing.T) {
+	// 6 blocks for two requests that grow to 5 each: one is preempted and,
+	// re-admitted, finds its own cached blocks, so it prefills less than
+	// with caching off. vLLM counts only first admissions in the stats.
+	scenario := func(p Params) (Snapshot, PrefixStats) {
+		var s Snapshot
+		var st PrefixStats
+		withCacheEngine(t, p, func(t *testing.T, e *Engine, log *eventLog) {
+			gen := func(i int) uint32 { return uint32(7000 + i) }
+			h1 := submit(t, e, &Request{ID: "1", PromptTokens: 32, Tokens: seqTokens(0, 32), MaxTokens: 40, OutputToken: gen})
+			h2 := submit(t, e, &Request{ID: "2", PromptTokens: 32, Tokens: seqTokens(100, 32), MaxTokens: 40, OutputToken: gen})
+			_, p1 := waitFinished(h1)
+			_, p2 := waitFinished(h2)
+			if p1.Generated != 40 || p2.Generated != 40 {
+				t.Fatalf("generated %d and %d, want 40", p1.Generated, p2.Generated)
+			}
+			s, st = e.Snapshot(), e.PrefixCacheStats()
+		})
+		return s, st
+	}
+	off := cacheParams(6)
+	off.PrefixCaching = false
+	sOff, _ := scenario(off)
+	s, st := scenario(cacheParams(6))
+	if s.Preemptions == 0 || sOff.Preemptions == 0 || s.BlocksUsed != 0 {
+		t.Fatalf("snapshots %+v / %+v: want preemptions and no block left in use", s, sOff)
+	}
+	if st.Queries != 64 || st.Hits != 0 {
+		t.Fatalf("stats %+v: want 64 queried tokens (first admissions only), 0 hits", st)
+	}
+	t.Logf("prefill tokens: %d with caching, %d without; preemptions %d / %d", s.PrefillTokens, sOff.PrefillTokens, s.Preemptions, sOff.Preemptions)
+	if s.PrefillTokens >= sOff.PrefillTokens {
+		t.Fatalf("prefill tokens %d with caching, %d without: the preempted request recomputed its cached blocks", s.PrefillTokens, sOff.PrefillTokens)
+	}
+}

@@ -1,0 +1,230 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// kvPublisher is internal/kvevents/testdata/publisher.py: a KV event
+// publisher speaking vLLM's protocol on libzmq, driven over stdin, standing
+// in for an engine's --kv-events-config publisher.
+type kvPublisher struct {
+	t        *testing.T
+	in       io.WriteCloser
+	lines    chan string
+	endpoint string
+}
+
+func startKVPublisher(t *testing.T) *kvPublisher {
+	t.Helper()
+	cmd := exec.Command("/usr/bin/python3", "../../internal/kvevents/testdata/publisher.py", "")
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("publisher: %v", err)
+	}
+	p := &kvPublisher{t: t, in: in, lines: make(chan string, 16)}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+	}()
+	t.Cleanup(func() {
+		_ = in.Close()
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	var pub, rep int
+	if _, err := fmt.Sscanf(p.line(), "ready %d %d", &pub, &rep); err != nil {
+		t.Fatalf("publisher ready line: %v", err)
+	}
+	p.endpoint = fmt.Sprintf("tcp://127.0.0.1:%d,tcp://127.0.0.1:%d", pub, rep)
+	return p
+}
+
+func (p *kvPublisher) line() string {
+	p.t.Helper()
+	select {
+	case l, ok := <-p.lines:
+		if !ok {
+			p.t.Fatal("publisher exited")
+		}
+		return l
+	case <-time.After(20 * time.Second):
+		p.t.Fatal("publisher did not answer")
+	}
+	return ""
+}
+
+// publish sends one KVEventBatch of events (named-field encoding).
+func (p *kvPublisher) publish(events ...any) {
+	p.t.Helper()
+	b, _ := json.Marshal(map[string]any{"op": "publish", "batch": []any{float64(time.Now().Unix()), events, 0}})
+	if _, err := p.in.Write(append(b, '\n')); err != nil {
+		p.t.Fatal(err)
+	}
+	if l := p.line(); !strings.HasPrefix(l, "ok") {
+		p.t.Fatalf("publisher: %q", l)
+	}
+}
+
+// stored is the BlockStored an engine publishes after caching the full
+// blocks of tokens.
+func stored(name string, tokens []int, bs int) map[string]any {
+	var hs []any
+	for i := range len(tokens) / bs {
+		hs = append(hs, map[string]string{"bytes": hex.EncodeToString(fmt.Appendf(nil, "%s/%d", name, i))})
+	}
+	return map[string]any{"type": "BlockStored", "block_hashes": hs, "parent_block_hash": nil,
+		"token_ids": tokens[:len(hs)*bs], "block_size": bs, "lora_id": nil, "medium": "GPU", "lora_name": nil}
+}
+
+func tokenize(t *testing.T, s *sim, prompt string) []int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, _, b := post(t, ctx, s.URL()+"/tokenize", fmt.Sprintf(`{"prompt":%q}`, prompt))
+	var out struct{ Tokens []int }
+	if st != 200 || json.Unmarshal(b, &out) != nil {
+		t.Fatalf("tokenize: %d %s", st, b)
+	}
+	return out.Tokens
+}
+
+// routedTo sends a completion through r and returns the worker the route
+// receipt names.
+func routedTo(t *testing.T, r *router, prompt string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, h, b := post(t, ctx, r.Base+"/v1/completions", fmt.Sprintf(`{"model":"sim-model","prompt":%q,"max_tokens":2}`, prompt))
+	if st != 200 {
+		t.Fatalf("completion: %d %s", st, b)
+	}
+	return h.Get("X-Switchyard-Route")
+}
+
+// servedBy reports whether a route receipt names s as the worker.
+func servedBy(receipt string, s *sim) bool {
+	return strings.Contains(receipt+";", "worker=http://"+s.Info.HTTPAddress+";")
+}
+
+// TestKVAwareRoutesToTheWorkerHoldingThePrefix: two routers (replicas)
+// follow the same two workers' KV events; a prompt whose blocks one worker
+// reports stored goes to that worker from both routers; once it reports
+// them cleared and the other stores them, traffic follows.
+func TestKVAwareRoutesToTheWorkerHoldingThePrefix(t *testing.T) {
+	a, b := startSim(t), startSim(t)
+	pa, pb := startKVPublisher(t), startKVPublisher(t)
+	args := []string{"--worker-urls", a.URL(), b.URL(), "--policy", "kv_aware", "--route-receipt",
+		"--kv-block-size", "4", "--kv-speculative-indexing=false",
+		"--kv-events-endpoints", a.URL() + "=" + pa.endpoint, b.URL() + "=" + pb.endpoint}
+	r1, r2 := startRouter(t, args...), startRouter(t, args...)
+	r1.WaitReady(t, 10*time.Second)
+	r2.WaitReady(t, 10*time.Second)
+
+	prompt := strings.Repeat("the quick brown fox jumps over the lazy dog ", 4)
+	toks := tokenize(t, a, prompt)
+	if len(toks) < 16 {
+		t.Fatalf("prompt tokenized to %d tokens", len(toks))
+	}
+	// An unrelated batch first, so each worker counts as publishing.
+	pa.publish(stored("a-other", []int{9, 9, 9, 9}, 4))
+	pb.publish(stored("b", toks, 4))
+	for _, r := range []*router{r1, r2} {
+		waitFor(t, 20*time.Second, "the router learns b's blocks", func() bool {
+			return servedBy(routedTo(t, r, prompt), b)
+		})
+	}
+	for range 5 {
+		for _, r := range []*router{r1, r2} {
+			if got := routedTo(t, r, prompt); !servedBy(got, b) || !strings.Contains(got, "kv match") {
+				t.Fatalf("routed %q, want %s with a kv match", got, b.Info.HTTPAddress)
+			}
+		}
+	}
+	// b evicts everything, a caches the prompt: traffic moves to a.
+	pb.publish(map[string]any{"type": "AllBlocksCleared"})
+	pa.publish(stored("a", toks, 4))
+	for _, r := range []*router{r1, r2} {
+		waitFor(t, 20*time.Second, "traffic moves to a", func() bool {
+			return servedBy(routedTo(t, r, prompt), a)
+		})
+	}
+	var ws map[string]any
+	if getJSON(t, r1.Base+"/workers", &ws) != 200 {
+		t.Fatal("/workers")
+	}
+	kv, _ := ws["kv_aware"].(map[string]any)
+	if kv == nil || kv["index_entries"].(float64) < float64(len(toks)/4) {
+		t.Fatalf("/workers kv_aware section: %v", ws["kv_aware"])
+	}
+}
+
+// TestKVAwarePDBypass: with --pd-uncached-token-threshold, a prompt the
+// decode already holds (all but fewer than N tokens) is served by the
+// decode alone; an uncached long prompt is split as usual.
+func TestKVAwarePDBypass(t *testing.T) {
+	p := startSim(t, "--role", "prefill", "--kv-connector", "nixl", "--strict")
+	d := startSim(t, "--role", "decode", "--kv-connector", "nixl", "--strict")
+	pp, pd := startKVPublisher(t), startKVPublisher(t)
+	r := startRouter(t, "--vllm-pd-disaggregation", "--kv-connector", "nixl", "--prefill", p.URL(), "--decode", d.URL(),
+		"--policy", "kv_aware", "--route-receipt", "--kv-block-size", "4", "--pd-uncached-token-threshold", "8",
+		"--kv-events-endpoints", p.URL()+"="+pp.endpoint, d.URL()+"="+pd.endpoint)
+	r.WaitReady(t, 10*time.Second)
+
+	cached := strings.Repeat("alpha beta gamma delta ", 6)
+	toks := tokenize(t, p, cached)
+	pp.publish(stored("p-other", []int{7, 7, 7, 7}, 4))
+	pd.publish(stored("d", toks, 4))
+	receipt := func(prompt string) string {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		st, h, b := post(t, ctx, r.Base+"/v1/completions", fmt.Sprintf(`{"model":"sim-model","prompt":%q,"max_tokens":3}`, prompt))
+		if st != 200 || len(completionText(t, b)) == 0 {
+			t.Fatalf("completion: %d %s", st, b)
+		}
+		return h.Get("X-Switchyard-Route")
+	}
+	waitFor(t, 20*time.Second, "the cached prompt bypasses the prefill", func() bool {
+		return strings.Contains(receipt(cached), "reason=bypass")
+	})
+	before := d.Stats(t).Requests
+	rc := receipt(cached)
+	after := d.Stats(t).Requests
+	if !strings.Contains(rc, "decode=http://"+d.Info.HTTPAddress) || strings.Contains(rc, "prefill=") ||
+		after.Plain != before.Plain+1 || after.DecodeLeg != before.DecodeLeg {
+		t.Fatalf("bypass receipt %q; decode plain %d→%d, decode legs %d→%d", rc, before.Plain, after.Plain, before.DecodeLeg, after.DecodeLeg)
+	}
+	// A long prompt nobody holds is split.
+	long := strings.Repeat("omega psi chi phi ", 8)
+	if rc := receipt(long); strings.Contains(rc, "bypass") || !strings.Contains(rc, "prefill=http://"+p.Info.HTTPAddress) {
+		t.Fatalf("uncached prompt receipt %q", rc)
+	}
+	// A short prompt (fewer tokens than the threshold) always bypasses.
+	if rc := receipt("tiny"); !strings.Contains(rc, "reason=bypass") {
+		t.Fatalf("short prompt receipt %q", rc)
+	}
+}
