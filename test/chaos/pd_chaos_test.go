@@ -207,8 +207,12 @@ func dropWriteDone(t *testing.T, strict bool) {
 	f.r.alive(t)
 
 	c := res.checkEnded(t)
-	if lat := res.maxLatency(); lat > kvWait+3*time.Second {
-		t.Errorf("a request took %v: the kv-wait timeout (%v) did not bound it", lat, kvWait)
+	// Without the kv-wait timeout a request whose KV never arrives waits
+	// for the 8 s request timeout; with it, one wasted kv-wait and a
+	// failover. 6 s keeps the two apart with room for a loaded machine
+	// (4.6 s seen with every core busy).
+	if lat := res.maxLatency(); lat > 6*time.Second {
+		t.Errorf("a request took %v: the kv-wait timeout (%v) did not bound it (request timeout 8 s)", lat, kvWait)
 	}
 	res.endedBefore(drop).checkSuccessRate(t, "before the fault", time.Time{}, time.Time{}, 1)
 	m := f.r.scrape(t)
