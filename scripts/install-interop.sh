@@ -6,12 +6,14 @@
 # the imports and returns in a few seconds. Packages come from the registry
 # only (pip's cache is reused); nothing is fetched from a model hub.
 #
-#   INTEROP_VENV   where the environment goes (default .venv-interop in the repo)
+#   INTEROP_VENV   where the environment goes (default ~/.cache/switchyard-interop/venv:
+#                  outside the clone, so a fresh clone on the same machine, as CI's,
+#                  finds it installed; about 7 GiB, 9-12 minutes to install from pip's cache)
 #   INTEROP_MODEL  where the tiny model goes (default .interop/model/tiny-llama)
 #   INTEROP_PYTHON the Python 3.11+ interpreter to build the venv from
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
-venv="${INTEROP_VENV:-$repo/.venv-interop}"
+venv="${INTEROP_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/switchyard-interop/venv}"
 reqs="$repo/scripts/interop/requirements.txt"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
