@@ -222,55 +222,70 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "interop: skipping the real-engine tests:", skipReason)
 		return m.Run()
 	}
+	defer stopFleet()
+	return m.Run()
+}
+
+var (
+	fleetOnce sync.Once
+	fleetErr  error
+	fleetDirs []string
+)
+
+// startFleet builds the binaries and starts the three engines, once per
+// test binary, on the first test that needs them (a run that selects no
+// test, such as the benchmark smoke run, starts nothing).
+func startFleet() error {
 	dir, err := harness.Build("switchyard-interop-", nil, "../../cmd/switchyard", "../../cmd/sybench")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return err
 	}
-	defer os.RemoveAll(dir)
 	bins.Dir = dir
 	logDir, err := os.MkdirTemp("", "switchyard-interop-logs-")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return err
 	}
-	defer os.RemoveAll(logDir)
-
+	fleetDirs = []string{dir, logDir}
 	ports, err := freePorts(5)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return err
 	}
 	unified = newEngine("unified", ports[0], 0, "", logDir)
 	prefill = newEngine("prefill", ports[1], ports[3], "kv_producer", logDir)
 	decode = newEngine("decode", ports[2], ports[4], "kv_consumer", logDir)
-	all := []*engine{unified, prefill, decode}
-	defer func() {
-		for _, e := range all {
-			e.stop()
-		}
-	}()
-	for _, e := range all {
+	for _, e := range fleet() {
 		if err := e.start(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+			return err
 		}
 	}
-	for _, e := range all {
+	for _, e := range fleet() {
 		took, err := e.waitReady(engineReadyWithin)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "interop:", err)
-			return 1
+			return err
 		}
 		fmt.Fprintf(os.Stderr, "interop: engine %s ready %v after its start (the three start together)\n", e.name, took.Round(100*time.Millisecond))
 	}
-	code := m.Run()
-	if code != 0 {
-		for _, e := range all {
-			fmt.Fprintf(os.Stderr, "--- %s log tail:\n%s\n", e.name, e.logTail(6000))
+	return nil
+}
+
+func fleet() []*engine {
+	var es []*engine
+	for _, e := range []*engine{unified, prefill, decode} {
+		if e != nil {
+			es = append(es, e)
 		}
 	}
-	return code
+	return es
+}
+
+// stopFleet stops every engine started and removes the build and logs.
+func stopFleet() {
+	for _, e := range fleet() {
+		e.stop()
+	}
+	for _, d := range fleetDirs {
+		os.RemoveAll(d)
+	}
 }
 
 func freePorts(n int) ([]int, error) {
@@ -298,12 +313,24 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// needEnv skips t when the environment is absent.
+// needEnv skips t when the environment is absent, and otherwise starts
+// the fleet if it is not running yet.
 func needEnv(t *testing.T) {
 	t.Helper()
 	if skipReason != "" {
 		t.Skip("interop: " + skipReason)
 	}
+	fleetOnce.Do(func() { fleetErr = startFleet() })
+	if fleetErr != nil {
+		t.Fatalf("interop: %v", fleetErr)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, e := range fleet() {
+				t.Logf("--- %s log tail:\n%s", e.name, e.logTail(3000))
+			}
+		}
+	})
 }
 
 // --- HTTP helpers ---

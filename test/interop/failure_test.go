@@ -111,6 +111,7 @@ func TestFailurePrefillKilled(t *testing.T) {
 		if ok, why := o.explicit(); !ok {
 			t.Errorf("request %d (after %v): %s", i, o.took.Round(time.Millisecond), why)
 		}
+		t.Logf("in flight %d: status %d after %v, ends %q", i, o.status, o.took.Round(time.Millisecond), harness.Tail(strings.TrimSpace(o.body), 160))
 	}
 	o := streamRequest(r.Base, "[prefill-kill] while down", 8, 60*time.Second)
 	if ok, why := o.explicit(); !ok || o.status == 200 {

@@ -41,7 +41,7 @@ func decodeCounters(t *testing.T) kvCounters {
 // pdPrompts are the oracle's prompts: several lengths, the longest well
 // over several 32-token KV blocks.
 func pdPrompts() []string {
-	long := strings.Repeat("The decode engine pulls every block the prefill engine computed. ", 12)
+	long := strings.Repeat("The decode engine pulls every block the prefill engine computed. ", 30)
 	return []string{
 		"Hi",
 		"The router",
