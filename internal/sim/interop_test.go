@@ -31,6 +31,8 @@ func TestErrorsMatchVLLM032(t *testing.T) {
 			"The model `nope` does not exist. Valid aliases: m1."},
 		{"no prompt", "/v1/completions", map[string]any{"max_tokens": 2}, 400, "BadRequestError", "prompt",
 			"Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)"},
+		{"chat without messages", "/v1/chat/completions", map[string]any{"model": "m1", "max_tokens": 2}, 400, "Bad Request", "body.messages",
+			"1 validation error:\n  {'type': 'missing', 'loc': 'body.messages', 'msg': 'Field required', 'input': '<dict of 2 items>'}"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -163,6 +163,15 @@ func decodeBody(body []byte, v any) *apiError {
 	return nil
 }
 
+// missingMessages is vLLM 0.32's 400 for a chat body without messages:
+// FastAPI's request validation error, as its handler renders it.
+func missingMessages(body []byte) *apiError {
+	var top map[string]json.RawMessage
+	_ = json.Unmarshal(body, &top)
+	return &apiError{status: 400, typ: "Bad Request", param: "body.messages", message: fmt.Sprintf(
+		"1 validation error:\n  {'type': 'missing', 'loc': 'body.messages', 'msg': 'Field required', 'input': '<dict of %d items>'}", len(top))}
+}
+
 // parseGen validates a generation body. It mirrors vLLM's 400s.
 func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *apiError) {
 	g := &genReq{chat: chat, xRequestID: xrid}
@@ -187,7 +196,7 @@ func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *api
 
 	if chat {
 		if len(raw.Messages) == 0 || string(raw.Messages) == "null" {
-			return g, &apiError{status: 400, typ: "BadRequestError", message: "Field required: messages", param: "messages"}
+			return g, missingMessages(body)
 		}
 		msgs, err := parseMessages(raw.Messages)
 		if err != nil {
