@@ -67,6 +67,11 @@ func TestBenchServeAgainstPD(t *testing.T) {
 	needEnv(t)
 	r := pdRouter(t)
 	dir := t.TempDir()
+	// A short warm-up first, so neither measured run pays the fleet's
+	// first requests.
+	runTool(t, 2*time.Minute, os.Environ(), filepath.Join(bins.Dir, "sybench"), "--backend", "vllm", "--base-url", r.Base,
+		"--model", modelDir, "--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "16",
+		"--num-prompts", "8", "--max-concurrency", "4", "--disable-tqdm")
 	args := append([]string{"bench", "serve", "--backend", "vllm", "--base-url", r.Base,
 		"--model", modelDir, "--tokenizer", modelDir,
 		"--result-dir", dir, "--result-filename", "vllm.json"}, benchLoad...)
