@@ -4,7 +4,7 @@ GO ?= go
 BIN := bin
 export CGO_ENABLED ?= 1
 
-.PHONY: all build run test test-short lint vet fmt bench bench-smoke fuzz-smoke e2e bench-pd bench-overhead bench-ceiling bench-warmup chaos deps clean dashboard-snapshot dashboard-json
+.PHONY: all build run test test-short lint vet fmt bench bench-smoke fuzz-smoke e2e bench-pd bench-overhead bench-ceiling bench-warmup chaos deps clean dashboard-snapshot dashboard-json interop interop-deps
 
 all: build
 
@@ -83,6 +83,15 @@ dashboard-snapshot: build
 # deploy/grafana/switchyard.json from internal/dashboard.
 dashboard-json:
 	$(GO) run ./cmd/dashboard-snapshot --write-dashboard deploy/grafana/switchyard.json
+
+# Real vLLM CPU engines in the loop (docs/INTEROP.md): install the Python
+# environment and the tiny model, then run test/interop, failing if the
+# environment is missing.
+interop-deps:
+	./scripts/install-interop.sh
+
+interop: interop-deps
+	INTEROP_REQUIRED=1 $(GO) test -count=1 -p 1 -timeout 30m -v ./test/interop/
 
 clean:
 	rm -rf $(BIN)

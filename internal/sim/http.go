@@ -369,17 +369,22 @@ func (in *Instance) handleMetrics(w http.ResponseWriter, _ *http.Request) {
 	}
 	counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", in.ctr.promptTokens.Load())
 	counter("vllm:generation_tokens_total", "Number of generation tokens processed.", in.ctr.generationTokens.Load())
-	var length, stop, abort uint64
+	// vLLM 0.32 counts a request its client aborted in none of these
+	// reasons ("abort" stays 0 then); a failed request is an "error".
+	var length, stop, failed uint64
 	for _, e := range in.engines {
 		s := e.Snapshot()
 		length += s.FinishedLength
 		stop += s.FinishedStop
-		abort += s.Aborted + s.Failed
+		failed += s.Failed
 	}
 	b.WriteString("# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter\n")
-	fmt.Fprintf(&b, "vllm:request_success_total{finished_reason=\"length\",model_name=%s} %d\n", model, length)
-	fmt.Fprintf(&b, "vllm:request_success_total{finished_reason=\"stop\",model_name=%s} %d\n", model, stop)
-	fmt.Fprintf(&b, "vllm:request_success_total{finished_reason=\"abort\",model_name=%s} %d\n", model, abort)
+	for _, r := range []struct {
+		reason string
+		n      uint64
+	}{{"stop", stop}, {"length", length}, {"abort", 0}, {"error", failed}, {"repetition", 0}} {
+		fmt.Fprintf(&b, "vllm:request_success_total{finished_reason=%q,model_name=%s} %d\n", r.reason, model, r.n)
+	}
 	in.writePrefixCacheMetrics(&b, model)
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	_, _ = io.WriteString(w, b.String())

@@ -137,7 +137,7 @@ func TestErrorsLikeVLLM(t *testing.T) {
 		{"missing messages", "/v1/chat/completions", map[string]any{"max_tokens": 3}, 400},
 		{"bad type", "/v1/completions", map[string]any{"prompt": "a", "max_tokens": "x"}, 400},
 		{"zero max_tokens", "/v1/completions", map[string]any{"prompt": "a", "max_tokens": 0}, 400},
-		{"too long", "/v1/completions", map[string]any{"prompt": "a", "max_tokens": 100}, 400},
+		{"max_tokens over max_model_len", "/v1/completions", map[string]any{"prompt": "a", "max_tokens": 101}, 400},
 		{"stream_options without stream", "/v1/completions", map[string]any{"prompt": "a", "stream_options": map[string]any{"include_usage": true}}, 400},
 		{"wrong model", "/v1/completions", map[string]any{"prompt": "a", "model": "other"}, 404},
 		{"bad kv params", "/v1/completions", map[string]any{"prompt": "a", "kv_transfer_params": 3}, 400},

@@ -164,6 +164,15 @@ func decodeBody(body []byte, v any) *apiError {
 	return nil
 }
 
+// missingMessages is vLLM 0.32's 400 for a chat body without messages:
+// FastAPI's request validation error, as its handler renders it.
+func missingMessages(body []byte) *apiError {
+	var top map[string]json.RawMessage
+	_ = json.Unmarshal(body, &top)
+	return &apiError{status: 400, typ: "Bad Request", param: "body.messages", message: fmt.Sprintf(
+		"1 validation error:\n  {'type': 'missing', 'loc': 'body.messages', 'msg': 'Field required', 'input': '<dict of %d items>'}", len(top))}
+}
+
 // parseGen validates a generation body. It mirrors vLLM's 400s.
 func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *apiError) {
 	g := &genReq{chat: chat, xRequestID: xrid}
@@ -182,13 +191,13 @@ func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *api
 	g.kv = kv
 
 	if raw.Model != nil && *raw.Model != "" && *raw.Model != in.cfg.Model {
-		return g, &apiError{status: http.StatusNotFound, typ: "NotFoundError", message: fmt.Sprintf("The model `%s` does not exist.", *raw.Model), param: "model"}
+		return g, &apiError{status: http.StatusNotFound, typ: "NotFoundError", message: fmt.Sprintf("The model `%s` does not exist. Valid aliases: %s.", *raw.Model, in.cfg.Model), param: "model"}
 	}
 	g.model = in.cfg.Model
 
 	if chat {
 		if len(raw.Messages) == 0 || string(raw.Messages) == "null" {
-			return g, &apiError{status: 400, typ: "BadRequestError", message: "Field required: messages", param: "messages"}
+			return g, missingMessages(body)
 		}
 		msgs, err := parseMessages(raw.Messages)
 		if err != nil {
@@ -197,7 +206,7 @@ func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *api
 		g.prompts = [][]uint32{oracle.Tokenize(oracle.ChatPrompt(msgs))}
 	} else {
 		if len(raw.Prompt) == 0 || string(raw.Prompt) == "null" {
-			return g, &apiError{status: 400, typ: "BadRequestError", message: "Field required: prompt", param: "prompt"}
+			return g, &apiError{status: 400, typ: "BadRequestError", message: "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)", param: "prompt"}
 		}
 		prompts, err := parsePrompts(raw.Prompt)
 		if err != nil {
@@ -224,10 +233,24 @@ func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *api
 	for _, p := range g.prompts {
 		L = max(L, len(p))
 	}
+	// vLLM 0.32 checks the prompt alone against the context, then
+	// max_tokens alone; a prompt plus max_tokens over the context is
+	// accepted and generation stops at the context (finish "length").
+	if L >= in.cfg.MaxModelLen {
+		n := min(L, in.cfg.MaxModelLen+1) // vLLM tokenizes at most max_model_len+1
+		return g, &apiError{status: 400, typ: "BadRequestError", param: "input_tokens", message: fmt.Sprintf(
+			"This model's maximum context length is %d tokens. However, your prompt contains at least %d input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=%d)",
+			in.cfg.MaxModelLen, n, n)}
+	}
 	switch {
 	case maxVal != nil:
 		if *maxVal < 1 {
-			return g, &apiError{status: 400, typ: "BadRequestError", message: fmt.Sprintf("%s must be at least 1, got %d.", maxField, *maxVal), param: maxField}
+			return g, &apiError{status: 400, typ: "BadRequestError", message: fmt.Sprintf("%s must be at least 1, got %d. (parameter=%s, value=%d)", maxField, *maxVal, maxField, *maxVal), param: maxField}
+		}
+		if *maxVal > in.cfg.MaxModelLen {
+			return g, &apiError{status: 400, typ: "BadRequestError", message: fmt.Sprintf(
+				"%s=%d cannot be greater than max_model_len=%d. Please request fewer output tokens. (parameter=%s, value=%d)",
+				maxField, *maxVal, in.cfg.MaxModelLen, maxField, *maxVal), param: maxField}
 		}
 		g.maxTokens = *maxVal
 	case chat:
@@ -235,11 +258,7 @@ func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *api
 	default:
 		g.maxTokens = completionsDefaultMaxTokens
 	}
-	if L+g.maxTokens > in.cfg.MaxModelLen || g.maxTokens < 1 {
-		return g, &apiError{status: 400, typ: "BadRequestError", message: fmt.Sprintf(
-			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-			in.cfg.MaxModelLen, L+g.maxTokens, L, g.maxTokens)}
-	}
+	g.maxTokens = min(g.maxTokens, in.cfg.MaxModelLen-L)
 	if raw.MinTokens != nil {
 		if *raw.MinTokens < 0 {
 			return g, &apiError{status: 400, typ: "BadRequestError", message: fmt.Sprintf("min_tokens must be greater than or equal to 0, got %d.", *raw.MinTokens), param: "min_tokens"}
