@@ -1,0 +1,599 @@
+package scenario
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/bench"
+)
+
+// KVConfig is the KV-aware routing scenario: a shared-prefix workload over
+// vllm-sims whose prefix caches are small enough that where a group's
+// prompts go decides whether its prefix stays cached.
+type KVConfig struct {
+	Policies    []string // compared in every repetition, interleaved
+	Concurrency []int    // load points
+	Repeats     int
+	Groups      int // shared system prompts
+	PerGroup    int // distinct questions per group
+	PrefixLen   int // tokens of a group's system prompt
+	QuestionLen int // tokens of a question
+	OutputLen   int
+	BlockSize   int // vllm-sim --block-size = switchyard --kv-block-size
+	NumBlocks   int // vllm-sim --num-blocks of every worker
+	Unified     int // unified workers
+	PD          bool
+	Seed        int64
+	// PointTimeout bounds one measured run.
+	PointTimeout time.Duration
+}
+
+// DefaultKVConfig: 16 groups of 512-token system prompts (32 blocks each,
+// 512 blocks in all) over 4 workers of 256 blocks: the fleet holds every
+// prefix twice over, one worker holds a quarter of them. A policy that
+// spreads a group over every worker needs 2048 blocks and evicts.
+func DefaultKVConfig() KVConfig {
+	return KVConfig{
+		Policies:     []string{"round_robin", "cache_aware", "kv_aware"},
+		Concurrency:  []int{4, 16},
+		Repeats:      2,
+		Groups:       16,
+		PerGroup:     16,
+		PrefixLen:    512,
+		QuestionLen:  64,
+		OutputLen:    16,
+		BlockSize:    16,
+		NumBlocks:    256,
+		Unified:      4,
+		PD:           true,
+		Seed:         2026,
+		PointTimeout: time.Minute,
+	}
+}
+
+// QuickKVConfig is a smoke run: one load point, one repetition.
+func QuickKVConfig() KVConfig {
+	c := DefaultKVConfig()
+	c.Concurrency = []int{8}
+	c.Repeats = 1
+	c.PerGroup = 8
+	c.PointTimeout = 30 * time.Second
+	return c
+}
+
+// prompts is the number of requests of one run.
+func (c KVConfig) prompts() int { return c.Groups * c.PerGroup }
+
+// prefixBlocks is the full blocks of one system prompt.
+func (c KVConfig) prefixBlocks() int { return c.PrefixLen / c.BlockSize }
+
+// BestHitRate is the bound on the workers' prefix-cache hit rate: every
+// group's prefix computed exactly once (its first request), every later
+// request of the group finding the prefix's full blocks cached, no question
+// token ever cached (questions are distinct random words). It holds when
+// the fleet can keep every prefix without eviction (FitsFleet).
+func (c KVConfig) BestHitRate() float64 {
+	cachedPerReq := float64(c.prefixBlocks() * c.BlockSize)
+	hits := cachedPerReq * float64(c.Groups*(c.PerGroup-1))
+	queries := float64(c.prompts() * (c.PrefixLen + c.QuestionLen))
+	return hits / queries
+}
+
+// FitsFleet reports whether every group's prefix fits the fleet's caches
+// once with room for one running request per worker and concurrency slot.
+func (c KVConfig) FitsFleet(workers, conc int) bool {
+	perReq := (c.PrefixLen + c.QuestionLen + c.OutputLen + c.BlockSize - 1) / c.BlockSize
+	return c.Groups*c.prefixBlocks()+conc*perReq <= workers*c.NumBlocks
+}
+
+// KVRun is one measured run.
+type KVRun struct {
+	Fleet       string // "unified" or "2P2D"
+	Policy      string
+	Concurrency int
+	Rep         int
+	Row         bench.SweepRow
+	Queries     uint64 // prefix-cache queries at the measured workers
+	Hits        uint64
+	Evictions   uint64
+	Note        string
+}
+
+// HitRate is Hits/Queries.
+func (r KVRun) HitRate() float64 {
+	if r.Queries == 0 {
+		return math.NaN()
+	}
+	return float64(r.Hits) / float64(r.Queries)
+}
+
+// KVReport is the result of RunKV.
+type KVReport struct {
+	Config  KVConfig
+	Options Options
+	Machine string
+	Runs    []KVRun
+	Notes   []string
+	Elapsed time.Duration
+}
+
+func (r *KVReport) head() (*time.Duration, *[]string) { return &r.Elapsed, &r.Notes }
+
+// RunKV runs the comparison on a unified fleet and then a 2P2D NIXL fleet.
+// Every run starts from empty caches and a fresh router; the policies
+// alternate within each repetition. It writes kv.md under OutDir.
+func RunKV(ctx context.Context, o Options, c KVConfig) (*KVReport, error) {
+	return runScenario(ctx, o, scenarioSpec[*KVReport]{
+		name: "kv", defMax: 10 * time.Minute, skipped: "runs",
+		report:  func(e *env) *KVReport { return &KVReport{Config: c, Options: e.o, Machine: e.m.String()} },
+		run:     func(ctx context.Context, e *env, rep *KVReport) error { return e.runKV(ctx, c, rep) },
+		partial: func(rep *KVReport) bool { return len(rep.Runs) > 0 },
+		files:   []scenarioFile[*KVReport]{{"kv.md", (*KVReport).WriteMarkdown}},
+	})
+}
+
+// kvFleet is the workers of one phase and how a router is put in front.
+type kvFleet struct {
+	name     string
+	sims     []*sim
+	measured []*sim // whose prefix-cache counters count (the prefills in PD)
+	args     func(policy string) []string
+}
+
+func (e *env) runKV(ctx context.Context, c KVConfig, rep *KVReport) error {
+	uf, err := e.kvUnified(ctx, c)
+	if err != nil {
+		return err
+	}
+	if err := e.kvPhase(ctx, c, uf, rep); err != nil {
+		return err
+	}
+	e.g.stop(simProcs(uf.sims)...)
+	if !c.PD {
+		return nil
+	}
+	pf, err := e.kvPD(ctx, c)
+	if err != nil {
+		return err
+	}
+	defer e.g.stop(simProcs(pf.sims)...)
+	return e.kvPhase(ctx, c, pf, rep)
+}
+
+func simProcs(ss []*sim) []*proc {
+	var ps []*proc
+	for _, s := range ss {
+		ps = append(ps, s.proc)
+	}
+	return ps
+}
+
+// kvSimArgs are the prefix-cache and KV-event flags of every worker.
+func (c KVConfig) kvSimArgs() []string {
+	return []string{"--block-size", strconv.Itoa(c.BlockSize), "--num-blocks", strconv.Itoa(c.NumBlocks),
+		"--max-model-len", strconv.Itoa(c.NumBlocks * c.BlockSize), "--enable-prompt-tokens-details",
+		"--kv-events-config", `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:0","replay_endpoint":"tcp://*:0"}`}
+}
+
+// kvRouterArgs are the kv_aware flags for the workers' event endpoints.
+func kvRouterArgs(ctx context.Context, c KVConfig, sims []*sim) ([]string, error) {
+	args := []string{"--kv-block-size", strconv.Itoa(c.BlockSize), "--kv-events-endpoints"}
+	for _, s := range sims {
+		st, err := getSimKV(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		ev := st.Engines[0].KVEvents
+		args = append(args, s.URL()+"="+ev.Endpoint+","+ev.ReplayEndpoint)
+	}
+	return args, nil
+}
+
+func (e *env) kvUnified(ctx context.Context, c KVConfig) (*kvFleet, error) {
+	f := &kvFleet{name: fmt.Sprintf("%d unified", c.Unified)}
+	for i := range c.Unified {
+		s, err := e.g.startSim(ctx, fmt.Sprintf("sim-kv-unified-%d", i), append([]string{"--role", "unified"}, c.kvSimArgs()...)...)
+		if err != nil {
+			e.g.stop(simProcs(f.sims)...)
+			return nil, err
+		}
+		f.sims = append(f.sims, s)
+	}
+	f.measured = f.sims
+	kv, err := kvRouterArgs(ctx, c, f.sims)
+	if err != nil {
+		e.g.stop(simProcs(f.sims)...)
+		return nil, err
+	}
+	f.args = func(policy string) []string {
+		a := []string{"--policy", policy, "--worker-urls"}
+		for _, s := range f.sims {
+			a = append(a, s.URL())
+		}
+		return append(a, kv...)
+	}
+	return f, nil
+}
+
+func (e *env) kvPD(ctx context.Context, c KVConfig) (*kvFleet, error) {
+	f := &kvFleet{name: "2P2D NIXL"}
+	var ps, ds []*sim
+	for _, role := range []string{"prefill", "prefill", "decode", "decode"} {
+		s, err := e.g.startSim(ctx, fmt.Sprintf("sim-kv-%s-%d", role, len(f.sims)),
+			append([]string{"--role", role, "--kv-connector", "nixl"}, c.kvSimArgs()...)...)
+		if err != nil {
+			e.g.stop(simProcs(f.sims)...)
+			return nil, err
+		}
+		f.sims = append(f.sims, s)
+		if role == "prefill" {
+			ps = append(ps, s)
+		} else {
+			ds = append(ds, s)
+		}
+	}
+	f.measured = ps
+	kv, err := kvRouterArgs(ctx, c, f.sims)
+	if err != nil {
+		e.g.stop(simProcs(f.sims)...)
+		return nil, err
+	}
+	f.args = func(policy string) []string {
+		a := []string{"--vllm-pd-disaggregation", "--kv-connector", "nixl", "--policy", policy}
+		for _, s := range ps {
+			a = append(a, "--prefill", s.URL())
+		}
+		for _, s := range ds {
+			a = append(a, "--decode", s.URL())
+		}
+		return append(a, kv...)
+	}
+	return f, nil
+}
+
+// kvPhase runs every (repetition, load point, policy) on one fleet.
+func (e *env) kvPhase(ctx context.Context, c KVConfig, f *kvFleet, rep *KVReport) error {
+	for r := range c.Repeats {
+		for _, conc := range c.Concurrency {
+			for _, pol := range c.Policies {
+				d, err := e.budget(c.PointTimeout, 15*time.Second)
+				if err != nil {
+					return err
+				}
+				run, err := e.kvRun(ctx, c, f, pol, conc, d)
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				run.Rep = r + 1
+				if err != nil {
+					run.Note = firstLine(err.Error())
+					rep.Notes = append(rep.Notes, fmt.Sprintf("%s %s C=%d rep %d: %s", f.name, pol, conc, r+1, firstLine(err.Error())))
+				}
+				rep.Runs = append(rep.Runs, run)
+				e.printf("%-10s %-12s C=%-3d rep %d hit %5.1f%% %s\n", f.name, pol, conc, r+1, 100*run.HitRate(), rowSummary(run.Row))
+			}
+		}
+	}
+	return nil
+}
+
+// kvRun is one measured run: empty caches, a fresh router, the load.
+func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, conc int, d time.Duration) (KVRun, error) {
+	run := KVRun{Fleet: f.name, Policy: policy, Concurrency: conc}
+	run.Row = failedRow("switchyard", policy, conc, c.prompts())
+	for _, s := range f.sims {
+		if err := resetPrefixCache(ctx, s); err != nil {
+			return run, err
+		}
+	}
+	r, _, err := e.g.startRouter(ctx, "switchyard-kv-"+policy, func(int) []string { return f.args(policy) })
+	if err != nil {
+		return run, err
+	}
+	defer e.g.stop(r.proc)
+	if err := r.waitReady(ctx); err != nil {
+		return run, err
+	}
+	if policy == "kv_aware" {
+		if err := waitKVEvents(ctx, r, len(f.sims)); err != nil {
+			return run, err
+		}
+	}
+	before, err := prefixTotals(ctx, f.measured)
+	if err != nil {
+		return run, err
+	}
+	res, err := bench.Run(ctx, c.benchConfig(r.base, conc, d))
+	if err != nil {
+		return run, err
+	}
+	after, err := prefixTotals(ctx, f.measured)
+	if err != nil {
+		return run, err
+	}
+	run.Row = sweepRow("switchyard", policy, res)
+	run.Queries, run.Hits, run.Evictions = after.Queries-before.Queries, after.Hits-before.Hits, after.Evictions-before.Evictions
+	if errs := failureReasons(res, 3); len(errs) > 0 {
+		return run, fmt.Errorf("%d failed: %s", res.Metrics.Failed, strings.Join(errs, " | "))
+	}
+	if res.Stopped {
+		return run, errors.New("stopped by its max duration")
+	}
+	return run, nil
+}
+
+// benchConfig is sybench's shared-prefix load of one run.
+func (c KVConfig) benchConfig(base string, conc int, d time.Duration) bench.Config {
+	cfg := bench.DefaultConfig()
+	cfg.BaseURL = base
+	cfg.Backend = bench.BackendVLLM
+	cfg.Model = simModel
+	cfg.DatasetName = bench.DatasetSharedPrefix
+	cfg.SharedPrefixGroups, cfg.SharedPrefixPromptsPerGroup, cfg.SharedPrefixLen = c.Groups, c.PerGroup, c.PrefixLen
+	cfg.InputLen, cfg.OutputLen, cfg.RangeRatio = c.QuestionLen, c.OutputLen, 0
+	cfg.NumPrompts = c.prompts()
+	cfg.NumWarmups = 0
+	cfg.MaxConcurrency = conc
+	cfg.IgnoreEOS = true
+	cfg.Seed = c.Seed
+	cfg.MaxDuration = d
+	cfg.DiscardText = true
+	cfg.MetricPercentiles = []float64{50, 99}
+	return cfg
+}
+
+// flags is the equivalent sybench command line of one run (for docs).
+func (c KVConfig) flags(conc int) string {
+	return fmt.Sprintf("--backend vllm --dataset-name shared-prefix --shared-prefix-groups %d --shared-prefix-prompts-per-group %d --shared-prefix-len %d --random-input-len %d --random-range-ratio 0 --random-output-len %d --num-prompts %d --num-warmups 0 --max-concurrency %d --ignore-eos --seed %d",
+		c.Groups, c.PerGroup, c.PrefixLen, c.QuestionLen, c.OutputLen, c.prompts(), conc, c.Seed)
+}
+
+// simKV is the prefix-cache part of vllm-sim's /sim/stats.
+type simKV struct {
+	Engines []struct {
+		PrefixCache struct {
+			Queries      uint64 `json:"queries"`
+			Hits         uint64 `json:"hits"`
+			CachedBlocks int    `json:"cached_blocks"`
+			Evictions    uint64 `json:"evictions"`
+			ResetsFailed uint64 `json:"resets_failed"`
+		} `json:"prefix_cache"`
+		KVEvents *struct {
+			Endpoint       string `json:"endpoint"`
+			ReplayEndpoint string `json:"replay_endpoint"`
+		} `json:"kv_events"`
+	} `json:"engines"`
+}
+
+func getJSON(ctx context.Context, url string, v any) error {
+	client := &http.Client{Timeout: httpGetTimeout}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: HTTP %d", url, resp.StatusCode)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return fmt.Errorf("GET %s: %w", url, err)
+	}
+	return nil
+}
+
+func getSimKV(ctx context.Context, s *sim) (simKV, error) {
+	var st simKV
+	if err := getJSON(ctx, s.URL()+"/sim/stats", &st); err != nil {
+		return st, err
+	}
+	if len(st.Engines) == 0 || st.Engines[0].KVEvents == nil {
+		return st, fmt.Errorf("%s publishes no KV events", s.name)
+	}
+	return st, nil
+}
+
+type prefixTotal struct{ Queries, Hits, Evictions uint64 }
+
+func prefixTotals(ctx context.Context, ss []*sim) (prefixTotal, error) {
+	var t prefixTotal
+	for _, s := range ss {
+		st, err := getSimKV(ctx, s)
+		if err != nil {
+			return t, err
+		}
+		for _, en := range st.Engines {
+			t.Queries += en.PrefixCache.Queries
+			t.Hits += en.PrefixCache.Hits
+			t.Evictions += en.PrefixCache.Evictions
+		}
+	}
+	return t, nil
+}
+
+// resetPrefixCache empties s's prefix cache (POST /reset_prefix_cache) and
+// waits until /sim/stats shows no cached block; an engine with blocks in
+// use refuses, so it retries until the deadline.
+func resetPrefixCache(ctx context.Context, s *sim) error {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	client := &http.Client{Timeout: httpGetTimeout}
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/reset_prefix_cache", nil)
+		if resp, err := client.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		st, err := getSimKV(ctx, s)
+		if err == nil && st.Engines[0].PrefixCache.CachedBlocks == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: prefix cache not emptied: %v", s.name, ctx.Err())
+		case <-time.After(pollInterval):
+		}
+	}
+}
+
+// waitKVEvents waits until the router has applied events of n workers
+// (the reset's AllBlocksCleared, replayed), so kv_aware routes by them.
+func waitKVEvents(ctx context.Context, r *router, n int) error {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	for {
+		var ws struct {
+			KV struct {
+				Workers map[string]struct {
+					Events bool `json:"events"`
+				} `json:"workers"`
+			} `json:"kv_aware"`
+		}
+		if err := getJSON(ctx, r.base+"/workers", &ws); err == nil {
+			k := 0
+			for _, w := range ws.KV.Workers {
+				if w.Events {
+					k++
+				}
+			}
+			if k >= n {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("router has no KV events of every worker: %w", ctx.Err())
+		case <-time.After(pollInterval):
+		}
+	}
+}
+
+// kvAgg is the median over repetitions of one (fleet, C, policy).
+type kvAgg struct {
+	Fleet              string
+	Policy             string
+	Concurrency        int
+	N                  int
+	HitRate, TTFT50    float64
+	TTFT99, Throughput float64
+	Evictions, Failed  float64
+}
+
+func median(xs []float64) float64 {
+	ys := slices.Clone(xs)
+	ys = slices.DeleteFunc(ys, math.IsNaN)
+	if len(ys) == 0 {
+		return math.NaN()
+	}
+	slices.Sort(ys)
+	if len(ys)%2 == 1 {
+		return ys[len(ys)/2]
+	}
+	return (ys[len(ys)/2-1] + ys[len(ys)/2]) / 2
+}
+
+// aggregate returns the medians per (fleet, C, policy) in the order of
+// their first run (fleet, then C, then policy).
+func (r *KVReport) aggregate() []kvAgg {
+	var out []kvAgg
+	idx := map[string]int{}
+	type acc struct{ hit, t50, t99, thr, ev, failed []float64 }
+	accs := []acc{}
+	for _, run := range r.Runs {
+		k := fmt.Sprintf("%s|%d|%s", run.Fleet, run.Concurrency, run.Policy)
+		i, ok := idx[k]
+		if !ok {
+			i = len(out)
+			idx[k] = i
+			out = append(out, kvAgg{Fleet: run.Fleet, Policy: run.Policy, Concurrency: run.Concurrency})
+			accs = append(accs, acc{})
+		}
+		a := &accs[i]
+		a.hit = append(a.hit, run.HitRate())
+		a.t50 = append(a.t50, run.Row.TTFTP50)
+		a.t99 = append(a.t99, run.Row.TTFTP99)
+		a.thr = append(a.thr, run.Row.RequestThroughput)
+		a.ev = append(a.ev, float64(run.Evictions))
+		a.failed = append(a.failed, float64(run.Row.Failed))
+		out[i].N++
+	}
+	for i := range out {
+		a := accs[i]
+		out[i].HitRate, out[i].TTFT50, out[i].TTFT99 = median(a.hit), median(a.t50), median(a.t99)
+		out[i].Throughput, out[i].Evictions, out[i].Failed = median(a.thr), median(a.ev), median(a.failed)
+	}
+	return out
+}
+
+func pct(v float64) string {
+	if math.IsNaN(v) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.1f %%", 100*v)
+}
+
+// WriteMarkdown writes the report.
+func (r *KVReport) WriteMarkdown(w io.Writer) error {
+	c := r.Config
+	var b bytes.Buffer
+	best := c.BestHitRate()
+	fmt.Fprintf(&b, "# KV-aware routing: shared-prefix workload\n\n")
+	fmt.Fprintf(&b, "`%s` on %s, %s.\n\n", r.Options.Command, r.Machine, sec(r.Elapsed))
+	fmt.Fprintf(&b, "Workload: %d groups × %d requests; each prompt is its group's %d-token system prompt and a distinct %d-token question, %d output tokens, requests of all groups interleaved (sybench `%s`).\n",
+		c.Groups, c.PerGroup, c.PrefixLen, c.QuestionLen, c.OutputLen, c.flags(c.Concurrency[0]))
+	fmt.Fprintf(&b, "Workers: vllm-sim `%s` (preset default), KV events on; each run starts with every worker's prefix cache reset and a new router; policies interleaved within each repetition (%d repetitions; medians).\n\n",
+		strings.Join(c.kvSimArgs()[:7], " "), c.Repeats)
+	fmt.Fprintf(&b, "**Best achievable hit rate: %s.** Every group's prefix must be computed once (its first request); every other request can at best find the prefix's %d full blocks (%d tokens) cached, and no question token can hit (distinct random words): %d×%d×%d cached tokens over %d×%d prompt tokens. The bound assumes the fleet keeps every prefix without eviction: %d prefixes × %d blocks = %d blocks, fleet capacity %d×%d = %d blocks.\n\n",
+		pct(best), c.prefixBlocks(), c.prefixBlocks()*c.BlockSize, c.Groups, c.PerGroup-1, c.prefixBlocks()*c.BlockSize,
+		c.prompts(), c.PrefixLen+c.QuestionLen, c.Groups, c.prefixBlocks(), c.Groups*c.prefixBlocks(), c.Unified, c.NumBlocks, c.Unified*c.NumBlocks)
+	for _, conc := range c.Concurrency {
+		if !c.FitsFleet(c.Unified, conc) {
+			fmt.Fprintf(&b, "At C=%d the prefixes and the running requests do not fit the fleet's caches together: the bound is optimistic there.\n\n", conc)
+		}
+	}
+	fmt.Fprintf(&b, "Hit rate = Δ`vllm:prefix_cache_hits` / Δ`vllm:prefix_cache_queries` over the run, read from the workers (`/sim/stats` `prefix_cache`, the same counters); in PD, at the prefill workers.\n\n")
+	fmt.Fprintf(&b, "| fleet | C | policy | hit rate | best − hit | TTFT P50 ms | TTFT P99 ms | req/s | evictions | failed |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	aggs := r.aggregate()
+	for _, a := range aggs {
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %.2f | %.0f | %.0f |\n", a.Fleet, a.Concurrency, a.Policy,
+			pct(a.HitRate), pct(best-a.HitRate), ms(a.TTFT50), ms(a.TTFT99), a.Throughput, a.Evictions, a.Failed)
+	}
+	fmt.Fprintf(&b, "\n## Targets\n\n")
+	for _, a := range aggs {
+		if a.Policy != "kv_aware" {
+			continue
+		}
+		line := fmt.Sprintf("- %s C=%d: kv_aware hit rate %s, %s from the best (target ≤ 5 points: %s)", a.Fleet, a.Concurrency,
+			pct(a.HitRate), pct(best-a.HitRate), map[bool]string{true: "met", false: "missed"}[best-a.HitRate <= 0.05])
+		for _, o := range aggs {
+			if o.Fleet == a.Fleet && o.Concurrency == a.Concurrency && o.Policy == "cache_aware" {
+				line += fmt.Sprintf("; TTFT P50 %s ms vs cache_aware %s ms (%s)", ms(a.TTFT50), ms(o.TTFT50),
+					map[bool]string{true: "below", false: "not below"}[a.TTFT50 < o.TTFT50])
+			}
+		}
+		fmt.Fprintln(&b, line+".")
+	}
+	fmt.Fprintf(&b, "\n## Every run\n\n| fleet | C | rep | policy | queries | hits | hit rate | TTFT P50 ms | req/s | note |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, run := range r.Runs {
+		fmt.Fprintf(&b, "| %s | %d | %d | %s | %d | %d | %s | %s | %.2f | %s |\n", run.Fleet, run.Concurrency, run.Rep, run.Policy,
+			run.Queries, run.Hits, pct(run.HitRate()), ms(run.Row.TTFTP50), run.Row.RequestThroughput, run.Note)
+	}
+	if len(r.Notes) > 0 {
+		fmt.Fprintf(&b, "\n## Notes\n\n")
+		for _, n := range r.Notes {
+			fmt.Fprintf(&b, "- %s\n", n)
+		}
+	}
+	_, err := w.Write(b.Bytes())
+	return err
+}
