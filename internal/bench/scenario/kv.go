@@ -216,7 +216,9 @@ func (e *env) kvUnified(ctx context.Context, c KVConfig) (*kvFleet, error) {
 		return nil, err
 	}
 	f.args = func(policy string) []string {
-		a := []string{"--policy", policy, "--worker-urls"}
+		policy, extra := policyFlags(policy)
+		a := append([]string{"--policy", policy}, extra...)
+		a = append(a, "--worker-urls")
 		for _, s := range f.sims {
 			a = append(a, s.URL())
 		}
@@ -249,7 +251,8 @@ func (e *env) kvPD(ctx context.Context, c KVConfig) (*kvFleet, error) {
 		return nil, err
 	}
 	f.args = func(policy string) []string {
-		a := []string{"--vllm-pd-disaggregation", "--kv-connector", "nixl", "--policy", policy}
+		policy, extra := policyFlags(policy)
+		a := append([]string{"--vllm-pd-disaggregation", "--kv-connector", "nixl", "--policy", policy}, extra...)
 		for _, s := range ps {
 			a = append(a, "--prefill", s.URL())
 		}
@@ -259,6 +262,13 @@ func (e *env) kvPD(ctx context.Context, c KVConfig) (*kvFleet, error) {
 		return append(a, kv...)
 	}
 	return f, nil
+}
+
+// policyFlags splits a --policies entry "NAME+FLAG+FLAG..." (for example
+// "kv_aware+--kv-load-weight=0.1") into the policy and extra router flags.
+func policyFlags(spec string) (string, []string) {
+	parts := strings.Split(spec, "+")
+	return parts[0], parts[1:]
 }
 
 // kvPhase runs every (repetition, load point, policy) on one fleet.
@@ -304,7 +314,7 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 	if err := r.waitReady(ctx); err != nil {
 		return run, err
 	}
-	if policy == "kv_aware" {
+	if name, _ := policyFlags(policy); name == "kv_aware" {
 		if err := waitKVEvents(ctx, r, len(f.sims)); err != nil {
 			return run, err
 		}
@@ -551,7 +561,7 @@ func (r *KVReport) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintf(&b, "`%s` on %s, %s.\n\n", r.Options.Command, r.Machine, sec(r.Elapsed))
 	fmt.Fprintf(&b, "Workload: %d groups × %d requests; each prompt is its group's %d-token system prompt and a distinct %d-token question, %d output tokens, requests of all groups interleaved (sybench `%s`).\n",
 		c.Groups, c.PerGroup, c.PrefixLen, c.QuestionLen, c.OutputLen, c.flags(c.Concurrency[0]))
-	fmt.Fprintf(&b, "Workers: vllm-sim `%s` (preset default), KV events on; each run starts with every worker's prefix cache reset and a new router; policies interleaved within each repetition (%d repetitions; medians).\n\n",
+	fmt.Fprintf(&b, "Workers: vllm-sim `%s` (preset default), KV events on; each run starts with every worker's prefix cache reset and a new router; policies interleaved within each repetition; repetitions: %d (tables: medians).\n\n",
 		strings.Join(c.kvSimArgs()[:7], " "), c.Repeats)
 	fmt.Fprintf(&b, "**Best achievable hit rate: %s.** Every group's prefix must be computed once (its first request); every other request can at best find the prefix's %d full blocks (%d tokens) cached, and no question token can hit (distinct random words): %d×%d×%d cached tokens over %d×%d prompt tokens. The bound assumes the fleet keeps every prefix without eviction: %d prefixes × %d blocks = %d blocks, fleet capacity %d×%d = %d blocks.\n\n",
 		pct(best), c.prefixBlocks(), c.prefixBlocks()*c.BlockSize, c.Groups, c.PerGroup-1, c.prefixBlocks()*c.BlockSize,

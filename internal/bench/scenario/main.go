@@ -336,7 +336,7 @@ func parseKV(args []string, o *Options, stderr io.Writer) (KVConfig, error) {
 	fs := newFlagSet("kv", stderr, "round_robin vs cache_aware vs kv_aware on a shared-prefix workload over vllm-sims with small prefix caches and KV events (4 unified workers, then 2P2D NIXL): prefix-cache hit rate at the workers, TTFT, throughput.")
 	commonFlags(fs, o, 10*time.Minute)
 	pols := strList(c.Policies)
-	fs.Var(&pols, "policies", "policies compared (interleaved in every repetition)")
+	fs.Var(&pols, "policies", "policies compared (interleaved in every repetition); NAME+FLAG+... adds router flags to one, e.g. kv_aware+--kv-load-weight=0.1")
 	cs := intList(c.Concurrency)
 	fs.Var(&cs, "concurrency", "load points")
 	fs.IntVar(&c.Repeats, "repeats", c.Repeats, "repetitions; tables report medians")
