@@ -31,6 +31,7 @@ type KVConfig struct {
 	OutputLen   int
 	BlockSize   int // vllm-sim --block-size = switchyard --kv-block-size
 	NumBlocks   int // vllm-sim --num-blocks of every worker
+	Turns       int // > 1: each group's requests are conversations of this many turns
 	Unified     int // unified workers
 	PD          bool
 	Seed        int64
@@ -38,10 +39,11 @@ type KVConfig struct {
 	PointTimeout time.Duration
 }
 
-// DefaultKVConfig: 16 groups of 512-token system prompts (32 blocks each,
-// 512 blocks in all) over 4 workers of 256 blocks: the fleet holds every
-// prefix twice over, one worker holds a quarter of them. A policy that
-// spreads a group over every worker needs 2048 blocks and evicts.
+// DefaultKVConfig: 16 groups of 512-token system prompts, each group 4
+// conversations of 4 turns (64-token questions, 16-token answers resent):
+// 1,728 distinct blocks of 16 tokens. 4 workers of 512 blocks hold them
+// once (2,048), one worker a quarter of them: a policy that spreads a
+// group over the workers evicts.
 func DefaultKVConfig() KVConfig {
 	return KVConfig{
 		Policies:     []string{"round_robin", "cache_aware", "kv_aware"},
@@ -52,8 +54,9 @@ func DefaultKVConfig() KVConfig {
 		PrefixLen:    512,
 		QuestionLen:  64,
 		OutputLen:    16,
+		Turns:        4,
 		BlockSize:    16,
-		NumBlocks:    256,
+		NumBlocks:    512,
 		Unified:      4,
 		PD:           true,
 		Seed:         2026,
@@ -74,26 +77,53 @@ func QuickKVConfig() KVConfig {
 // prompts is the number of requests of one run.
 func (c KVConfig) prompts() int { return c.Groups * c.PerGroup }
 
-// prefixBlocks is the full blocks of one system prompt.
-func (c KVConfig) prefixBlocks() int { return c.PrefixLen / c.BlockSize }
-
-// BestHitRate is the bound on the workers' prefix-cache hit rate: every
-// group's prefix computed exactly once (its first request), every later
-// request of the group finding the prefix's full blocks cached, no question
-// token ever cached (questions are distinct random words). It holds when
-// the fleet can keep every prefix without eviction (FitsFleet).
-func (c KVConfig) BestHitRate() float64 {
-	cachedPerReq := float64(c.prefixBlocks() * c.BlockSize)
-	hits := cachedPerReq * float64(c.Groups*(c.PerGroup-1))
-	queries := float64(c.prompts() * (c.PrefixLen + c.QuestionLen))
-	return hits / queries
+// KVBound is the best the workload allows: every request finds cached the
+// longest full-block prefix it shares with any request sent before it
+// (at most its prompt less one token, as vLLM computes the last token),
+// as if the fleet kept every block and routing were perfect. Answers the
+// model generated are not counted (a conversation resends a stand-in
+// answer, so only earlier prompts can match). For single questions this
+// is every group's prefix computed once: groups × (per-group − 1) ×
+// full prefix blocks.
+type KVBound struct {
+	Queries, Hits uint64 // prompt tokens; best cached tokens
+	Blocks        int    // distinct full blocks of the workload (its eviction-free footprint)
+	MaxPrompt     int    // tokens of the longest prompt
 }
 
-// FitsFleet reports whether every group's prefix fits the fleet's caches
-// once with room for one running request per worker and concurrency slot.
-func (c KVConfig) FitsFleet(workers, conc int) bool {
-	perReq := (c.PrefixLen + c.QuestionLen + c.OutputLen + c.BlockSize - 1) / c.BlockSize
-	return c.Groups*c.prefixBlocks()+conc*perReq <= workers*c.NumBlocks
+// Rate is Hits/Queries.
+func (b KVBound) Rate() float64 { return float64(b.Hits) / float64(b.Queries) }
+
+// Bound computes the KVBound of the run's prompts, in the order sybench
+// sends them.
+func (c KVConfig) Bound() (KVBound, error) {
+	samples, err := bench.Samples(c.benchConfig("http://127.0.0.1:1", 1, time.Minute))
+	if err != nil {
+		return KVBound{}, err
+	}
+	var b KVBound
+	prompts := make([][]string, len(samples))
+	blocks := map[string]bool{}
+	for i, sm := range samples {
+		w := strings.Fields(sm.Prompt())
+		prompts[i] = w
+		b.Queries += uint64(len(w))
+		b.MaxPrompt = max(b.MaxPrompt, len(w))
+		best := 0
+		for _, q := range prompts[:i] {
+			n := 0
+			for n < len(w) && n < len(q) && w[n] == q[n] {
+				n++
+			}
+			best = max(best, min(n, len(w)-1)/c.BlockSize)
+		}
+		b.Hits += uint64(best * c.BlockSize)
+		for k := 1; k*c.BlockSize <= len(w); k++ {
+			blocks[strings.Join(w[:k*c.BlockSize], " ")] = true
+		}
+	}
+	b.Blocks = len(blocks)
+	return b, nil
 }
 
 // KVRun is one measured run.
@@ -120,6 +150,7 @@ func (r KVRun) HitRate() float64 {
 // KVReport is the result of RunKV.
 type KVReport struct {
 	Config  KVConfig
+	Bound   KVBound
 	Options Options
 	Machine string
 	Runs    []KVRun
@@ -133,9 +164,13 @@ func (r *KVReport) head() (*time.Duration, *[]string) { return &r.Elapsed, &r.No
 // Every run starts from empty caches and a fresh router; the policies
 // alternate within each repetition. It writes kv.md under OutDir.
 func RunKV(ctx context.Context, o Options, c KVConfig) (*KVReport, error) {
+	bound, err := c.Bound()
+	if err != nil {
+		return nil, fmt.Errorf("kv: %w", err)
+	}
 	return runScenario(ctx, o, scenarioSpec[*KVReport]{
 		name: "kv", defMax: 10 * time.Minute, skipped: "runs",
-		report:  func(e *env) *KVReport { return &KVReport{Config: c, Options: e.o, Machine: e.m.String()} },
+		report:  func(e *env) *KVReport { return &KVReport{Config: c, Bound: bound, Options: e.o, Machine: e.m.String()} },
 		run:     func(ctx context.Context, e *env, rep *KVReport) error { return e.runKV(ctx, c, rep) },
 		partial: func(rep *KVReport) bool { return len(rep.Runs) > 0 },
 		files:   []scenarioFile[*KVReport]{{"kv.md", (*KVReport).WriteMarkdown}},
@@ -350,6 +385,7 @@ func (c KVConfig) benchConfig(base string, conc int, d time.Duration) bench.Conf
 	cfg.Model = simModel
 	cfg.DatasetName = bench.DatasetSharedPrefix
 	cfg.SharedPrefixGroups, cfg.SharedPrefixPromptsPerGroup, cfg.SharedPrefixLen = c.Groups, c.PerGroup, c.PrefixLen
+	cfg.SharedPrefixTurns = c.Turns
 	cfg.InputLen, cfg.OutputLen, cfg.RangeRatio = c.QuestionLen, c.OutputLen, 0
 	cfg.NumPrompts = c.prompts()
 	cfg.NumWarmups = 0
@@ -364,8 +400,8 @@ func (c KVConfig) benchConfig(base string, conc int, d time.Duration) bench.Conf
 
 // flags is the equivalent sybench command line of one run (for docs).
 func (c KVConfig) flags(conc int) string {
-	return fmt.Sprintf("--backend vllm --dataset-name shared-prefix --shared-prefix-groups %d --shared-prefix-prompts-per-group %d --shared-prefix-len %d --random-input-len %d --random-range-ratio 0 --random-output-len %d --num-prompts %d --num-warmups 0 --max-concurrency %d --ignore-eos --seed %d",
-		c.Groups, c.PerGroup, c.PrefixLen, c.QuestionLen, c.OutputLen, c.prompts(), conc, c.Seed)
+	return fmt.Sprintf("--backend vllm --dataset-name shared-prefix --shared-prefix-groups %d --shared-prefix-prompts-per-group %d --shared-prefix-len %d --random-input-len %d --random-range-ratio 0 --random-output-len %d --shared-prefix-turns %d --num-prompts %d --num-warmups 0 --max-concurrency %d --ignore-eos --seed %d",
+		c.Groups, c.PerGroup, c.PrefixLen, c.QuestionLen, c.OutputLen, c.Turns, c.prompts(), conc, c.Seed)
 }
 
 // simKV is the prefix-cache part of vllm-sim's /sim/stats.
@@ -556,21 +592,19 @@ func pct(v float64) string {
 func (r *KVReport) WriteMarkdown(w io.Writer) error {
 	c := r.Config
 	var b bytes.Buffer
-	best := c.BestHitRate()
+	best := r.Bound.Rate()
 	fmt.Fprintf(&b, "# KV-aware routing: shared-prefix workload\n\n")
 	fmt.Fprintf(&b, "`%s` on %s, %s.\n\n", r.Options.Command, r.Machine, sec(r.Elapsed))
-	fmt.Fprintf(&b, "Workload: %d groups × %d requests; each prompt is its group's %d-token system prompt and a distinct %d-token question, %d output tokens, requests of all groups interleaved (sybench `%s`).\n",
-		c.Groups, c.PerGroup, c.PrefixLen, c.QuestionLen, c.OutputLen, c.flags(c.Concurrency[0]))
+	conv := "each prompt its group's system prompt and a distinct question"
+	if c.Turns > 1 {
+		conv = fmt.Sprintf("each group's requests are conversations of %d turns; turn t resends the system prompt, the earlier questions and an answer of %d words for each, then its question; requests are sent turn by turn (every conversation's first turn, then every second turn, ...)", c.Turns, c.OutputLen)
+	}
+	fmt.Fprintf(&b, "Workload: %d groups × %d requests, %d-token system prompts, %d-token questions, %d output tokens; %s; groups interleaved (sybench `%s`).\n",
+		c.Groups, c.PerGroup, c.PrefixLen, c.QuestionLen, c.OutputLen, conv, c.flags(c.Concurrency[0]))
 	fmt.Fprintf(&b, "Workers: vllm-sim `%s` (preset default), KV events on; each run starts with every worker's prefix cache reset and a new router; policies interleaved within each repetition; repetitions: %d (tables: medians).\n\n",
 		strings.Join(c.kvSimArgs()[:7], " "), c.Repeats)
-	fmt.Fprintf(&b, "**Best achievable hit rate: %s.** Every group's prefix must be computed once (its first request); every other request can at best find the prefix's %d full blocks (%d tokens) cached, and no question token can hit (distinct random words): %d×%d×%d cached tokens over %d×%d prompt tokens. The bound assumes the fleet keeps every prefix without eviction: %d prefixes × %d blocks = %d blocks, fleet capacity %d×%d = %d blocks.\n\n",
-		pct(best), c.prefixBlocks(), c.prefixBlocks()*c.BlockSize, c.Groups, c.PerGroup-1, c.prefixBlocks()*c.BlockSize,
-		c.prompts(), c.PrefixLen+c.QuestionLen, c.Groups, c.prefixBlocks(), c.Groups*c.prefixBlocks(), c.Unified, c.NumBlocks, c.Unified*c.NumBlocks)
-	for _, conc := range c.Concurrency {
-		if !c.FitsFleet(c.Unified, conc) {
-			fmt.Fprintf(&b, "At C=%d the prefixes and the running requests do not fit the fleet's caches together: the bound is optimistic there.\n\n", conc)
-		}
-	}
+	fmt.Fprintf(&b, "**Best achievable hit rate: %s** (%d of %d prompt tokens). Each request is credited with the longest full-block prefix (at most its prompt less one token) it shares with any request sent before it, as if every block stayed cached and every request went where its prefix is; generated tokens never match (the resent answers are stand-ins). The workload's distinct blocks: %d; fleet capacity %d × %d = %d blocks, one worker's %d; the longest prompt is %d tokens.\n\n",
+		pct(best), r.Bound.Hits, r.Bound.Queries, r.Bound.Blocks, c.Unified, c.NumBlocks, c.Unified*c.NumBlocks, c.NumBlocks, r.Bound.MaxPrompt)
 	fmt.Fprintf(&b, "Hit rate = Δ`vllm:prefix_cache_hits` / Δ`vllm:prefix_cache_queries` over the run, read from the workers (`/sim/stats` `prefix_cache`, the same counters); in PD, at the prefill workers.\n\n")
 	fmt.Fprintf(&b, "| fleet | C | policy | hit rate | best − hit | TTFT P50 ms | TTFT P99 ms | req/s | evictions | failed |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	aggs := r.aggregate()

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,23 +11,30 @@ import (
 	"time"
 )
 
-func TestKVBestHitRate(t *testing.T) {
+func TestKVBound(t *testing.T) {
 	for _, tc := range []struct {
-		groups, per, prefix, question, bs int
-		want                              float64
+		groups, per, prefix, question, turns int
+		hits, blocks                         int
 	}{
-		{16, 16, 512, 64, 16, 16 * 15 * 512 / float64(256*576)},
-		{1, 2, 32, 32, 16, 32 / float64(2*64)},
-		{2, 4, 40, 8, 16, 2 * 3 * 32 / float64(8*48)}, // a partial last block never hits
+		// single questions: each group's prefix once, then per−1 hits of
+		// its full blocks; a partial last block never hits
+		{16, 16, 512, 64, 0, 16 * 15 * 512, 16 * (32 + 16*4)},
+		{1, 2, 32, 32, 0, 32, 2 + 2*2},
+		{2, 4, 40, 8, 0, 2 * 3 * 32, 2 * (2 + 4*1)},
+		// two conversations of 2 turns: turn 1 is 32 + 8 tokens, turn 2
+		// 40 + answer 8 + question 8; the second turn 1 and both turn 2s
+		// find 2 blocks (turn 1's full blocks are the prefix); distinct
+		// blocks: the prefix's 2 and each turn 2's third block
+		{1, 4, 32, 8, 2, 3 * 32, 2 + 2},
 	} {
-		c := KVConfig{Groups: tc.groups, PerGroup: tc.per, PrefixLen: tc.prefix, QuestionLen: tc.question, BlockSize: tc.bs}
-		if got := c.BestHitRate(); math.Abs(got-tc.want) > 1e-12 {
-			t.Errorf("%+v: best %v, want %v", tc, got, tc.want)
+		c := KVConfig{Groups: tc.groups, PerGroup: tc.per, PrefixLen: tc.prefix, QuestionLen: tc.question, OutputLen: 8, Turns: tc.turns, BlockSize: 16, Seed: 3}
+		b, err := c.Bound()
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	c := DefaultKVConfig()
-	if !c.FitsFleet(c.Unified, 4) || c.FitsFleet(1, 4) {
-		t.Errorf("FitsFleet: 4 workers %v, 1 worker %v", c.FitsFleet(c.Unified, 4), c.FitsFleet(1, 4))
+		if int(b.Hits) != tc.hits || b.Blocks != tc.blocks || b.Queries == 0 {
+			t.Errorf("%+v: bound %+v, want hits %d blocks %d", tc, b, tc.hits, tc.blocks)
+		}
 	}
 }
 
@@ -41,7 +47,7 @@ func TestKVFlags(t *testing.T) {
 	if p, extra := policyFlags(c.Policies[1]); p != "kv_aware" || len(extra) != 1 || extra[0] != "--kv-load-weight=0.1" {
 		t.Fatalf("policyFlags: %q %q", p, extra)
 	}
-	for _, bad := range [][]string{{"--per-group", "1"}, {"--repeats", "0"}, {"--num-blocks", "2"}, {"--prefix-len", "4"}} {
+	for _, bad := range [][]string{{"--per-group", "1"}, {"--turns", "0"}, {"--repeats", "0"}, {"--num-blocks", "2"}, {"--prefix-len", "4"}} {
 		if _, err := parseKV(bad, &o, io.Discard); err == nil {
 			t.Errorf("%v accepted", bad)
 		}
@@ -65,7 +71,11 @@ func TestKVQuick(t *testing.T) {
 	if len(rep.Runs) != 4 {
 		t.Fatalf("runs = %d, want 4\n%s", len(rep.Runs), log.String())
 	}
-	best := c.BestHitRate()
+	bound, err := c.Bound()
+	if err != nil {
+		t.Fatal(err)
+	}
+	best := bound.Rate()
 	for _, r := range rep.Runs {
 		if r.Note != "" || r.Row.Failed != 0 || !(r.Row.TTFTP50 > 0) {
 			t.Errorf("%s %s: note %q failed %d TTFT %v", r.Fleet, r.Policy, r.Note, r.Row.Failed, r.Row.TTFTP50)
@@ -81,7 +91,7 @@ func TestKVQuick(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"**Best achievable hit rate: 66.7 %.**", "| 2 unified | 2 | kv_aware |", "| 2P2D NIXL | 2 | round_robin |", "## Targets"} {
+	for _, want := range []string{"**Best achievable hit rate: 66.7 %** (576 of 864 prompt tokens)", "| 2 unified | 2 | kv_aware |", "| 2P2D NIXL | 2 | round_robin |", "## Targets"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("kv.md lacks %q:\n%s", want, md)
 		}

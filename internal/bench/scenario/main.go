@@ -345,6 +345,7 @@ func parseKV(args []string, o *Options, stderr io.Writer) (KVConfig, error) {
 	fs.IntVar(&c.PrefixLen, "prefix-len", c.PrefixLen, "tokens of a system prompt")
 	fs.IntVar(&c.QuestionLen, "question-len", c.QuestionLen, "tokens of a question")
 	fs.IntVar(&c.OutputLen, "output-len", c.OutputLen, "output tokens")
+	fs.IntVar(&c.Turns, "turns", c.Turns, "turns per conversation (each resends its history); 1 = single questions")
 	fs.IntVar(&c.NumBlocks, "num-blocks", c.NumBlocks, "vllm-sim --num-blocks of every worker")
 	fs.BoolVar(&c.PD, "pd", c.PD, "also run the 2P2D NIXL fleet")
 	fs.Int64Var(&c.Seed, "seed", c.Seed, "dataset seed")
@@ -358,8 +359,10 @@ func parseKV(args []string, o *Options, stderr io.Writer) (KVConfig, error) {
 		return c, errors.New("kv: --policies, --concurrency and --repeats must not be empty")
 	case c.Groups < 1 || c.PerGroup < 2 || c.PrefixLen < c.BlockSize || c.QuestionLen < 1 || c.OutputLen < 1:
 		return c, fmt.Errorf("kv: need --groups >= 1, --per-group >= 2, --prefix-len >= %d, --question-len and --output-len >= 1", c.BlockSize)
-	case c.NumBlocks*c.BlockSize < c.PrefixLen+c.QuestionLen+c.OutputLen:
-		return c, fmt.Errorf("kv: --num-blocks %d cannot hold one request of %d tokens", c.NumBlocks, c.PrefixLen+c.QuestionLen+c.OutputLen)
+	case c.Turns < 1:
+		return c, errors.New("kv: --turns must be >= 1")
+	case c.NumBlocks*c.BlockSize < c.PrefixLen+c.Turns*(c.QuestionLen+c.OutputLen):
+		return c, fmt.Errorf("kv: --num-blocks %d cannot hold one request of %d tokens", c.NumBlocks, c.PrefixLen+c.Turns*(c.QuestionLen+c.OutputLen))
 	}
 	return c, nil
 }
