@@ -120,14 +120,26 @@ func waitPublishing(t *testing.T, r *router, sims ...*sim) {
 	}
 }
 
-// waitIndexed waits until the router's index holds exactly the blocks s
-// reports cached (its events are applied up to now).
-func waitIndexed(t *testing.T, r *router, s *sim) {
+// waitIndexed waits until the router has applied every batch the sims
+// published (their counts settled first: a batch is queued before a
+// response and sent just after it), then checks that its index holds
+// exactly the blocks each sim reports cached.
+func waitIndexed(t *testing.T, r *router, sims ...*sim) {
 	t.Helper()
-	waitFor(t, 20*time.Second, "the router's index agrees with "+s.URL()+"'s cache", func() bool {
-		w, ok := kvWorkerOf(t, r, s)
-		return ok && w.Blocks == s.kvStats(t).Engines[0].PrefixCache.CachedBlocks
+	pub := settledPublished(t, sims...)
+	var total uint64
+	for _, n := range pub {
+		total += n
+	}
+	waitFor(t, 20*time.Second, "the router applies every published batch", func() bool {
+		return metricValue(t, r, "vllm_router_kv_event_batches_total") == float64(total)
 	})
+	for _, s := range sims {
+		w, _ := kvWorkerOf(t, r, s)
+		if c := s.kvStats(t).Engines[0].PrefixCache.CachedBlocks; w.Blocks != c {
+			t.Fatalf("router indexes %d blocks of %s, which caches %d", w.Blocks, s.URL(), c)
+		}
+	}
 }
 
 func whichSim(t *testing.T, receipt string, sims ...*sim) *sim {
@@ -168,7 +180,7 @@ func TestKVAwareSimPrefixFollowsTheCache(t *testing.T) {
 	prompt := words("sys", 200) // 12 full blocks
 	first := routedTo(t, r, prompt)
 	w := whichSim(t, first, sims...)
-	waitIndexed(t, r, w)
+	waitIndexed(t, r, sims...)
 	hits := func(s *sim) uint64 { return s.kvStats(t).Engines[0].PrefixCache.Hits }
 	before := make([]uint64, len(sims))
 	for i, s := range sims {
@@ -198,14 +210,14 @@ func TestKVAwareSimPrefixFollowsTheCache(t *testing.T) {
 		}
 	}
 	direct(t, other, prompt, 1)
-	waitIndexed(t, r, other)
+	waitIndexed(t, r, sims...)
 	for i := 0; w.kvStats(t).Engines[0].PrefixCache.Evictions < numBlocks; i++ {
 		if i == 20 {
 			t.Fatalf("no eviction of %d blocks after 20 fill prompts: %+v", numBlocks, w.kvStats(t))
 		}
 		direct(t, w, words(fmt.Sprintf("fill%d-", i), 400), 1)
 	}
-	waitIndexed(t, r, w)
+	waitIndexed(t, r, sims...)
 	for range 5 {
 		if got := routedTo(t, r, prompt); !servedBy(got, other) || !strings.Contains(got, "kv match 12/12 blocks") {
 			t.Fatalf("after eviction routed %q, want %s with kv match 12/12", got, other.URL())
@@ -276,7 +288,7 @@ func TestKVAwareSimPDBypassThreshold(t *testing.T) {
 		t.Fatalf("base prefix is %d tokens", ntok(base))
 	}
 	direct(t, d, base, 1)
-	waitIndexed(t, r, d)
+	waitIndexed(t, r, p, d)
 	before := d.Stats(t).Requests
 	if rc := receipt(base + " " + words("x", n-1)); !bypassed(rc) {
 		t.Fatalf("%d uncached tokens on the decode: split (%q)", n-1, rc)
@@ -303,7 +315,11 @@ func TestKVAwareSimLateRouterReplays(t *testing.T) {
 	prompt := words("late", 100) // 6 full blocks
 	direct(t, a, prompt, 1)
 	direct(t, b, words("other", 100), 1)
-	pubA, pubB := a.kvStats(t).Engines[0].KVEvents.Published, b.kvStats(t).Engines[0].KVEvents.Published
+	// A batch is queued before the response and sent just after it: wait
+	// until each sim's count holds still, so that everything is sent before
+	// the router subscribes.
+	pub := settledPublished(t, a, b)
+	pubA, pubB := pub[0], pub[1]
 	if pubA == 0 || pubB == 0 {
 		t.Fatalf("sims published %d and %d batches", pubA, pubB)
 	}
@@ -311,8 +327,7 @@ func TestKVAwareSimLateRouterReplays(t *testing.T) {
 		"--kv-block-size", fmt.Sprint(simKVBlock), "--kv-speculative-indexing=false",
 		"--kv-events-endpoints", a.kvEndpoints(t), b.kvEndpoints(t))
 	r.WaitReady(t, 10*time.Second)
-	waitIndexed(t, r, a)
-	waitIndexed(t, r, b)
+	waitIndexed(t, r, a, b)
 	if a.kvStats(t).Engines[0].KVEvents.Published != pubA || b.kvStats(t).Engines[0].KVEvents.Published != pubB {
 		t.Fatal("the sims published while the router caught up; the test would not show the replay")
 	}
@@ -324,6 +339,27 @@ func TestKVAwareSimLateRouterReplays(t *testing.T) {
 			t.Fatalf("routed %q, want %s with kv match 6/6", got, a.URL())
 		}
 	}
+}
+
+// settledPublished waits until every sim's count of published batches has
+// not moved for 500 ms, and returns them.
+func settledPublished(t *testing.T, sims ...*sim) []uint64 {
+	t.Helper()
+	last := make([]uint64, len(sims))
+	var since time.Time
+	waitFor(t, 20*time.Second, "the sims' KV event batches are sent", func() bool {
+		moved := since.IsZero()
+		for i, s := range sims {
+			if n := s.kvStats(t).Engines[0].KVEvents.Published; n != last[i] {
+				last[i], moved = n, true
+			}
+		}
+		if moved {
+			since = time.Now()
+		}
+		return time.Since(since) >= 500*time.Millisecond
+	})
+	return last
 }
 
 // metricValue is the value of an unlabelled metric on r's /metrics.
