@@ -489,11 +489,21 @@ func resetPrefixCache(ctx context.Context, s *sim) error {
 		if err == nil && st.Engines[0].PrefixCache.CachedBlocks == 0 {
 			return nil
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s: prefix cache not emptied: %v", s.name, ctx.Err())
-		case <-time.After(pollInterval):
+		if err := pause(ctx); err != nil {
+			return fmt.Errorf("%s: prefix cache not emptied: %w", s.name, err)
 		}
+	}
+}
+
+// pause waits pollInterval, or returns ctx's error first.
+func pause(ctx context.Context) error {
+	t := time.NewTimer(pollInterval)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
 
@@ -521,10 +531,8 @@ func waitKVEvents(ctx context.Context, r *router, n int) error {
 				return nil
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("router has no KV events of every worker: %w", ctx.Err())
-		case <-time.After(pollInterval):
+		if err := pause(ctx); err != nil {
+			return fmt.Errorf("router has no KV events of every worker: %w", err)
 		}
 	}
 }
