@@ -70,6 +70,11 @@ type Config struct {
 	SharedPrefixGroups          int
 	SharedPrefixPromptsPerGroup int
 	SharedPrefixLen             int
+	// SharedPrefixTurns > 1 makes each group's prompts multi-turn
+	// conversations of that many turns: turn t resends the group prefix and
+	// the conversation's earlier questions and answers (dataset
+	// "shared-prefix"; 0 or 1 = single questions).
+	SharedPrefixTurns int
 
 	// NumPrompts is the number of measured requests.
 	NumPrompts int
@@ -204,6 +209,9 @@ func (c *Config) normalize() error {
 		}
 		if c.SharedPrefixLen < 0 {
 			return errors.New("shared-prefix length must be >= 0")
+		}
+		if c.SharedPrefixTurns < 0 {
+			return errors.New("shared-prefix turns must be >= 0")
 		}
 		if c.SharedPrefixPromptsPerGroup > 0 {
 			c.NumPrompts = c.SharedPrefixGroups * c.SharedPrefixPromptsPerGroup

@@ -115,6 +115,7 @@ const (
 	streamPrompts = 0x70726f6d // "prom"
 	streamArrival = 0x61727276 // "arrv"
 	streamShuffle = 0x73687566 // "shuf"
+	streamAnswers = 0x616e7377 // "answ"
 )
 
 // buildSamples produces the run's samples from the dataset configuration.
@@ -176,6 +177,9 @@ func sharedPrefixSamples(c *Config) []Sample {
 		prefixes[g] = randomWords(prefRand, c.SharedPrefixLen)
 	}
 	pr := rand.New(rand.NewPCG(seed, streamPrompts))
+	if c.SharedPrefixTurns > 1 {
+		return conversationSamples(c, prefixes, in, out, pr)
+	}
 	s := make([]Sample, n)
 	for i := range s {
 		g := i / c.SharedPrefixPromptsPerGroup
@@ -193,6 +197,55 @@ func sharedPrefixSamples(c *Config) []Sample {
 		s[i].Index = i
 	}
 	return s
+}
+
+// conversationSamples splits every group's prompts into conversations of
+// SharedPrefixTurns turns (the group's last one may be shorter). Turn t's
+// prompt is the group prefix, then the conversation's earlier turns (each
+// its question and an answer of OutputLen random words standing in for the
+// model's reply), then its own question. The requests are ordered turn by
+// turn (every conversation's first turn, shuffled; then every second turn,
+// ...), so a turn is sent after its predecessor was.
+func conversationSamples(c *Config, prefixes [][]byte, in, out []int, pr *rand.Rand) []Sample {
+	turns, per := c.SharedPrefixTurns, c.SharedPrefixPromptsPerGroup
+	ar := rand.New(rand.NewPCG(uint64(c.Seed), streamAnswers))
+	byTurn := make([][]Sample, turns)
+	for i := 0; i < c.NumPrompts; {
+		g := i / per
+		end := min((g+1)*per, c.NumPrompts)
+		for i < end {
+			history, hlen := prefixes[g], c.SharedPrefixLen
+			for t := 0; t < turns && i < end; t++ {
+				sm := Sample{PromptLen: hlen + in[i], OutputLen: out[i], prefix: history, suffixLen: in[i], seed: pr.Uint64()}
+				byTurn[t] = append(byTurn[t], sm)
+				next := sm.AppendPrompt(make([]byte, 0, sm.promptBytes()+c.OutputLen*(wordLen+1)+1))
+				if a := randomWords(ar, c.OutputLen); len(a) > 0 {
+					next = append(append(next, ' '), a...)
+				}
+				history, hlen = next, sm.PromptLen+c.OutputLen
+				i++
+			}
+		}
+	}
+	sr := rand.New(rand.NewPCG(uint64(c.Seed), streamShuffle))
+	var s []Sample
+	for _, ts := range byTurn {
+		sr.Shuffle(len(ts), func(a, b int) { ts[a], ts[b] = ts[b], ts[a] })
+		s = append(s, ts...)
+	}
+	for i := range s {
+		s[i].Index = i
+	}
+	return s
+}
+
+// Samples returns the prompts a run of cfg sends, in order (cfg is
+// validated as Run does).
+func Samples(cfg Config) ([]Sample, error) {
+	if err := cfg.normalize(); err != nil {
+		return nil, err
+	}
+	return buildSamples(&cfg)
 }
 
 // samePrefix reports whether two samples share the same prefix buffer (one

@@ -165,3 +165,43 @@ func TestArrivalOffsets(t *testing.T) {
 		}
 	}
 }
+
+// TestConversationSamples: every turn resends its predecessor's prompt and
+// an answer, comes after it, and counts its words.
+func TestConversationSamples(t *testing.T) {
+	for _, tc := range []struct{ groups, per, turns int }{{2, 6, 3}, {3, 5, 2}, {1, 4, 4}} {
+		cfg := DefaultConfig()
+		cfg.BaseURL, cfg.Model, cfg.DatasetName = "http://127.0.0.1:1", "m", DatasetSharedPrefix
+		cfg.SharedPrefixGroups, cfg.SharedPrefixPromptsPerGroup, cfg.SharedPrefixLen, cfg.SharedPrefixTurns = tc.groups, tc.per, 32, tc.turns
+		cfg.InputLen, cfg.OutputLen, cfg.RangeRatio = 8, 4, 0
+		s, err := Samples(cfg)
+		if err != nil || len(s) != tc.groups*tc.per {
+			t.Fatalf("%+v: %d samples, %v", tc, len(s), err)
+		}
+		firsts := 0
+		for i, a := range s {
+			p := a.Prompt()
+			if n := len(strings.Fields(p)); n != a.PromptLen || a.Index != i {
+				t.Fatalf("%+v sample %d: %d words, PromptLen %d, index %d", tc, i, n, a.PromptLen, a.Index)
+			}
+			if a.PromptLen == 32+8 {
+				firsts++
+				continue
+			}
+			// Its predecessor: an earlier prompt it extends by one answer and
+			// one question.
+			found := false
+			for _, b := range s[:i] {
+				if q := b.Prompt(); strings.HasPrefix(p, q+" ") && a.PromptLen == b.PromptLen+4+8 {
+					found = true
+				}
+			}
+			if !found {
+				t.Fatalf("%+v sample %d (%d words) has no predecessor before it", tc, i, a.PromptLen)
+			}
+		}
+		if want := tc.groups * ((tc.per + tc.turns - 1) / tc.turns); firsts != want {
+			t.Fatalf("%+v: %d first turns, want %d", tc, firsts, want)
+		}
+	}
+}

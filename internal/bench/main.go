@@ -132,6 +132,7 @@ func parseArgs(args []string, stderr io.Writer) (Config, cliOptions, error) {
 	fs.IntVar(&cfg.SharedPrefixGroups, "shared-prefix-groups", cfg.SharedPrefixGroups, "shared-prefix: number of prefix groups")
 	fs.IntVar(&cfg.SharedPrefixPromptsPerGroup, "shared-prefix-prompts-per-group", 0, "shared-prefix: prompts per group (sets --num-prompts to groups*this; default num-prompts/groups)")
 	fs.IntVar(&cfg.SharedPrefixLen, "shared-prefix-len", cfg.SharedPrefixLen, "shared-prefix: prefix length in tokens")
+	fs.IntVar(&cfg.SharedPrefixTurns, "shared-prefix-turns", 0, "shared-prefix: turns per conversation; > 1 makes every turn resend the conversation's history (earlier questions and answers)")
 	fs.IntVar(&cfg.NumPrompts, "num-prompts", cfg.NumPrompts, "number of measured requests")
 	fs.IntVar(&cfg.MaxConcurrency, "max-concurrency", 0, "maximum concurrent requests (default: no limit)")
 	fs.Func("request-rate", "requests per second, or inf (default inf)", func(s string) error {

@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-const usage = `Usage: sybench scenario pd|overhead|ceiling [flags]
+const usage = `Usage: sybench scenario pd|overhead|ceiling|kv [flags]
 
 Starts the router (switchyard) and simulated workers (vllm-sim) from --bin-dir
 as child processes on free loopback ports, runs the benchmark in-process
@@ -24,6 +24,9 @@ tables; with --out-dir it also writes them (Markdown, and a PNG for pd).
             workers: added TTFT and router CPU per 1000 requests -> overhead.md
   ceiling   ramp concurrent streams through PD MoRI-IO WRITE until
             requests fail                                 -> ceiling.md
+  kv        round_robin vs cache_aware vs kv_aware on a shared-prefix
+            workload, 4 unified then 2P2D NIXL workers with small prefix
+            caches and KV events: hit rate, TTFT          -> kv.md
 
 Run "sybench scenario NAME --help" for the flags of one scenario.
 `
@@ -64,9 +67,16 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("ceiling: requests failed from C=%d on", rep.FirstFailing())
 		}
 		return err
+	case "kv":
+		c, err := parseKV(rest, &o, stderr)
+		if err != nil {
+			return helpOK(err)
+		}
+		_, err = RunKV(ctx, o, c)
+		return err
 	}
 	fmt.Fprint(stderr, usage)
-	return fmt.Errorf("scenario: unknown scenario %q (want pd, overhead or ceiling)", name)
+	return fmt.Errorf("scenario: unknown scenario %q (want pd, overhead, ceiling or kv)", name)
 }
 
 func helpOK(err error) error {
@@ -319,4 +329,40 @@ func parseCeiling(args []string, o *Options, stderr io.Writer) (CeilingConfig, e
 	var err error
 	c.Mode, err = transferMode(c.Mode, "--mode")
 	return c, err
+}
+
+func parseKV(args []string, o *Options, stderr io.Writer) (KVConfig, error) {
+	c := configFor(args, DefaultKVConfig, QuickKVConfig)
+	fs := newFlagSet("kv", stderr, "round_robin vs cache_aware vs kv_aware on a shared-prefix workload over vllm-sims with small prefix caches and KV events (4 unified workers, then 2P2D NIXL): prefix-cache hit rate at the workers, TTFT, throughput.")
+	commonFlags(fs, o, 10*time.Minute)
+	pols := strList(c.Policies)
+	fs.Var(&pols, "policies", "policies compared (interleaved in every repetition); NAME+FLAG+... adds router flags to one, e.g. kv_aware+--kv-load-weight=0.1")
+	cs := intList(c.Concurrency)
+	fs.Var(&cs, "concurrency", "load points")
+	fs.IntVar(&c.Repeats, "repeats", c.Repeats, "repetitions; tables report medians")
+	fs.IntVar(&c.Groups, "groups", c.Groups, "shared system prompts")
+	fs.IntVar(&c.PerGroup, "per-group", c.PerGroup, "requests per group")
+	fs.IntVar(&c.PrefixLen, "prefix-len", c.PrefixLen, "tokens of a system prompt")
+	fs.IntVar(&c.QuestionLen, "question-len", c.QuestionLen, "tokens of a question")
+	fs.IntVar(&c.OutputLen, "output-len", c.OutputLen, "output tokens")
+	fs.IntVar(&c.Turns, "turns", c.Turns, "turns per conversation (each resends its history); 1 = single questions")
+	fs.IntVar(&c.NumBlocks, "num-blocks", c.NumBlocks, "vllm-sim --num-blocks of every worker")
+	fs.BoolVar(&c.PD, "pd", c.PD, "also run the 2P2D NIXL fleet")
+	fs.Int64Var(&c.Seed, "seed", c.Seed, "dataset seed")
+	fs.DurationVar(&c.PointTimeout, "point-max-duration", c.PointTimeout, "bound on one measured run")
+	if err := finishParse(fs, args); err != nil {
+		return c, err
+	}
+	c.Policies, c.Concurrency = pols, cs
+	switch {
+	case len(c.Policies) == 0 || len(c.Concurrency) == 0 || c.Repeats < 1:
+		return c, errors.New("kv: --policies, --concurrency and --repeats must not be empty")
+	case c.Groups < 1 || c.PerGroup < 2 || c.PrefixLen < c.BlockSize || c.QuestionLen < 1 || c.OutputLen < 1:
+		return c, fmt.Errorf("kv: need --groups >= 1, --per-group >= 2, --prefix-len >= %d, --question-len and --output-len >= 1", c.BlockSize)
+	case c.Turns < 1:
+		return c, errors.New("kv: --turns must be >= 1")
+	case c.NumBlocks*c.BlockSize < c.PrefixLen+c.Turns*(c.QuestionLen+c.OutputLen):
+		return c, fmt.Errorf("kv: --num-blocks %d cannot hold one request of %d tokens", c.NumBlocks, c.PrefixLen+c.Turns*(c.QuestionLen+c.OutputLen))
+	}
+	return c, nil
 }

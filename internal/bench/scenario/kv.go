@@ -1,0 +1,664 @@
+package scenario
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/bench"
+)
+
+// KVConfig is the KV-aware routing scenario: a shared-prefix workload over
+// vllm-sims whose prefix caches are small enough that where a group's
+// prompts go decides whether its prefix stays cached.
+type KVConfig struct {
+	Policies    []string // compared in every repetition, interleaved
+	Concurrency []int    // load points
+	Repeats     int
+	Groups      int // shared system prompts
+	PerGroup    int // distinct questions per group
+	PrefixLen   int // tokens of a group's system prompt
+	QuestionLen int // tokens of a question
+	OutputLen   int
+	BlockSize   int // vllm-sim --block-size = switchyard --kv-block-size
+	NumBlocks   int // vllm-sim --num-blocks of every worker
+	Turns       int // > 1: each group's requests are conversations of this many turns
+	Unified     int // unified workers
+	PD          bool
+	Seed        int64
+	// PointTimeout bounds one measured run.
+	PointTimeout time.Duration
+}
+
+// DefaultKVConfig: 16 groups of 512-token system prompts, each group 4
+// conversations of 4 turns (64-token questions, 16-token answers resent):
+// 1,728 distinct blocks of 16 tokens. 4 workers of 512 blocks hold them
+// once (2,048), one worker a quarter of them: a policy that spreads a
+// group over the workers evicts.
+func DefaultKVConfig() KVConfig {
+	return KVConfig{
+		Policies:     []string{"round_robin", "cache_aware", "kv_aware"},
+		Concurrency:  []int{4, 8, 16, 32},
+		Repeats:      2,
+		Groups:       16,
+		PerGroup:     16,
+		PrefixLen:    512,
+		QuestionLen:  64,
+		OutputLen:    16,
+		Turns:        4,
+		BlockSize:    16,
+		NumBlocks:    512,
+		Unified:      4,
+		PD:           true,
+		Seed:         2026,
+		PointTimeout: time.Minute,
+	}
+}
+
+// QuickKVConfig is a smoke run: one load point, one repetition.
+func QuickKVConfig() KVConfig {
+	c := DefaultKVConfig()
+	c.Concurrency = []int{8}
+	c.Repeats = 1
+	c.PerGroup = 8
+	c.PointTimeout = 30 * time.Second
+	return c
+}
+
+// prompts is the number of requests of one run.
+func (c KVConfig) prompts() int { return c.Groups * c.PerGroup }
+
+// KVBound is the best the workload allows: every request finds cached the
+// longest full-block prefix it shares with any request sent before it
+// (at most its prompt less one token, as vLLM computes the last token),
+// as if the fleet kept every block and routing were perfect. Answers the
+// model generated are not counted (a conversation resends a stand-in
+// answer, so only earlier prompts can match). For single questions this
+// is every group's prefix computed once: groups × (per-group − 1) ×
+// full prefix blocks.
+type KVBound struct {
+	Queries, Hits uint64 // prompt tokens; best cached tokens
+	Blocks        int    // distinct full blocks of the workload (its eviction-free footprint)
+	MaxPrompt     int    // tokens of the longest prompt
+}
+
+// Rate is Hits/Queries.
+func (b KVBound) Rate() float64 { return float64(b.Hits) / float64(b.Queries) }
+
+// Bound computes the KVBound of the run's prompts, in the order sybench
+// sends them.
+func (c KVConfig) Bound() (KVBound, error) {
+	samples, err := bench.Samples(c.benchConfig("http://127.0.0.1:1", 1, time.Minute))
+	if err != nil {
+		return KVBound{}, err
+	}
+	var b KVBound
+	prompts := make([][]string, len(samples))
+	blocks := map[string]bool{}
+	for i, sm := range samples {
+		w := strings.Fields(sm.Prompt())
+		prompts[i] = w
+		b.Queries += uint64(len(w))
+		b.MaxPrompt = max(b.MaxPrompt, len(w))
+		best := 0
+		for _, q := range prompts[:i] {
+			n := 0
+			for n < len(w) && n < len(q) && w[n] == q[n] {
+				n++
+			}
+			best = max(best, min(n, len(w)-1)/c.BlockSize)
+		}
+		b.Hits += uint64(best * c.BlockSize)
+		for k := 1; k*c.BlockSize <= len(w); k++ {
+			blocks[strings.Join(w[:k*c.BlockSize], " ")] = true
+		}
+	}
+	b.Blocks = len(blocks)
+	return b, nil
+}
+
+// KVRun is one measured run.
+type KVRun struct {
+	Fleet       string // "unified" or "2P2D"
+	Policy      string
+	Concurrency int
+	Rep         int
+	Row         bench.SweepRow
+	Queries     uint64 // prefix-cache queries at the measured workers
+	Hits        uint64
+	Evictions   uint64
+	Note        string
+}
+
+// HitRate is Hits/Queries.
+func (r KVRun) HitRate() float64 {
+	if r.Queries == 0 {
+		return math.NaN()
+	}
+	return float64(r.Hits) / float64(r.Queries)
+}
+
+// KVReport is the result of RunKV.
+type KVReport struct {
+	Config  KVConfig
+	Bound   KVBound
+	Options Options
+	Machine string
+	Runs    []KVRun
+	Notes   []string
+	Elapsed time.Duration
+}
+
+func (r *KVReport) head() (*time.Duration, *[]string) { return &r.Elapsed, &r.Notes }
+
+// RunKV runs the comparison on a unified fleet and then a 2P2D NIXL fleet.
+// Every run starts from empty caches and a fresh router; the policies
+// alternate within each repetition. It writes kv.md under OutDir.
+func RunKV(ctx context.Context, o Options, c KVConfig) (*KVReport, error) {
+	bound, err := c.Bound()
+	if err != nil {
+		return nil, fmt.Errorf("kv: %w", err)
+	}
+	return runScenario(ctx, o, scenarioSpec[*KVReport]{
+		name: "kv", defMax: 10 * time.Minute, skipped: "runs",
+		report:  func(e *env) *KVReport { return &KVReport{Config: c, Bound: bound, Options: e.o, Machine: e.m.String()} },
+		run:     func(ctx context.Context, e *env, rep *KVReport) error { return e.runKV(ctx, c, rep) },
+		partial: func(rep *KVReport) bool { return len(rep.Runs) > 0 },
+		files:   []scenarioFile[*KVReport]{{"kv.md", (*KVReport).WriteMarkdown}},
+	})
+}
+
+// kvFleet is the workers of one phase and how a router is put in front.
+type kvFleet struct {
+	name     string
+	sims     []*sim
+	measured []*sim // whose prefix-cache counters count (the prefills in PD)
+	args     func(policy string) []string
+}
+
+func (e *env) runKV(ctx context.Context, c KVConfig, rep *KVReport) error {
+	uf, err := e.kvUnified(ctx, c)
+	if err != nil {
+		return err
+	}
+	if err := e.kvPhase(ctx, c, uf, rep); err != nil {
+		return err
+	}
+	e.g.stop(simProcs(uf.sims)...)
+	if !c.PD {
+		return nil
+	}
+	pf, err := e.kvPD(ctx, c)
+	if err != nil {
+		return err
+	}
+	defer e.g.stop(simProcs(pf.sims)...)
+	return e.kvPhase(ctx, c, pf, rep)
+}
+
+func simProcs(ss []*sim) []*proc {
+	var ps []*proc
+	for _, s := range ss {
+		ps = append(ps, s.proc)
+	}
+	return ps
+}
+
+// pdNumBlocks is the --num-blocks of the PD workers: the 2 prefills
+// together hold what the unified workers hold.
+func (c KVConfig) pdNumBlocks() int { return c.NumBlocks * c.Unified / 2 }
+
+// kvSimArgs are the prefix-cache and KV-event flags of a worker of
+// numBlocks blocks.
+func (c KVConfig) kvSimArgs(numBlocks int) []string {
+	return []string{"--block-size", strconv.Itoa(c.BlockSize), "--num-blocks", strconv.Itoa(numBlocks),
+		"--max-model-len", strconv.Itoa(numBlocks * c.BlockSize), "--enable-prompt-tokens-details",
+		"--kv-events-config", `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:0","replay_endpoint":"tcp://*:0"}`}
+}
+
+// kvRouterArgs are the kv_aware flags for the workers' event endpoints.
+func kvRouterArgs(ctx context.Context, c KVConfig, sims []*sim) ([]string, error) {
+	args := []string{"--kv-block-size", strconv.Itoa(c.BlockSize), "--kv-events-endpoints"}
+	for _, s := range sims {
+		st, err := getSimKV(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		ev := st.Engines[0].KVEvents
+		args = append(args, s.URL()+"="+ev.Endpoint+","+ev.ReplayEndpoint)
+	}
+	return args, nil
+}
+
+func (e *env) kvUnified(ctx context.Context, c KVConfig) (*kvFleet, error) {
+	f := &kvFleet{name: fmt.Sprintf("%d unified", c.Unified)}
+	for i := range c.Unified {
+		s, err := e.g.startSim(ctx, fmt.Sprintf("sim-kv-unified-%d", i), append([]string{"--role", "unified"}, c.kvSimArgs(c.NumBlocks)...)...)
+		if err != nil {
+			e.g.stop(simProcs(f.sims)...)
+			return nil, err
+		}
+		f.sims = append(f.sims, s)
+	}
+	f.measured = f.sims
+	kv, err := kvRouterArgs(ctx, c, f.sims)
+	if err != nil {
+		e.g.stop(simProcs(f.sims)...)
+		return nil, err
+	}
+	f.args = func(policy string) []string {
+		policy, extra := policyFlags(policy)
+		a := append([]string{"--policy", policy}, extra...)
+		a = append(a, "--worker-urls")
+		for _, s := range f.sims {
+			a = append(a, s.URL())
+		}
+		return append(a, kv...)
+	}
+	return f, nil
+}
+
+func (e *env) kvPD(ctx context.Context, c KVConfig) (*kvFleet, error) {
+	f := &kvFleet{name: "2P2D NIXL"}
+	var ps, ds []*sim
+	for _, role := range []string{"prefill", "prefill", "decode", "decode"} {
+		s, err := e.g.startSim(ctx, fmt.Sprintf("sim-kv-%s-%d", role, len(f.sims)),
+			append([]string{"--role", role, "--kv-connector", "nixl"}, c.kvSimArgs(c.pdNumBlocks())...)...)
+		if err != nil {
+			e.g.stop(simProcs(f.sims)...)
+			return nil, err
+		}
+		f.sims = append(f.sims, s)
+		if role == "prefill" {
+			ps = append(ps, s)
+		} else {
+			ds = append(ds, s)
+		}
+	}
+	f.measured = ps
+	kv, err := kvRouterArgs(ctx, c, f.sims)
+	if err != nil {
+		e.g.stop(simProcs(f.sims)...)
+		return nil, err
+	}
+	f.args = func(policy string) []string {
+		policy, extra := policyFlags(policy)
+		a := append([]string{"--vllm-pd-disaggregation", "--kv-connector", "nixl", "--policy", policy}, extra...)
+		for _, s := range ps {
+			a = append(a, "--prefill", s.URL())
+		}
+		for _, s := range ds {
+			a = append(a, "--decode", s.URL())
+		}
+		return append(a, kv...)
+	}
+	return f, nil
+}
+
+// policyFlags splits a --policies entry "NAME+FLAG+FLAG..." (for example
+// "kv_aware+--kv-load-weight=0.1") into the policy and extra router flags.
+func policyFlags(spec string) (string, []string) {
+	parts := strings.Split(spec, "+")
+	return parts[0], parts[1:]
+}
+
+// kvPhase runs every (repetition, load point, policy) on one fleet.
+func (e *env) kvPhase(ctx context.Context, c KVConfig, f *kvFleet, rep *KVReport) error {
+	for r := range c.Repeats {
+		for _, conc := range c.Concurrency {
+			for _, pol := range c.Policies {
+				d, err := e.budget(c.PointTimeout, 15*time.Second)
+				if err != nil {
+					return err
+				}
+				run, err := e.kvRun(ctx, c, f, pol, conc, d)
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				run.Rep = r + 1
+				if err != nil {
+					run.Note = firstLine(err.Error())
+					rep.Notes = append(rep.Notes, fmt.Sprintf("%s %s C=%d rep %d: %s", f.name, pol, conc, r+1, firstLine(err.Error())))
+				}
+				rep.Runs = append(rep.Runs, run)
+				e.printf("%-10s %-12s C=%-3d rep %d hit %5.1f%% %s\n", f.name, pol, conc, r+1, 100*run.HitRate(), rowSummary(run.Row))
+			}
+		}
+	}
+	return nil
+}
+
+// kvRun is one measured run: empty caches, a fresh router, the load.
+func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, conc int, d time.Duration) (KVRun, error) {
+	run := KVRun{Fleet: f.name, Policy: policy, Concurrency: conc}
+	run.Row = failedRow("switchyard", policy, conc, c.prompts())
+	for _, s := range f.sims {
+		if err := resetPrefixCache(ctx, s); err != nil {
+			return run, err
+		}
+	}
+	r, _, err := e.g.startRouter(ctx, "switchyard-kv-"+policy, func(int) []string { return f.args(policy) })
+	if err != nil {
+		return run, err
+	}
+	defer e.g.stop(r.proc)
+	if err := r.waitReady(ctx); err != nil {
+		return run, err
+	}
+	if name, _ := policyFlags(policy); name == "kv_aware" {
+		if err := waitKVEvents(ctx, r, len(f.sims)); err != nil {
+			return run, err
+		}
+	}
+	before, err := prefixTotals(ctx, f.measured)
+	if err != nil {
+		return run, err
+	}
+	res, err := bench.Run(ctx, c.benchConfig(r.base, conc, d))
+	if err != nil {
+		return run, err
+	}
+	after, err := prefixTotals(ctx, f.measured)
+	if err != nil {
+		return run, err
+	}
+	run.Row = sweepRow("switchyard", policy, res)
+	run.Queries, run.Hits, run.Evictions = after.Queries-before.Queries, after.Hits-before.Hits, after.Evictions-before.Evictions
+	if errs := failureReasons(res, 3); len(errs) > 0 {
+		return run, fmt.Errorf("%d failed: %s", res.Metrics.Failed, strings.Join(errs, " | "))
+	}
+	if res.Stopped {
+		return run, errors.New("stopped by its max duration")
+	}
+	return run, nil
+}
+
+// benchConfig is sybench's shared-prefix load of one run.
+func (c KVConfig) benchConfig(base string, conc int, d time.Duration) bench.Config {
+	cfg := bench.DefaultConfig()
+	cfg.BaseURL = base
+	cfg.Backend = bench.BackendVLLM
+	cfg.Model = simModel
+	cfg.DatasetName = bench.DatasetSharedPrefix
+	cfg.SharedPrefixGroups, cfg.SharedPrefixPromptsPerGroup, cfg.SharedPrefixLen = c.Groups, c.PerGroup, c.PrefixLen
+	cfg.SharedPrefixTurns = c.Turns
+	cfg.InputLen, cfg.OutputLen, cfg.RangeRatio = c.QuestionLen, c.OutputLen, 0
+	cfg.NumPrompts = c.prompts()
+	cfg.NumWarmups = 0
+	cfg.MaxConcurrency = conc
+	cfg.IgnoreEOS = true
+	cfg.Seed = c.Seed
+	cfg.MaxDuration = d
+	cfg.DiscardText = true
+	cfg.MetricPercentiles = []float64{50, 99}
+	return cfg
+}
+
+// flags is the equivalent sybench command line of one run (for docs).
+func (c KVConfig) flags(conc int) string {
+	return fmt.Sprintf("--backend vllm --dataset-name shared-prefix --shared-prefix-groups %d --shared-prefix-prompts-per-group %d --shared-prefix-len %d --random-input-len %d --random-range-ratio 0 --random-output-len %d --shared-prefix-turns %d --num-prompts %d --num-warmups 0 --max-concurrency %d --ignore-eos --seed %d",
+		c.Groups, c.PerGroup, c.PrefixLen, c.QuestionLen, c.OutputLen, c.Turns, c.prompts(), conc, c.Seed)
+}
+
+// simKV is the prefix-cache part of vllm-sim's /sim/stats.
+type simKV struct {
+	Engines []struct {
+		PrefixCache struct {
+			Queries      uint64 `json:"queries"`
+			Hits         uint64 `json:"hits"`
+			CachedBlocks int    `json:"cached_blocks"`
+			Evictions    uint64 `json:"evictions"`
+			ResetsFailed uint64 `json:"resets_failed"`
+		} `json:"prefix_cache"`
+		KVEvents *struct {
+			Endpoint       string `json:"endpoint"`
+			ReplayEndpoint string `json:"replay_endpoint"`
+		} `json:"kv_events"`
+	} `json:"engines"`
+}
+
+func getJSON(ctx context.Context, url string, v any) error {
+	client := &http.Client{Timeout: httpGetTimeout}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: HTTP %d", url, resp.StatusCode)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return fmt.Errorf("GET %s: %w", url, err)
+	}
+	return nil
+}
+
+func getSimKV(ctx context.Context, s *sim) (simKV, error) {
+	var st simKV
+	if err := getJSON(ctx, s.URL()+"/sim/stats", &st); err != nil {
+		return st, err
+	}
+	if len(st.Engines) == 0 || st.Engines[0].KVEvents == nil {
+		return st, fmt.Errorf("%s publishes no KV events", s.name)
+	}
+	return st, nil
+}
+
+type prefixTotal struct{ Queries, Hits, Evictions uint64 }
+
+func prefixTotals(ctx context.Context, ss []*sim) (prefixTotal, error) {
+	var t prefixTotal
+	for _, s := range ss {
+		st, err := getSimKV(ctx, s)
+		if err != nil {
+			return t, err
+		}
+		for _, en := range st.Engines {
+			t.Queries += en.PrefixCache.Queries
+			t.Hits += en.PrefixCache.Hits
+			t.Evictions += en.PrefixCache.Evictions
+		}
+	}
+	return t, nil
+}
+
+// resetPrefixCache empties s's prefix cache (POST /reset_prefix_cache) and
+// waits until /sim/stats shows no cached block; an engine with blocks in
+// use refuses, so it retries until the deadline.
+func resetPrefixCache(ctx context.Context, s *sim) error {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	client := &http.Client{Timeout: httpGetTimeout}
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/reset_prefix_cache", nil)
+		if resp, err := client.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		st, err := getSimKV(ctx, s)
+		if err == nil && st.Engines[0].PrefixCache.CachedBlocks == 0 {
+			return nil
+		}
+		if err := pause(ctx); err != nil {
+			return fmt.Errorf("%s: prefix cache not emptied: %w", s.name, err)
+		}
+	}
+}
+
+// pause waits pollInterval, or returns ctx's error first.
+func pause(ctx context.Context) error {
+	t := time.NewTimer(pollInterval)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// waitKVEvents waits until the router has applied events of n workers
+// (the reset's AllBlocksCleared, replayed), so kv_aware routes by them.
+func waitKVEvents(ctx context.Context, r *router, n int) error {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	for {
+		var ws struct {
+			KV struct {
+				Workers map[string]struct {
+					Events bool `json:"events"`
+				} `json:"workers"`
+			} `json:"kv_aware"`
+		}
+		if err := getJSON(ctx, r.base+"/workers", &ws); err == nil {
+			k := 0
+			for _, w := range ws.KV.Workers {
+				if w.Events {
+					k++
+				}
+			}
+			if k >= n {
+				return nil
+			}
+		}
+		if err := pause(ctx); err != nil {
+			return fmt.Errorf("router has no KV events of every worker: %w", err)
+		}
+	}
+}
+
+// kvAgg is the median over repetitions of one (fleet, C, policy).
+type kvAgg struct {
+	Fleet              string
+	Policy             string
+	Concurrency        int
+	N                  int
+	HitRate, TTFT50    float64
+	TTFT99, Throughput float64
+	Evictions, Failed  float64
+}
+
+func median(xs []float64) float64 {
+	ys := slices.Clone(xs)
+	ys = slices.DeleteFunc(ys, math.IsNaN)
+	if len(ys) == 0 {
+		return math.NaN()
+	}
+	slices.Sort(ys)
+	if len(ys)%2 == 1 {
+		return ys[len(ys)/2]
+	}
+	return (ys[len(ys)/2-1] + ys[len(ys)/2]) / 2
+}
+
+// aggregate returns the medians per (fleet, C, policy) in the order of
+// their first run (fleet, then C, then policy).
+func (r *KVReport) aggregate() []kvAgg {
+	var out []kvAgg
+	idx := map[string]int{}
+	type acc struct{ hit, t50, t99, thr, ev, failed []float64 }
+	accs := []acc{}
+	for _, run := range r.Runs {
+		k := fmt.Sprintf("%s|%d|%s", run.Fleet, run.Concurrency, run.Policy)
+		i, ok := idx[k]
+		if !ok {
+			i = len(out)
+			idx[k] = i
+			out = append(out, kvAgg{Fleet: run.Fleet, Policy: run.Policy, Concurrency: run.Concurrency})
+			accs = append(accs, acc{})
+		}
+		a := &accs[i]
+		a.hit = append(a.hit, run.HitRate())
+		a.t50 = append(a.t50, run.Row.TTFTP50)
+		a.t99 = append(a.t99, run.Row.TTFTP99)
+		a.thr = append(a.thr, run.Row.RequestThroughput)
+		a.ev = append(a.ev, float64(run.Evictions))
+		a.failed = append(a.failed, float64(run.Row.Failed))
+		out[i].N++
+	}
+	for i := range out {
+		a := accs[i]
+		out[i].HitRate, out[i].TTFT50, out[i].TTFT99 = median(a.hit), median(a.t50), median(a.t99)
+		out[i].Throughput, out[i].Evictions, out[i].Failed = median(a.thr), median(a.ev), median(a.failed)
+	}
+	return out
+}
+
+func pct(v float64) string {
+	if math.IsNaN(v) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.1f %%", 100*v)
+}
+
+// points formats a difference of rates in percentage points.
+func points(v float64) string {
+	if math.IsNaN(v) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.1f", 100*v)
+}
+
+// WriteMarkdown writes the report.
+func (r *KVReport) WriteMarkdown(w io.Writer) error {
+	c := r.Config
+	var b bytes.Buffer
+	best := r.Bound.Rate()
+	fmt.Fprintf(&b, "# KV-aware routing: shared-prefix workload\n\n")
+	fmt.Fprintf(&b, "`%s` on %s, %s.\n\n", r.Options.Command, r.Machine, sec(r.Elapsed))
+	conv := "each prompt its group's system prompt and a distinct question"
+	if c.Turns > 1 {
+		conv = fmt.Sprintf("each group's requests are conversations of %d turns; turn t resends the system prompt, the earlier questions and an answer of %d words for each, then its question; requests are sent turn by turn (every conversation's first turn, then every second turn, ...)", c.Turns, c.OutputLen)
+	}
+	fmt.Fprintf(&b, "Workload: %d groups × %d requests, %d-token system prompts, %d-token questions, %d output tokens; %s; groups interleaved (sybench `%s`).\n",
+		c.Groups, c.PerGroup, c.PrefixLen, c.QuestionLen, c.OutputLen, conv, c.flags(c.Concurrency[0]))
+	fmt.Fprintf(&b, "Workers: %d unified vllm-sims `%s`, then 2 prefill + 2 decode (NIXL) `%s` (the prefills together hold what the unified workers hold), preset default, KV events on. Each run starts with every worker's prefix cache reset and a new router; policies interleaved within each repetition; repetitions: %d (tables: medians).\n\n",
+		c.Unified, strings.Join(c.kvSimArgs(c.NumBlocks)[:7], " "), strings.Join(c.kvSimArgs(c.pdNumBlocks())[:7], " "), c.Repeats)
+	fmt.Fprintf(&b, "**Best achievable hit rate: %s** (%d of %d prompt tokens). Each request is credited with the longest full-block prefix (at most its prompt less one token) it shares with any request sent before it, as if every block stayed cached and every request went where its prefix is; generated tokens never match (the resent answers are stand-ins). The workload has %d distinct blocks; the caches that count hold %d blocks (unified: %d × %d; PD prefills: 2 × %d), one unified worker %d; the longest prompt is %d tokens.\n\n",
+		pct(best), r.Bound.Hits, r.Bound.Queries, r.Bound.Blocks, c.Unified*c.NumBlocks, c.Unified, c.NumBlocks, c.pdNumBlocks(), c.NumBlocks, r.Bound.MaxPrompt)
+	fmt.Fprintf(&b, "Hit rate = Δ`vllm:prefix_cache_hits` / Δ`vllm:prefix_cache_queries` over the run, read from the workers (`/sim/stats` `prefix_cache`, the same counters); in PD, at the prefill workers.\n\n")
+	fmt.Fprintf(&b, "| fleet | C | policy | hit rate | best − hit (points) | TTFT P50 ms | TTFT P99 ms | req/s | evictions | failed |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	aggs := r.aggregate()
+	for _, a := range aggs {
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %.2f | %.0f | %.0f |\n", a.Fleet, a.Concurrency, a.Policy,
+			pct(a.HitRate), points(best-a.HitRate), ms(a.TTFT50), ms(a.TTFT99), a.Throughput, a.Evictions, a.Failed)
+	}
+	fmt.Fprintf(&b, "\n## Targets\n\n")
+	for _, a := range aggs {
+		if a.Policy != "kv_aware" {
+			continue
+		}
+		line := fmt.Sprintf("- %s C=%d: kv_aware hit rate %s, %s points below the best (target ≤ 5 points: %s)", a.Fleet, a.Concurrency,
+			pct(a.HitRate), points(best-a.HitRate), map[bool]string{true: "met", false: "missed"}[best-a.HitRate <= 0.05])
+		for _, o := range aggs {
+			if o.Fleet == a.Fleet && o.Concurrency == a.Concurrency && o.Policy == "cache_aware" {
+				line += fmt.Sprintf("; TTFT P50 %s ms vs cache_aware %s ms (%s)", ms(a.TTFT50), ms(o.TTFT50),
+					map[bool]string{true: "below", false: "not below"}[a.TTFT50 < o.TTFT50])
+			}
+		}
+		fmt.Fprintln(&b, line+".")
+	}
+	fmt.Fprintf(&b, "\n## Every run\n\n| fleet | C | rep | policy | queries | hits | hit rate | TTFT P50 ms | req/s | note |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, run := range r.Runs {
+		fmt.Fprintf(&b, "| %s | %d | %d | %s | %d | %d | %s | %s | %.2f | %s |\n", run.Fleet, run.Concurrency, run.Rep, run.Policy,
+			run.Queries, run.Hits, pct(run.HitRate()), ms(run.Row.TTFTP50), run.Row.RequestThroughput, run.Note)
+	}
+	if len(r.Notes) > 0 {
+		fmt.Fprintf(&b, "\n## Notes\n\n")
+		for _, n := range r.Notes {
+			fmt.Fprintf(&b, "- %s\n", n)
+		}
+	}
+	_, err := w.Write(b.Bytes())
+	return err
+}

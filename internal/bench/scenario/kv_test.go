@@ -1,0 +1,99 @@
+package scenario
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestKVBound(t *testing.T) {
+	for _, tc := range []struct {
+		groups, per, prefix, question, turns int
+		hits, blocks                         int
+	}{
+		// single questions: each group's prefix once, then per−1 hits of
+		// its full blocks; a partial last block never hits
+		{16, 16, 512, 64, 0, 16 * 15 * 512, 16 * (32 + 16*4)},
+		{1, 2, 32, 32, 0, 32, 2 + 2*2},
+		{2, 4, 40, 8, 0, 2 * 3 * 32, 2 * (2 + 4*1)},
+		// two conversations of 2 turns: turn 1 is 32 + 8 tokens, turn 2
+		// 40 + answer 8 + question 8; the second turn 1 and both turn 2s
+		// find 2 blocks (turn 1's full blocks are the prefix); distinct
+		// blocks: the prefix's 2 and each turn 2's third block
+		{1, 4, 32, 8, 2, 3 * 32, 2 + 2},
+	} {
+		c := KVConfig{Groups: tc.groups, PerGroup: tc.per, PrefixLen: tc.prefix, QuestionLen: tc.question, OutputLen: 8, Turns: tc.turns, BlockSize: 16, Seed: 3}
+		b, err := c.Bound()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if int(b.Hits) != tc.hits || b.Blocks != tc.blocks || b.Queries == 0 {
+			t.Errorf("%+v: bound %+v, want hits %d blocks %d", tc, b, tc.hits, tc.blocks)
+		}
+	}
+}
+
+func TestKVFlags(t *testing.T) {
+	var o Options
+	c, err := parseKV([]string{"--quick", "--policies", "kv_aware,kv_aware+--kv-load-weight=0.1", "--concurrency", "2,4", "--pd=false"}, &o, io.Discard)
+	if err != nil || len(c.Policies) != 2 || c.Concurrency[1] != 4 || c.PD || c.Repeats != 1 {
+		t.Fatalf("%+v %v", c, err)
+	}
+	if p, extra := policyFlags(c.Policies[1]); p != "kv_aware" || len(extra) != 1 || extra[0] != "--kv-load-weight=0.1" {
+		t.Fatalf("policyFlags: %q %q", p, extra)
+	}
+	for _, bad := range [][]string{{"--per-group", "1"}, {"--turns", "0"}, {"--repeats", "0"}, {"--num-blocks", "2"}, {"--prefix-len", "4"}} {
+		if _, err := parseKV(bad, &o, io.Discard); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+}
+
+// TestKVQuick runs a tiny comparison on real sims: every request served,
+// the workers' counters see every prompt token, and no run beats the
+// bound (which would mean the bound or the measurement is wrong).
+func TestKVQuick(t *testing.T) {
+	out := t.TempDir()
+	var log bytes.Buffer
+	c := KVConfig{Policies: []string{"round_robin", "kv_aware"}, Concurrency: []int{2}, Repeats: 1,
+		Groups: 3, PerGroup: 4, PrefixLen: 64, QuestionLen: 8, OutputLen: 4, BlockSize: 16, NumBlocks: 64,
+		Unified: 2, PD: true, Seed: 1, PointTimeout: 30 * time.Second}
+	rep, err := RunKV(context.Background(), Options{BinDir: binDir, OutDir: out, MaxDuration: 2 * time.Minute, Out: &log, Command: "test"}, c)
+	if err != nil {
+		t.Fatalf("RunKV: %v\n%s", err, log.String())
+	}
+	noChildren(t)
+	if len(rep.Runs) != 4 {
+		t.Fatalf("runs = %d, want 4\n%s", len(rep.Runs), log.String())
+	}
+	bound, err := c.Bound()
+	if err != nil {
+		t.Fatal(err)
+	}
+	best := bound.Rate()
+	for _, r := range rep.Runs {
+		if r.Note != "" || r.Row.Failed != 0 || !(r.Row.TTFTP50 > 0) {
+			t.Errorf("%s %s: note %q failed %d TTFT %v", r.Fleet, r.Policy, r.Note, r.Row.Failed, r.Row.TTFTP50)
+		}
+		if want := uint64(c.prompts() * (c.PrefixLen + c.QuestionLen)); r.Queries != want {
+			t.Errorf("%s %s: %d prefix-cache queries, want %d", r.Fleet, r.Policy, r.Queries, want)
+		}
+		if r.HitRate() > best+1e-9 {
+			t.Errorf("%s %s: hit rate %v above the bound %v", r.Fleet, r.Policy, r.HitRate(), best)
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(out, "kv.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"**Best achievable hit rate: 66.7 %** (576 of 864 prompt tokens)", "| 2 unified | 2 | kv_aware |", "| 2P2D NIXL | 2 | round_robin |", "## Targets"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("kv.md lacks %q:\n%s", want, md)
+		}
+	}
+}
