@@ -104,7 +104,7 @@ func TestDefaults(t *testing.T) {
 		KVIndexMaxEntries:              10_000_000,
 		KVEventsPort:                   5557,
 		KVOverlapScoreWeight:           1,
-		KVLoadWeight:                   0.5,
+		KVLoadWeight:                   0.1,
 		KVFallbackPolicy:               "cache_aware",
 	}
 	if diff := cmp.Diff(want, Default(), ignoreExplicit); diff != "" {

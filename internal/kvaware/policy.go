@@ -34,8 +34,10 @@ type Options struct {
 
 	// Cost of a candidate, in tokens: OverlapWeight × prompt tokens it
 	// would have to compute + LoadWeight × prompt tokens × its requests in
-	// flight. 1 and 0.5: one request already running weighs half a
-	// prefill of this prompt.
+	// flight. The router's defaults are 1 and 0.1: a request already
+	// running mostly decodes, which slows a new prefill far less than
+	// computing the prompt (0.5 spread shared prefixes over the fleet and
+	// lost a third of the hits at concurrency 32, docs/bench/kv.md).
 	OverlapWeight float64
 	LoadWeight    float64
 
@@ -63,6 +65,7 @@ type Stats struct {
 type Policy struct {
 	o    Options
 	spec *speculative
+	rr   atomic.Uint64 // tokenize target rotation
 	S    Stats
 }
 
@@ -106,32 +109,46 @@ type prepared struct {
 }
 
 // Prepare tokenizes the prompt at one of the candidates (any engine of the
-// model tokenizes alike) and computes its block keys.
+// model tokenizes alike; they are asked in turn, and an unreachable one is
+// passed over) and computes its block keys.
 func (p *Policy) Prepare(ctx context.Context, req *policy.Request, c policy.Candidates) {
 	if req.Tokens != nil {
 		req.Prepared = &prepared{keys: p.o.Index.BlockKeys(req.Tokens, "")}
 		return
 	}
-	var base string
-	for _, w := range c.Workers {
-		if req.Usable(w) {
-			base = w.URL
-			break
+	var err error
+	for _, base := range p.tokenizeAt(req, c, 3) {
+		var toks []uint32
+		toks, err = p.o.Tokenizer.Tokens(ctx, base, req.Path, req.Body)
+		if err == nil {
+			req.Tokens = toks
+			req.Prepared = &prepared{keys: p.o.Index.BlockKeys(toks, "")}
+			return
+		}
+		if errors.Is(err, ErrNotTokenizable) || ctx.Err() != nil {
+			break // the request itself, not the engine
+		}
+		p.S.TokenizeErrors.Add(1)
+	}
+	req.TokenErr = err
+}
+
+// tokenizeAt lists up to max usable candidates to tokenize at, starting
+// at a rotating offset so /tokenize calls spread over the fleet instead of
+// all landing on its first worker.
+func (p *Policy) tokenizeAt(req *policy.Request, c policy.Candidates, max int) []string {
+	n := len(c.Workers)
+	if n == 0 {
+		return nil
+	}
+	start := int(p.rr.Add(1) % uint64(n))
+	var out []string
+	for i := 0; i < n && len(out) < max; i++ {
+		if w := c.Workers[(start+i)%n]; req.Usable(w) {
+			out = append(out, w.URL)
 		}
 	}
-	if base == "" {
-		return
-	}
-	toks, err := p.o.Tokenizer.Tokens(ctx, base, req.Path, req.Body)
-	if err != nil {
-		req.TokenErr = err
-		if !errors.Is(err, ErrNotTokenizable) {
-			p.S.TokenizeErrors.Add(1)
-		}
-		return
-	}
-	req.Tokens = toks
-	req.Prepared = &prepared{keys: p.o.Index.BlockKeys(toks, "")}
+	return out
 }
 
 // CachedBlocks returns, per worker key, how many leading blocks of the
