@@ -1,0 +1,537 @@
+package admission
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/metrics"
+)
+
+// Flow control (--flow-control) replaces the Limiter's single FIFO with a
+// Scheduler:
+//
+//   - Priority bands, named and configured. A higher band is always
+//     dispatched before a lower one; within a band requests are ordered by
+//     arrival, or by deadline (earliest first) with OrderByDeadline.
+//   - Weighted fair sharing between the flows (tenants) of one band: start-
+//     time fair queueing over request counts. A flow that sends ten times
+//     more requests does not get ten times the slots; a flow of weight 2
+//     gets twice the share of a flow of weight 1 while both are backlogged.
+//     A flow that was idle re-enters at the band's virtual time, so it banks
+//     no credit.
+//   - A full queue sheds the lowest band first: a newcomer of a higher band
+//     evicts the newest request of the largest flow of the lowest non-empty
+//     band below it (ErrShed, 429); otherwise the newcomer is refused
+//     (ErrQueueFull, 429).
+//   - The wait is bounded by the band's queue timeout (ErrQueueTimeout, 408)
+//     and by the request's own deadline (ErrDeadline, 504), whichever is
+//     first. A caller whose context ends leaves the queue at once.
+//   - A Gate (the saturation detector) may hold dispatch while every
+//     candidate worker is saturated; Kick re-evaluates it.
+//
+// The same invariants as the FIFO hold: a release frees its slot exactly
+// once, a waiter that gives up never holds a slot, Close fails every waiter.
+
+// Flow-control errors (Status maps them).
+var (
+	ErrShed     = fmt.Errorf("%w: shed to make room for a higher-priority request", ErrQueueFull)
+	ErrDeadline = errors.New("the request deadline passed while it was queued")
+)
+
+// Band configures one priority band.
+type Band struct {
+	Name string
+	// Priority orders the bands: higher values are dispatched first (the
+	// Gateway API InferenceObjective convention).
+	Priority int
+	// QueueTimeout bounds a request's wait in this band; <= 0 waits until
+	// the request's deadline or its client leaves.
+	QueueTimeout time.Duration
+}
+
+// FlowRequest is one request's flow-control attributes.
+type FlowRequest struct {
+	Band     int       // index into SchedulerConfig.Bands
+	Flow     string    // fairness id ("" = the default flow)
+	Deadline time.Time // zero = none
+}
+
+// SchedulerConfig configures a Scheduler.
+type SchedulerConfig struct {
+	Bands           []Band
+	MaxConcurrent   int // <= 0: no slot limit (the gate still applies)
+	QueueSize       int // requests waiting in all bands together
+	OrderByDeadline bool
+	// Weights of flows by id; absent flows weigh 1.
+	Weights map[string]float64
+	// Gate reports whether another request may be dispatched now, given
+	// the slots in use. nil = always. It is called with the scheduler's
+	// lock held and must not call back into the scheduler.
+	Gate func(inUse int) bool
+	// MaxFlowLabels bounds the per-flow metric labels (others are "other");
+	// 0 → 32.
+	MaxFlowLabels int
+	Metrics       *metrics.Metrics
+}
+
+// Scheduler is the flow-control queue. Build it with NewScheduler.
+type Scheduler struct {
+	c      SchedulerConfig
+	bands  []*band // by priority, highest first
+	byIdx  []*band // by SchedulerConfig.Bands index
+	labels flowLabels
+
+	mu     sync.Mutex
+	inUse  int
+	queued int
+	seq    uint64
+	closed bool
+}
+
+type band struct {
+	cfg    Band
+	flows  map[string]*flowQ // non-empty flows only
+	vnow   float64           // start tag of the last dispatch
+	queued int
+	gauge  func(float64)
+}
+
+type flowQ struct {
+	id     string
+	weight float64
+	vt     float64 // virtual finish tag of its last dispatch
+	items  itemHeap
+	label  string // metric label (bounded)
+}
+
+type item struct {
+	ready    chan struct{} // closed when granted or failed (under mu)
+	granted  bool
+	err      error
+	band     *band
+	flow     *flowQ
+	seq      uint64
+	enq      time.Time
+	deadline time.Time // zero = none
+	index    int       // in flow.items; -1 once removed
+}
+
+// NewScheduler builds a Scheduler; Bands must not be empty.
+func NewScheduler(c SchedulerConfig) (*Scheduler, error) {
+	if len(c.Bands) == 0 {
+		return nil, errors.New("flow control needs at least one band")
+	}
+	if c.MaxFlowLabels <= 0 {
+		c.MaxFlowLabels = 32
+	}
+	s := &Scheduler{c: c, labels: flowLabels{max: c.MaxFlowLabels, seen: map[string]string{}}}
+	names := map[string]bool{}
+	for _, b := range c.Bands {
+		if b.Name == "" || names[b.Name] {
+			return nil, fmt.Errorf("flow control: band names must be unique and non-empty (%q)", b.Name)
+		}
+		names[b.Name] = true
+		nb := &band{cfg: b, flows: map[string]*flowQ{}}
+		if c.Metrics != nil {
+			g := c.Metrics.FlowQueueDepth.WithLabelValues(b.Name)
+			nb.gauge = g.Set
+			g.Set(0)
+		}
+		s.byIdx = append(s.byIdx, nb)
+	}
+	s.bands = append([]*band(nil), s.byIdx...)
+	sort.SliceStable(s.bands, func(i, j int) bool { return s.bands[i].cfg.Priority > s.bands[j].cfg.Priority })
+	return s, nil
+}
+
+// Acquire admits one request as the FIFO's Acquire does, in flow order.
+func (s *Scheduler) Acquire(ctx context.Context, r FlowRequest) (release func(), err error) {
+	if r.Band < 0 || r.Band >= len(s.byIdx) {
+		return nil, fmt.Errorf("flow control: band index %d out of range", r.Band)
+	}
+	b := s.byIdx[r.Band]
+	now := time.Now()
+	if !r.Deadline.IsZero() && !now.Before(r.Deadline) {
+		s.reject(b, "deadline")
+		return nil, ErrDeadline
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		s.reject(b, "shutting_down")
+		return nil, ErrClosed
+	}
+	if s.queued == 0 && s.canDispatch() {
+		s.inUse++
+		s.mu.Unlock()
+		s.observeWait(b, r.Flow, 0)
+		return s.releaser(), nil
+	}
+	if s.queued >= s.c.QueueSize {
+		victim := s.victimFor(b)
+		if victim == nil {
+			s.mu.Unlock()
+			s.reject(b, "queue_full")
+			return nil, ErrQueueFull
+		}
+		s.removeLocked(victim)
+		victim.err = ErrShed
+		close(victim.ready)
+	}
+	it := s.enqueueLocked(b, r, now)
+	s.dispatchLocked() // the gate may have opened with nobody to kick it
+	s.mu.Unlock()
+	return s.wait(ctx, it, r)
+}
+
+// canDispatch reports whether a slot is free and the gate open; the caller
+// holds mu.
+func (s *Scheduler) canDispatch() bool {
+	if s.c.MaxConcurrent > 0 && s.inUse >= s.c.MaxConcurrent {
+		return false
+	}
+	return s.c.Gate == nil || s.c.Gate(s.inUse)
+}
+
+func (s *Scheduler) enqueueLocked(b *band, r FlowRequest, now time.Time) *item {
+	f := b.flows[r.Flow]
+	if f == nil {
+		w := s.c.Weights[r.Flow]
+		if w <= 0 {
+			w = 1
+		}
+		// A flow (re)entering starts at the band's virtual time: no credit
+		// banked while idle.
+		f = &flowQ{id: r.Flow, weight: w, vt: b.vnow, label: s.labels.of(r.Flow)}
+		b.flows[r.Flow] = f
+	}
+	s.seq++
+	it := &item{ready: make(chan struct{}), band: b, flow: f, seq: s.seq, enq: now, deadline: r.Deadline}
+	f.items.byDeadline = s.c.OrderByDeadline
+	heap.Push(&f.items, it)
+	b.queued++
+	s.queued++
+	s.publishDepth(b)
+	s.flowDepth(f, 1)
+	return it
+}
+
+// removeLocked takes a queued item out of its flow; the caller holds mu.
+func (s *Scheduler) removeLocked(it *item) {
+	if it.index < 0 {
+		return
+	}
+	f, b := it.flow, it.band
+	heap.Remove(&f.items, it.index)
+	if f.items.Len() == 0 && b.flows[f.id] == f {
+		delete(b.flows, f.id)
+	}
+	b.queued--
+	s.queued--
+	s.publishDepth(b)
+	s.flowDepth(f, -1)
+}
+
+// victimFor picks the request to shed for a newcomer of band nb: the newest
+// request of the largest flow of the lowest non-empty band below nb, or nil.
+func (s *Scheduler) victimFor(nb *band) *item {
+	for i := len(s.bands) - 1; i >= 0; i-- {
+		b := s.bands[i]
+		if b.cfg.Priority >= nb.cfg.Priority {
+			return nil
+		}
+		if b.queued == 0 {
+			continue
+		}
+		var big *flowQ
+		for _, f := range b.flows {
+			if big == nil || f.items.Len() > big.items.Len() || (f.items.Len() == big.items.Len() && f.id < big.id) {
+				big = f
+			}
+		}
+		var newest *item
+		for _, it := range big.items.items {
+			if newest == nil || it.seq > newest.seq {
+				newest = it
+			}
+		}
+		return newest
+	}
+	return nil
+}
+
+// next pops the item to dispatch: highest non-empty band, then the flow
+// with the smallest virtual finish tag; the caller holds mu.
+func (s *Scheduler) next() *item {
+	for _, b := range s.bands {
+		if b.queued == 0 {
+			continue
+		}
+		var best *flowQ
+		var bestTag float64
+		for _, f := range b.flows {
+			tag := f.vt + 1/f.weight
+			if best == nil || tag < bestTag || (tag == bestTag && f.items.items[0].seq < best.items.items[0].seq) {
+				best, bestTag = f, tag
+			}
+		}
+		it := best.items.items[0]
+		b.vnow = best.vt
+		best.vt = bestTag
+		s.removeLocked(it)
+		return it
+	}
+	return nil
+}
+
+// dispatchLocked grants queued requests while slots are free and the gate
+// is open; the caller holds mu.
+func (s *Scheduler) dispatchLocked() {
+	for s.queued > 0 && !s.closed && s.canDispatch() {
+		it := s.next()
+		it.granted = true
+		s.inUse++
+		close(it.ready)
+	}
+}
+
+// Kick re-evaluates the gate (the saturation state changed).
+func (s *Scheduler) Kick() {
+	s.mu.Lock()
+	s.dispatchLocked()
+	s.mu.Unlock()
+}
+
+func (s *Scheduler) wait(ctx context.Context, it *item, r FlowRequest) (func(), error) {
+	limit, limitErr := time.Time{}, error(nil)
+	if t := it.band.cfg.QueueTimeout; t > 0 {
+		limit, limitErr = it.enq.Add(t), ErrQueueTimeout
+	}
+	if !r.Deadline.IsZero() && (limit.IsZero() || r.Deadline.Before(limit)) {
+		limit, limitErr = r.Deadline, ErrDeadline
+	}
+	var expired <-chan time.Time
+	if !limit.IsZero() {
+		t := time.NewTimer(time.Until(limit))
+		defer t.Stop()
+		expired = t.C
+	}
+	var err error
+	select {
+	case <-it.ready:
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-expired:
+		err = limitErr
+	}
+	s.mu.Lock()
+	if err != nil {
+		select {
+		case <-it.ready: // granted or failed in the same instant
+		default:
+			s.removeLocked(it)
+		}
+	}
+	granted, werr := it.granted, it.err
+	s.mu.Unlock()
+	s.observeWait(it.band, r.Flow, time.Since(it.enq))
+
+	switch {
+	case err == nil && werr == nil:
+		return s.releaser(), nil
+	case err == nil:
+		s.reject(it.band, reasonOf(werr))
+		return nil, werr
+	}
+	if granted {
+		s.releaseSlot() // hand the slot we no longer want on
+	}
+	s.reject(it.band, reasonOf(err))
+	return nil, err
+}
+
+func reasonOf(err error) string {
+	switch {
+	case errors.Is(err, ErrShed):
+		return "shed"
+	case errors.Is(err, ErrQueueTimeout):
+		return "queue_timeout"
+	case errors.Is(err, ErrDeadline):
+		return "deadline"
+	case errors.Is(err, ErrClosed):
+		return "shutting_down"
+	}
+	return "client_gone"
+}
+
+func (s *Scheduler) releaser() func() {
+	var done atomic.Bool
+	return func() {
+		if done.CompareAndSwap(false, true) {
+			s.releaseSlot()
+		}
+	}
+}
+
+func (s *Scheduler) releaseSlot() {
+	s.mu.Lock()
+	s.inUse--
+	s.dispatchLocked()
+	s.mu.Unlock()
+}
+
+// Close fails every queued request and all later Acquire calls with
+// ErrClosed.
+func (s *Scheduler) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	s.closed = true
+	for _, b := range s.bands {
+		for _, f := range b.flows {
+			s.flowDepth(f, -float64(f.items.Len()))
+			for _, it := range f.items.items {
+				it.err = ErrClosed
+				it.index = -1
+				close(it.ready)
+			}
+		}
+		clear(b.flows)
+		b.queued = 0
+		s.publishDepth(b)
+	}
+	s.queued = 0
+}
+
+// InUse returns the granted slots not yet released.
+func (s *Scheduler) InUse() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inUse
+}
+
+// Queued returns the number of waiting requests.
+func (s *Scheduler) Queued() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.queued
+}
+
+// BandQueued returns the waiting requests per band name.
+func (s *Scheduler) BandQueued() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]int, len(s.bands))
+	for _, b := range s.bands {
+		out[b.cfg.Name] = b.queued
+	}
+	return out
+}
+
+// publishDepth publishes band b's and the total queue length; the caller
+// holds mu.
+func (s *Scheduler) publishDepth(b *band) {
+	if s.c.Metrics == nil {
+		return
+	}
+	b.gauge(float64(b.queued))
+	s.c.Metrics.QueueDepth.Set(float64(s.queued))
+}
+
+func (s *Scheduler) flowDepth(f *flowQ, d float64) {
+	if s.c.Metrics != nil {
+		s.c.Metrics.FlowFlowDepth.WithLabelValues(f.label).Add(d)
+	}
+}
+
+func (s *Scheduler) observeWait(b *band, flow string, d time.Duration) {
+	if m := s.c.Metrics; m != nil {
+		m.QueueWait.Observe(d.Seconds())
+		m.FlowQueueWait.WithLabelValues(b.cfg.Name).Observe(d.Seconds())
+		m.FlowFlowWait.WithLabelValues(s.labels.of(flow)).Observe(d.Seconds())
+	}
+}
+
+func (s *Scheduler) reject(b *band, reason string) {
+	if m := s.c.Metrics; m != nil {
+		m.FlowShed.WithLabelValues(b.cfg.Name, reason).Inc()
+		if reason != "client_gone" {
+			m.AdmissionReject.WithLabelValues(reason).Inc()
+		}
+	}
+}
+
+// DefaultFlow is the fairness id of requests that carry none (llm-d's
+// default-flow).
+const DefaultFlow = "default-flow"
+
+// flowLabels bounds the per-flow metric label set: the first max flows
+// seen keep their id, later ones are "other".
+type flowLabels struct {
+	mu   sync.Mutex
+	max  int
+	seen map[string]string
+}
+
+func (l *flowLabels) of(flow string) string {
+	if flow == "" {
+		flow = DefaultFlow
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if v, ok := l.seen[flow]; ok {
+		return v
+	}
+	if len(l.seen) >= l.max {
+		return "other"
+	}
+	l.seen[flow] = flow
+	return flow
+}
+
+// itemHeap orders one flow's requests by arrival, or by deadline first
+// (requests without one after those with one, by arrival).
+type itemHeap struct {
+	items      []*item
+	byDeadline bool
+}
+
+func (h *itemHeap) Len() int { return len(h.items) }
+func (h *itemHeap) Less(i, j int) bool {
+	a, b := h.items[i], h.items[j]
+	if h.byDeadline && !a.deadline.Equal(b.deadline) {
+		switch {
+		case a.deadline.IsZero():
+			return false
+		case b.deadline.IsZero():
+			return true
+		}
+		return a.deadline.Before(b.deadline)
+	}
+	return a.seq < b.seq
+}
+func (h *itemHeap) Swap(i, j int) {
+	h.items[i], h.items[j] = h.items[j], h.items[i]
+	h.items[i].index, h.items[j].index = i, j
+}
+func (h *itemHeap) Push(x any) {
+	it := x.(*item)
+	it.index = len(h.items)
+	h.items = append(h.items, it)
+}
+func (h *itemHeap) Pop() any {
+	n := len(h.items) - 1
+	it := h.items[n]
+	h.items[n] = nil
+	h.items = h.items[:n]
+	it.index = -1
+	return it
+}
