@@ -71,6 +71,11 @@ func newClassifier(c FlowConfig) (*classifier, error) {
 	if cl.deadlineHdr == "" {
 		cl.deadlineHdr = DefaultDeadlineHeader
 	}
+	// canonical once: Header.Get of a lower-case name allocates its
+	// canonical form on every call
+	cl.objective = http.CanonicalHeaderKey(cl.objective)
+	cl.fairness = http.CanonicalHeaderKey(cl.fairness)
+	cl.deadlineHdr = http.CanonicalHeaderKey(cl.deadlineHdr)
 	switch cl.key {
 	case "":
 		cl.key = FairnessHeader
@@ -121,7 +126,7 @@ func (cl *classifier) byPriority(p int64) int {
 // the flow id; and the deadline header (milliseconds from now).
 func (cl *classifier) classify(h http.Header, obj *rawjson.Object, now time.Time) (FlowRequest, error) {
 	r := FlowRequest{Band: cl.def}
-	if v := strings.TrimSpace(h.Get(cl.objective)); v != "" {
+	if v := strings.TrimSpace(header(h, cl.objective)); v != "" {
 		if i, ok := cl.byName[v]; ok {
 			r.Band = i
 		} else if p, err := strconv.ParseInt(v, 10, 64); err == nil {
@@ -136,7 +141,7 @@ func (cl *classifier) classify(h http.Header, obj *rawjson.Object, now time.Time
 	}
 	switch cl.key {
 	case FairnessHeader:
-		r.Flow = h.Get(cl.fairness)
+		r.Flow = header(h, cl.fairness)
 	case FairnessAPIKey:
 		if tok, ok := strings.CutPrefix(h.Get("Authorization"), "Bearer "); ok && tok != "" {
 			sum := sha256.Sum256([]byte(tok))
@@ -153,7 +158,7 @@ func (cl *classifier) classify(h http.Header, obj *rawjson.Object, now time.Time
 	if r.Flow == "" {
 		r.Flow = DefaultFlow
 	}
-	if v := strings.TrimSpace(h.Get(cl.deadlineHdr)); v != "" {
+	if v := strings.TrimSpace(header(h, cl.deadlineHdr)); v != "" {
 		ms, err := strconv.ParseFloat(v, 64)
 		if err != nil || !(ms >= 0) || math.IsInf(ms, 1) {
 			return r, fmt.Errorf("%w: %s must be a number of milliseconds >= 0, got %q", ErrBadFlowRequest, cl.deadlineHdr, v)
@@ -161,6 +166,14 @@ func (cl *classifier) classify(h http.Header, obj *rawjson.Object, now time.Time
 		r.Deadline = now.Add(time.Duration(ms * float64(time.Millisecond)))
 	}
 	return r, nil
+}
+
+// header is h.Get for a name already in canonical form.
+func header(h http.Header, canonical string) string {
+	if v := h[canonical]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // ParseBands parses NAME=PRIORITY[:QUEUE_TIMEOUT_SECS] items; a band

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 )
 
@@ -100,6 +102,7 @@ type band struct {
 	vnow   float64           // start tag of the last dispatch
 	queued int
 	gauge  func(float64)
+	wait   prometheus.Observer
 }
 
 type flowQ struct {
@@ -107,7 +110,7 @@ type flowQ struct {
 	weight float64
 	vt     float64 // virtual finish tag of its last dispatch
 	items  itemHeap
-	label  string // metric label (bounded)
+	series *flowSeries // its metrics (bounded labels)
 }
 
 type item struct {
@@ -130,7 +133,7 @@ func NewScheduler(c SchedulerConfig) (*Scheduler, error) {
 	if c.MaxFlowLabels <= 0 {
 		c.MaxFlowLabels = 32
 	}
-	s := &Scheduler{c: c, labels: flowLabels{max: c.MaxFlowLabels, seen: map[string]string{}}}
+	s := &Scheduler{c: c, labels: flowLabels{max: c.MaxFlowLabels, m: c.Metrics, seen: map[string]*flowSeries{}}}
 	names := map[string]bool{}
 	for _, b := range c.Bands {
 		if b.Name == "" || names[b.Name] {
@@ -142,6 +145,7 @@ func NewScheduler(c SchedulerConfig) (*Scheduler, error) {
 			g := c.Metrics.FlowQueueDepth.WithLabelValues(b.Name)
 			nb.gauge = g.Set
 			g.Set(0)
+			nb.wait = c.Metrics.FlowQueueWait.WithLabelValues(b.Name)
 		}
 		s.byIdx = append(s.byIdx, nb)
 	}
@@ -208,7 +212,7 @@ func (s *Scheduler) enqueueLocked(b *band, r FlowRequest, now time.Time) *item {
 		}
 		// A flow (re)entering starts at the band's virtual time: no credit
 		// banked while idle.
-		f = &flowQ{id: r.Flow, weight: w, vt: b.vnow, label: s.labels.of(r.Flow)}
+		f = &flowQ{id: r.Flow, weight: w, vt: b.vnow, series: s.labels.of(r.Flow)}
 		b.flows[r.Flow] = f
 	}
 	s.seq++
@@ -447,16 +451,16 @@ func (s *Scheduler) publishDepth(b *band) {
 }
 
 func (s *Scheduler) flowDepth(f *flowQ, d float64) {
-	if s.c.Metrics != nil {
-		s.c.Metrics.FlowFlowDepth.WithLabelValues(f.label).Add(d)
+	if f.series != nil {
+		f.series.depth.Add(d)
 	}
 }
 
 func (s *Scheduler) observeWait(b *band, flow string, d time.Duration) {
 	if m := s.c.Metrics; m != nil {
 		m.QueueWait.Observe(d.Seconds())
-		m.FlowQueueWait.WithLabelValues(b.cfg.Name).Observe(d.Seconds())
-		m.FlowFlowWait.WithLabelValues(s.labels.of(flow)).Observe(d.Seconds())
+		b.wait.Observe(d.Seconds())
+		s.labels.of(flow).wait.Observe(d.Seconds())
 	}
 }
 
@@ -474,27 +478,47 @@ func (s *Scheduler) reject(b *band, reason string) {
 const DefaultFlow = "default-flow"
 
 // flowLabels bounds the per-flow metric label set: the first max flows
-// seen keep their id, later ones are "other".
+// seen keep their id, later ones share "other".
 type flowLabels struct {
-	mu   sync.Mutex
-	max  int
-	seen map[string]string
+	mu    sync.Mutex
+	max   int
+	m     *metrics.Metrics
+	seen  map[string]*flowSeries
+	other *flowSeries
 }
 
-func (l *flowLabels) of(flow string) string {
+type flowSeries struct {
+	depth prometheus.Gauge
+	wait  prometheus.Observer
+}
+
+// of returns flow's series, nil without metrics.
+func (l *flowLabels) of(flow string) *flowSeries {
+	if l.m == nil {
+		return nil
+	}
 	if flow == "" {
 		flow = DefaultFlow
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if v, ok := l.seen[flow]; ok {
-		return v
+	if fs, ok := l.seen[flow]; ok {
+		return fs
 	}
+	label := flow
 	if len(l.seen) >= l.max {
-		return "other"
+		if l.other != nil {
+			return l.other
+		}
+		label = "other"
 	}
-	l.seen[flow] = flow
-	return flow
+	fs := &flowSeries{depth: l.m.FlowFlowDepth.WithLabelValues(label), wait: l.m.FlowFlowWait.WithLabelValues(label)}
+	if label == "other" {
+		l.other = fs
+	} else {
+		l.seen[flow] = fs
+	}
+	return fs
 }
 
 // itemHeap orders one flow's requests by arrival, or by deadline first

@@ -286,6 +286,7 @@ func (d *Detector) fleetSaturated(ws []*worker.Worker, inUse int) bool {
 	avail, capacity, all := 0, 0, true
 	for _, w := range ws {
 		if !w.Available() {
+			capacity += int(w.Load()) // its streams still hold slots
 			continue
 		}
 		avail++
