@@ -50,6 +50,14 @@ var (
 	logFormatNames      = []string{LogFormatText, LogFormatJSON}
 	historyBackendNames = []string{"memory", "none"}
 	decodeOutputNames   = []string{DecodeOutputExact, DecodeOutputToyProxy}
+	flowOrderNames      = []string{FlowOrderArrival, FlowOrderDeadline}
+	flowFairnessNames   = []string{"header", "api-key", "user"}
+)
+
+// Flow-control queue orders within a band.
+const (
+	FlowOrderArrival  = "arrival"
+	FlowOrderDeadline = "deadline"
 )
 
 // DefaultRequestIDHeaders is the inbound request-id header search order used
@@ -183,6 +191,21 @@ type Config struct {
 	PDSplitResponses           bool     `json:"pd_split_responses"`
 	PDWarmup                   bool     `json:"pd_warmup"`
 
+	// Flow control (off unless FlowControl).
+	FlowControl           bool     `json:"flow_control"`
+	FlowBands             []string `json:"flow_bands"` // NAME=PRIORITY[:QUEUE_TIMEOUT_SECS]
+	FlowDefaultBand       string   `json:"flow_default_band"`
+	FlowOrder             string   `json:"flow_order"`
+	FlowFairnessKey       string   `json:"flow_fairness_key"`
+	FlowObjectiveHeader   string   `json:"flow_objective_header"`
+	FlowFairnessHeader    string   `json:"flow_fairness_header"`
+	FlowDeadlineHeader    string   `json:"flow_deadline_header"`
+	FlowWeights           []string `json:"flow_weights"`             // FLOW=WEIGHT
+	FlowWorkerMaxInFlight int      `json:"flow_worker_max_inflight"` // 0 = no per-worker limit
+	FlowMaxWaiting        float64  `json:"flow_max_waiting"`         // 0 = not used
+	FlowMaxKVUsage        float64  `json:"flow_max_kv_usage"`        // 0 = not used
+	FlowPollIntervalSecs  float64  `json:"flow_poll_interval_secs"`
+
 	// ConfigFile is --config; it cannot be set from inside a config file.
 	ConfigFile string `json:"-"`
 
@@ -252,6 +275,17 @@ func Default() *Config {
 		CBMinRequests:              20,
 		CBHalfOpenMaxRequests:      1,
 		MaxHeaderBytes:             1 << 20,
+
+		FlowBands:            []string{"high=10", "default=0", "low=-10"},
+		FlowDefaultBand:      "default",
+		FlowOrder:            FlowOrderArrival,
+		FlowFairnessKey:      "header",
+		FlowObjectiveHeader:  "x-gateway-inference-objective",
+		FlowFairnessHeader:   "x-gateway-inference-fairness-id",
+		FlowDeadlineHeader:   "x-envoy-expected-rq-timeout-ms",
+		FlowMaxWaiting:       5,
+		FlowMaxKVUsage:       0.8,
+		FlowPollIntervalSecs: 0.25,
 	}
 }
 
@@ -479,6 +513,9 @@ func (c *Config) ConnectTimeout() time.Duration { return secondsF(c.ConnectTimeo
 
 // DiscoveryTTL is --discovery-ttl-secs.
 func (c *Config) DiscoveryTTL() time.Duration { return secondsF(c.DiscoveryTTLSecs) }
+
+// FlowPollInterval is --flow-poll-interval-secs.
+func (c *Config) FlowPollInterval() time.Duration { return secondsF(c.FlowPollIntervalSecs) }
 
 // LoadPollInterval is --load-poll-interval-secs (0 = off).
 func (c *Config) LoadPollInterval() time.Duration { return secondsF(c.LoadPollIntervalSecs) }
