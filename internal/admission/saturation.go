@@ -291,7 +291,12 @@ func (d *Detector) fleetSaturated(ws []*worker.Worker, inUse int) bool {
 		}
 		avail++
 		if d.saturated(w) {
-			capacity += int(w.Load()) // its requests still hold slots
+			// its requests still hold slots, but a worker a policy sent
+			// past the limit does not raise the fleet's capacity
+			capacity += min(int(w.Load()), d.c.MaxInFlight)
+			if d.c.MaxInFlight == 0 {
+				capacity += int(w.Load())
+			}
 		} else {
 			all = false
 			capacity += d.c.MaxInFlight

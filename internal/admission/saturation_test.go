@@ -133,6 +133,28 @@ func TestDetectorInFlight(t *testing.T) {
 	r4()
 }
 
+// TestDetectorOverLimit: two concurrent picks can put a worker past its
+// limit; that must not raise the fleet's capacity.
+func TestDetectorOverLimit(t *testing.T) {
+	reg := worker.NewRegistry(worker.BreakerConfig{})
+	ws := addWorkers(t, reg, worker.RoleRegular, "http://127.0.0.1:1", "http://127.0.0.1:2")
+	d := NewDetector(SaturationConfig{Registry: reg, MaxInFlight: 2})
+	var rel []func()
+	for range 3 {
+		rel = append(rel, ws[0].Acquire())
+	}
+	rel = append(rel, ws[1].Acquire())
+	if d.Open(4) {
+		t.Fatal("4 slots in use of a capacity of 2×2 must hold, however they are spread")
+	}
+	if !d.Open(3) {
+		t.Fatal("3 of 4 in use: open")
+	}
+	for _, r := range rel {
+		r()
+	}
+}
+
 func TestDetectorPolledMetrics(t *testing.T) {
 	e1, e2 := newFakeEngine(t), newFakeEngine(t)
 	reg := worker.NewRegistry(worker.BreakerConfig{})

@@ -24,6 +24,8 @@ tables; with --out-dir it also writes them (Markdown, and a PNG for pd).
             workers: added TTFT and router CPU per 1000 requests -> overhead.md
   ceiling   ramp concurrent streams through PD MoRI-IO WRITE until
             requests fail                                 -> ceiling.md
+  flow      2× capacity open loop with and without --flow-control: a high
+            band, then two tenants at 10:1                -> flow.md
 
 Run "sybench scenario NAME --help" for the flags of one scenario.
 `
@@ -54,6 +56,13 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		_, err = RunOverhead(ctx, o, c)
 		return err
+	case "flow":
+		c, err := parseFlow(rest, &o, stderr)
+		if err != nil {
+			return helpOK(err)
+		}
+		_, err = RunFlow(ctx, o, c)
+		return err
 	case "ceiling":
 		c, err := parseCeiling(rest, &o, stderr)
 		if err != nil {
@@ -66,7 +75,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprint(stderr, usage)
-	return fmt.Errorf("scenario: unknown scenario %q (want pd, overhead or ceiling)", name)
+	return fmt.Errorf("scenario: unknown scenario %q (want pd, overhead, ceiling or flow)", name)
 }
 
 func helpOK(err error) error {
