@@ -120,7 +120,7 @@ func NewWithFlow(c Config) (*Limiter, error) {
 	}
 	sc := SchedulerConfig{
 		Bands: c.Flow.Bands, MaxConcurrent: c.MaxConcurrent, QueueSize: l.qsize,
-		OrderByDeadline: c.Flow.OrderByDeadline, Weights: c.Flow.Weights, Metrics: c.Metrics,
+		OrderByDeadline: c.Flow.OrderByDeadline, Headroom: c.Flow.Headroom, Weights: c.Flow.Weights, Metrics: c.Metrics,
 	}
 	if c.Flow.Saturation != nil {
 		sat := *c.Flow.Saturation

@@ -44,6 +44,7 @@ type FlowConfig struct {
 	FairnessHeader  string // "" → DefaultFairnessHeader
 	DeadlineHeader  string // "" → DefaultDeadlineHeader
 	Weights         map[string]float64
+	Headroom        int // slots only the highest band may use (SchedulerConfig.Headroom)
 	// Saturation, when set, holds requests while the fleet is saturated.
 	Saturation *SaturationConfig
 }

@@ -70,6 +70,12 @@ type SchedulerConfig struct {
 	MaxConcurrent   int // <= 0: no slot limit (the gate still applies)
 	QueueSize       int // requests waiting in all bands together
 	OrderByDeadline bool
+	// Headroom is the number of slots (of MaxConcurrent and of the gate's
+	// in-flight capacity) only the highest band may use: a lower band is
+	// dispatched only while Headroom more slots would still be free, so a
+	// high-band request finds a slot at once instead of waiting for one to
+	// end. 0 = work-conserving (any band may take the last slot).
+	Headroom int
 	// Weights of flows by id; absent flows weigh 1.
 	Weights map[string]float64
 	// Gate reports whether another request may be dispatched now, given
@@ -171,7 +177,7 @@ func (s *Scheduler) Acquire(ctx context.Context, r FlowRequest) (release func(),
 		s.reject(b, "shutting_down")
 		return nil, ErrClosed
 	}
-	if s.queued == 0 && s.canDispatch() {
+	if s.queued == 0 && s.canDispatch(b) {
 		s.inUse++
 		s.mu.Unlock()
 		s.observeWait(b, r.Flow, 0)
@@ -194,13 +200,27 @@ func (s *Scheduler) Acquire(ctx context.Context, r FlowRequest) (release func(),
 	return s.wait(ctx, it, r)
 }
 
-// canDispatch reports whether a slot is free and the gate open; the caller
-// holds mu.
-func (s *Scheduler) canDispatch() bool {
-	if s.c.MaxConcurrent > 0 && s.inUse >= s.c.MaxConcurrent {
+// canDispatch reports whether a slot is free for band b and the gate open;
+// the caller holds mu.
+func (s *Scheduler) canDispatch(b *band) bool {
+	used := s.inUse
+	if b != s.bands[0] {
+		used += s.c.Headroom
+	}
+	if s.c.MaxConcurrent > 0 && used >= s.c.MaxConcurrent {
 		return false
 	}
-	return s.c.Gate == nil || s.c.Gate(s.inUse)
+	return s.c.Gate == nil || s.c.Gate(used)
+}
+
+// head returns the highest non-empty band; the caller holds mu.
+func (s *Scheduler) head() *band {
+	for _, b := range s.bands {
+		if b.queued > 0 {
+			return b
+		}
+	}
+	return nil
 }
 
 func (s *Scheduler) enqueueLocked(b *band, r FlowRequest, now time.Time) *item {
@@ -297,7 +317,7 @@ func (s *Scheduler) next() *item {
 // dispatchLocked grants queued requests while slots are free and the gate
 // is open; the caller holds mu.
 func (s *Scheduler) dispatchLocked() {
-	for s.queued > 0 && !s.closed && s.canDispatch() {
+	for s.queued > 0 && !s.closed && s.canDispatch(s.head()) {
 		it := s.next()
 		it.granted = true
 		s.inUse++

@@ -372,3 +372,30 @@ func TestSchedulerReleaseIdempotent(t *testing.T) {
 		t.Fatal("band out of range accepted")
 	}
 }
+
+// TestSchedulerHeadroom: lower bands leave Headroom slots free, so a high
+// request is dispatched at once while lows wait.
+func TestSchedulerHeadroom(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, SchedulerConfig{MaxConcurrent: 3, QueueSize: 10, Headroom: 1})
+		ctx := t.Context()
+		h.start(ctx, "l1", FlowRequest{Band: bLow})
+		h.start(ctx, "d1", FlowRequest{Band: bDefault})
+		h.start(ctx, "l2", FlowRequest{Band: bLow}) // 2 in use + 1 headroom: waits
+		if got := h.granted(); !slices.Equal(got, []string{"l1", "d1"}) {
+			t.Fatalf("granted %v", got)
+		}
+		h.start(ctx, "h1", FlowRequest{Band: bHigh}) // takes the reserved slot
+		if got := h.granted(); !slices.Equal(got, []string{"l1", "d1", "h1"}) {
+			t.Fatalf("granted %v: the high request must not wait", got)
+		}
+		h.release("h1") // back to 2 in use: the low still waits
+		if got := h.granted(); len(got) != 3 {
+			t.Fatalf("granted %v: headroom given to a low band", got)
+		}
+		h.release("l1")
+		if got := h.granted(); !slices.Equal(got, []string{"l1", "d1", "h1", "l2"}) {
+			t.Fatalf("granted %v", got)
+		}
+	})
+}

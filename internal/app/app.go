@@ -684,6 +684,7 @@ func flowConfig(cfg *config.Config) (*admission.FlowConfig, error) {
 		FairnessHeader:  cfg.FlowFairnessHeader,
 		DeadlineHeader:  cfg.FlowDeadlineHeader,
 		Weights:         weights,
+		Headroom:        cfg.FlowHeadroom,
 	}
 	if cfg.FlowWorkerMaxInFlight > 0 || cfg.FlowMaxWaiting > 0 || cfg.FlowMaxKVUsage > 0 {
 		fc.Saturation = &admission.SaturationConfig{

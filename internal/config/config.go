@@ -201,6 +201,7 @@ type Config struct {
 	FlowFairnessHeader    string   `json:"flow_fairness_header"`
 	FlowDeadlineHeader    string   `json:"flow_deadline_header"`
 	FlowWeights           []string `json:"flow_weights"`             // FLOW=WEIGHT
+	FlowHeadroom          int      `json:"flow_headroom"`            // slots only the highest band may use
 	FlowWorkerMaxInFlight int      `json:"flow_worker_max_inflight"` // 0 = no per-worker limit
 	FlowMaxWaiting        float64  `json:"flow_max_waiting"`         // 0 = not used
 	FlowMaxKVUsage        float64  `json:"flow_max_kv_usage"`        // 0 = not used

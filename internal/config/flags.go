@@ -137,6 +137,7 @@ func flagDefs(c *Config) []flagDef {
 		{extra: true, name: "flow-fairness-header", meta: "HEADER", usage: "Header carrying the flow id (--flow-fairness-key header)", value: str(&c.FlowFairnessHeader)},
 		{extra: true, name: "flow-deadline-header", meta: "HEADER", usage: "Header carrying a request deadline in milliseconds from arrival", value: str(&c.FlowDeadlineHeader)},
 		{extra: true, name: "flow-weights", meta: "FLOW=WEIGHT", multi: true, usage: "Fair-share weights of flows (default 1)", value: list(&c.FlowWeights)},
+		{extra: true, name: "flow-headroom", meta: "N", usage: "In-flight slots (of --max-concurrent-requests and of the workers' --flow-worker-max-inflight capacity) only the highest band may use", value: num(&c.FlowHeadroom)},
 		{extra: true, name: "flow-worker-max-inflight", meta: "N", usage: "Hold requests in the router while every worker has N in flight (0 = no limit)", value: num(&c.FlowWorkerMaxInFlight)},
 		{extra: true, name: "flow-max-waiting", meta: "N", usage: "A worker whose vllm:num_requests_waiting reaches N is saturated (0 = not used)", value: flt(&c.FlowMaxWaiting)},
 		{extra: true, name: "flow-max-kv-usage", meta: "RATIO", usage: "A worker whose vllm:kv_cache_usage_perc reaches RATIO is saturated (0 = not used)", value: flt(&c.FlowMaxKVUsage)},

@@ -224,6 +224,7 @@ var flagCases = []struct {
 	{"flow-fairness-header", "x-f", func(c *Config) any { return c.FlowFairnessHeader }, "x-f"},
 	{"flow-deadline-header", "x-d", func(c *Config) any { return c.FlowDeadlineHeader }, "x-d"},
 	{"flow-weights", "a=2", func(c *Config) any { return c.FlowWeights }, []string{"a=2"}},
+	{"flow-headroom", "4", func(c *Config) any { return c.FlowHeadroom }, 4},
 	{"flow-worker-max-inflight", "8", func(c *Config) any { return c.FlowWorkerMaxInFlight }, 8},
 	{"flow-max-waiting", "2", func(c *Config) any { return c.FlowMaxWaiting }, 2.0},
 	{"flow-max-kv-usage", "0.9", func(c *Config) any { return c.FlowMaxKVUsage }, 0.9},

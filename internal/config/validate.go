@@ -247,6 +247,7 @@ func (c *Config) validateExtras(add func(*Error)) {
 		{"--queue-size", c.QueueSize},
 		{"--pd-max-failovers", c.PDMaxFailovers},
 		{"--flow-worker-max-inflight", c.FlowWorkerMaxInFlight},
+		{"--flow-headroom", c.FlowHeadroom},
 	} {
 		if f.v < 0 {
 			add(invalid(f.flag, strconv.Itoa(f.v), "Must be >= 0"))

@@ -24,7 +24,11 @@ import (
 type FlowConfig struct {
 	Sims        int           // unified vllm-sim workers
 	MaxNumSeqs  int           // --max-num-seqs of each (its capacity)
-	StepBase    time.Duration // --decode-step-base (--decode-step-per-seq 0)
+	StepBase    time.Duration // --decode-step-base
+	StepPerSeq  time.Duration // --decode-step-per-seq
+	PrefillBase time.Duration // --prefill-base
+	PrefillTok  time.Duration // --prefill-per-token
+	Headroom    int           // --flow-headroom of the flow router
 	InputWords  int           // prompt length (words = sim tokens)
 	OutputLen   int           // max_tokens (ignore_eos)
 	Overload    float64       // offered rate / measured capacity
@@ -42,7 +46,9 @@ type FlowConfig struct {
 // high band; two tenants at 10:1.
 func DefaultFlowConfig() FlowConfig {
 	return FlowConfig{
-		Sims: 2, MaxNumSeqs: 4, StepBase: 20 * time.Millisecond, InputWords: 32, OutputLen: 32,
+		Sims: 2, MaxNumSeqs: 16, StepBase: 20 * time.Millisecond, StepPerSeq: 250 * time.Microsecond,
+		PrefillBase: 10 * time.Millisecond, PrefillTok: 40 * time.Microsecond, Headroom: 12,
+		InputWords: 256, OutputLen: 48,
 		Overload: 2, HighShare: 0.2, HeavyRatio: 10, Duration: 60 * time.Second,
 		Idle: 15 * time.Second, IdleRate: 2, QueueSize: 512, QueueTimout: 20 * time.Second, Seed: 1234,
 	}
@@ -72,6 +78,9 @@ type FlowClass struct {
 	Other, Lost              int
 	TTFTP50, TTFTP99         float64 // ms, over the 200s
 	CompletionShare, FairPct float64 // fairness runs: share of all 200s; its max-min fair share
+	// RouterWait10ms is the share of the band's requests that waited
+	// under 10 ms in the router's flow-control queue (flow priority runs).
+	RouterWait10ms string
 }
 
 // FlowRun is one run (one router, one load).
@@ -110,7 +119,8 @@ func RunFlow(ctx context.Context, o Options, c FlowConfig) (*FlowReport, error) 
 
 func (c FlowConfig) simArgs() []string {
 	return []string{"--role", "unified", "--max-num-seqs", strconv.Itoa(c.MaxNumSeqs),
-		"--decode-step-base", c.StepBase.String(), "--decode-step-per-seq", "0"}
+		"--decode-step-base", c.StepBase.String(), "--decode-step-per-seq", c.StepPerSeq.String(),
+		"--prefill-base", c.PrefillBase.String(), "--prefill-per-token", c.PrefillTok.String()}
 }
 
 // routerFlags: the FIFO baseline (admission at the fleet's capacity) and
@@ -122,7 +132,8 @@ func (c FlowConfig) routerFlags(flow bool) []string {
 	if !flow {
 		return append(q, "--max-concurrent-requests", strconv.Itoa(c.Sims*c.MaxNumSeqs))
 	}
-	return append(q, "--flow-control", "--flow-worker-max-inflight", strconv.Itoa(c.MaxNumSeqs), "--flow-poll-interval-secs", "0.1")
+	return append(q, "--flow-control", "--flow-worker-max-inflight", strconv.Itoa(c.MaxNumSeqs),
+		"--flow-headroom", strconv.Itoa(c.Headroom), "--flow-poll-interval-secs", "0.1")
 }
 
 func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
@@ -136,14 +147,17 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 		sims = append(sims, s)
 		urls = append(urls, s.URL())
 	}
+	metricsURL := map[*router]string{}
 	start := func(flow bool) (*router, error) {
 		name := map[bool]string{true: "switchyard-flow", false: "switchyard-fifo"}[flow]
-		r, _, err := e.g.startRouter(ctx, name, func(int) []string {
-			return append(append([]string{"--worker-urls"}, urls...), c.routerFlags(flow)...)
+		r, extra, err := e.g.startRouter(ctx, name, func(extra int) []string {
+			// the extra free port serves /metrics (the later flag wins)
+			return append(append(append([]string{"--worker-urls"}, urls...), c.routerFlags(flow)...), "--prometheus-port", strconv.Itoa(extra))
 		})
 		if err != nil {
 			return nil, err
 		}
+		metricsURL[r] = fmt.Sprintf("http://127.0.0.1:%d/metrics", extra)
 		return r, r.waitReady(ctx)
 	}
 	flowR, err := start(true)
@@ -204,10 +218,21 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 			return err
 		}
 		e.printf("run %q: %.2f req/s for %v\n", run.name, rate, c.Duration)
+		before := routerWaits(ctx, metricsURL[run.r], run.cls)
 		t0 := time.Now()
 		outs := openLoop(ctx, cl, run.r.base, body, rate, c.Duration, c.Seed+1, run.pick)
 		fr := FlowRun{Name: run.name, Router: strings.Join(c.routerFlags(run.flow), " "), Offered: rate, Wall: time.Since(t0)}
 		fr.Classes, fr.Failures = summarize(outs, run.cls, run.fair)
+		if run.flow && !run.fair {
+			after := routerWaits(ctx, metricsURL[run.r], run.cls)
+			for i := range fr.Classes {
+				k := &fr.Classes[i]
+				b, a := before[k.Class], after[k.Class]
+				if n := a[1] - b[1]; n > 0 {
+					k.RouterWait10ms = fmt.Sprintf("%.1f %%", 100*(a[0]-b[0])/n)
+				}
+			}
+		}
 		rep.Runs = append(rep.Runs, fr)
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -218,6 +243,39 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 	}
 	rep.Notes = append(rep.Notes, fmt.Sprintf("Load average at the end: %s.", loadAvg()))
 	return nil
+}
+
+// routerWaits reads, per band, the flow-control queue wait histogram's
+// le="0.01" bucket and count from a router's /metrics (zeros on error).
+func routerWaits(ctx context.Context, url string, bands []string) map[string][2]float64 {
+	out := map[string][2]float64{}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return out
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return out
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	for _, band := range bands {
+		var v [2]float64
+		for _, l := range strings.Split(string(b), "\n") {
+			val := func() float64 {
+				f, _ := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64)
+				return f
+			}
+			switch {
+			case strings.HasPrefix(l, `vllm_router_flow_queue_wait_seconds_bucket{band="`+band+`",le="0.01"}`):
+				v[0] = val()
+			case strings.HasPrefix(l, `vllm_router_flow_queue_wait_seconds_count{band="`+band+`"}`):
+				v[1] = val()
+			}
+		}
+		out[band] = v
+	}
+	return out
 }
 
 func procsOf(ss []*sim) []*proc {
@@ -454,13 +512,13 @@ func (r *FlowReport) WriteMarkdown(w io.Writer) error {
 		c.Sims*c.MaxNumSeqs, c.Idle, r.CapacityRPS, c.IdleRate, c.Idle, ms(r.IdleP99), ms(1.5*r.IdleP99))
 	for _, run := range r.Runs {
 		fmt.Fprintf(&b, "### %s\n\nswitchyard `%s`; offered %.2f req/s; run wall time %s (drain included).\n\n", run.Name, run.Router, run.Offered, sec(run.Wall))
-		fmt.Fprintf(&b, "| class | sent | 200 | 429 | 408 | other | lost | TTFT P50 ms | TTFT P99 ms | share of 200s | max-min fair share |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintf(&b, "| class | sent | 200 | 429 | 408 | other | lost | TTFT P50 ms | TTFT P99 ms | router wait < 10 ms | share of 200s | max-min fair share |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, k := range run.Classes {
 			share, fair := "", ""
 			if k.FairPct > 0 {
 				share, fair = fmt.Sprintf("%.1f %%", k.CompletionShare), fmt.Sprintf("%.1f %%", k.FairPct)
 			}
-			fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %s | %s | %s | %s |\n", k.Class, k.Sent, k.OK200, k.R429, k.R408, k.Other, k.Lost, ms(k.TTFTP50), ms(k.TTFTP99), share, fair)
+			fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %s | %s | %s | %s | %s |\n", k.Class, k.Sent, k.OK200, k.R429, k.R408, k.Other, k.Lost, ms(k.TTFTP50), ms(k.TTFTP99), k.RouterWait10ms, share, fair)
 		}
 		if len(run.Failures) > 0 {
 			fmt.Fprintf(&b, "\nLost: %s\n", strings.Join(run.Failures, "; "))
@@ -482,6 +540,8 @@ func parseFlow(args []string, o *Options, stderr io.Writer) (FlowConfig, error) 
 	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", c.MaxNumSeqs, "vllm-sim --max-num-seqs (and --flow-worker-max-inflight)")
 	fs.DurationVar(&c.StepBase, "decode-step", c.StepBase, "vllm-sim --decode-step-base")
 	fs.IntVar(&c.OutputLen, "output-len", c.OutputLen, "max_tokens")
+	fs.IntVar(&c.InputWords, "input-len", c.InputWords, "prompt words (vllm-sim tokens)")
+	fs.IntVar(&c.Headroom, "headroom", c.Headroom, "switchyard --flow-headroom of the flow-control router")
 	fs.Float64Var(&c.Overload, "overload", c.Overload, "offered rate / measured capacity")
 	fs.Float64Var(&c.HighShare, "high-share", c.HighShare, "fraction of requests in the high band")
 	fs.Float64Var(&c.HeavyRatio, "heavy-ratio", c.HeavyRatio, "heavy tenant rate / light tenant rate")
@@ -491,7 +551,7 @@ func parseFlow(args []string, o *Options, stderr io.Writer) (FlowConfig, error) 
 	if err := finishParse(fs, args); err != nil {
 		return c, err
 	}
-	if c.Sims <= 0 || c.MaxNumSeqs <= 0 || c.Overload <= 0 || c.Duration <= 0 || c.QueueTimout < time.Second ||
+	if c.Sims <= 0 || c.MaxNumSeqs <= 0 || c.Headroom < 0 || c.InputWords <= 0 || c.Overload <= 0 || c.Duration <= 0 || c.QueueTimout < time.Second ||
 		!(c.HighShare >= 0 && c.HighShare <= 1) || !(c.HeavyRatio > 0) {
 		return c, errors.New("flow: --sims, --max-num-seqs, --overload, --duration, --heavy-ratio must be positive, --queue-timeout >= 1s, --high-share in [0,1]")
 	}
