@@ -328,3 +328,52 @@ func TestFlowControlShedDeadlineDisconnect(t *testing.T) {
 		t.Fatalf("%d requests shed, want 1: %v", shed, names(res))
 	}
 }
+
+// TestFlowControlPD: in PD mode the decode fleet's in-flight limit holds
+// requests in the router; every request still completes through both legs.
+func TestFlowControlPD(t *testing.T) {
+	p := startSim(t, "--role", "prefill", "--kv-connector", "nixl", "--strict")
+	d := startSim(t, append([]string{"--role", "decode", "--kv-connector", "nixl", "--strict"}, flowSimArgs[2:]...)...)
+	r := startRouter(t, "--vllm-pd-disaggregation", "--kv-connector", "nixl", "--prefill", p.URL(), "--decode", d.URL(),
+		"--policy", "round_robin", "--flow-control", "--flow-worker-max-inflight", "2", "--flow-poll-interval-secs", "0.05")
+	r.WaitReady(t, 10*time.Second)
+	ctx := ctxT(t, 90*time.Second)
+	c := &flowClient{t: t, url: r.Base}
+	for i := range 8 {
+		c.send(ctx, fmt.Sprintf("r%d", i), "")
+	}
+	waitQueued(t, r, 6) // the single decode holds 2
+	var workers struct {
+		Workers []struct {
+			WorkerType string `json:"worker_type"`
+			Saturation *struct {
+				Saturated bool `json:"saturated"`
+				InFlight  int  `json:"in_flight"`
+			} `json:"saturation"`
+		} `json:"workers"`
+	}
+	// the two admitted requests spend a few ms in their prefill leg, then
+	// ~0.5 s on the decode
+	waitFor(t, 20*time.Second, "/workers showing the decode at its limit", func() bool {
+		if code := getJSON(t, r.Base+"/workers", &workers); code != 200 {
+			t.Fatalf("/workers: %d", code)
+		}
+		for _, w := range workers.Workers {
+			if w.WorkerType == "decode" && w.Saturation != nil && w.Saturation.Saturated && w.Saturation.InFlight == 2 {
+				return true
+			}
+		}
+		return false
+	})
+	waitFor(t, 20*time.Second, "fleet_saturated{decode}", func() bool {
+		return routerGauge(t, r, `vllm_router_fleet_saturated{role="decode"}`) == 1
+	})
+	for _, x := range c.wait() {
+		if x.status != 200 || completionText(t, x.body) == "" {
+			t.Fatalf("%s: %d %s", x.name, x.status, x.body)
+		}
+	}
+	if st := d.Stats(t); st.Transfers.ProtocolViolations != 0 || st.Transfers.Failed != 0 {
+		t.Fatalf("decode transfers: %+v", st.Transfers)
+	}
+}
