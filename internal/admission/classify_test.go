@@ -132,3 +132,44 @@ func TestParseBandsAndWeights(t *testing.T) {
 		t.Error("unknown fairness key accepted")
 	}
 }
+
+// TestLimiterAdmit: with flow control Admit classifies (400 for a bad
+// header), applies the rate limit, and queues by band; without, it is
+// Acquire.
+func TestLimiterAdmit(t *testing.T) {
+	bands, _ := ParseBands([]string{"high=1", "default=0"}, time.Minute)
+	l, err := NewWithFlow(Config{MaxConcurrent: 1, QueueSize: 4, RateLimitPerSecond: 1, Burst: 2, Flow: &FlowConfig{Bands: bands}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if !l.FlowControl() || l.FlowQueued()["high"] != 0 {
+		t.Fatal("flow control off")
+	}
+	bad := http.Header{}
+	bad.Set(DefaultObjectiveHeader, "nope")
+	if _, err := l.Admit(t.Context(), bad, nil); Status(err) != 400 {
+		t.Fatalf("bad objective: %v", err)
+	}
+	rel, err := l.Admit(t.Context(), http.Header{}, nil)
+	if err != nil || l.InUse() != 1 {
+		t.Fatalf("first: %v in use %d", err, l.InUse())
+	}
+	rel()
+	_, _ = l.Admit(t.Context(), http.Header{}, nil) // second token (burst 2), slot taken
+	if _, err := l.Admit(t.Context(), http.Header{}, nil); !errors.Is(err, ErrRateLimited) {
+		t.Fatalf("over the rate: %v", err)
+	}
+	if _, err := NewWithFlow(Config{Flow: &FlowConfig{Bands: bands, FairnessKey: "nope"}}); err == nil {
+		t.Fatal("bad flow config accepted")
+	}
+	off, err := NewWithFlow(Config{MaxConcurrent: 1})
+	if err != nil || off.FlowControl() || off.FlowQueued() != nil || off.Saturation(nil) != nil {
+		t.Fatalf("flow off: %v", err)
+	}
+	rel, err = off.Admit(t.Context(), http.Header{}, nil)
+	if err != nil || off.InUse() != 1 {
+		t.Fatalf("flow off Admit: %v", err)
+	}
+	rel()
+}

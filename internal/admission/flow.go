@@ -180,7 +180,7 @@ func (s *Scheduler) Acquire(ctx context.Context, r FlowRequest) (release func(),
 	if s.queued == 0 && s.canDispatch(b) {
 		s.inUse++
 		s.mu.Unlock()
-		s.observeWait(b, r.Flow, 0)
+		s.observeWait(b, r.Flow, 0, false)
 		return s.releaser(), nil
 	}
 	if s.queued >= s.c.QueueSize {
@@ -364,7 +364,7 @@ func (s *Scheduler) wait(ctx context.Context, it *item, r FlowRequest) (func(), 
 	}
 	granted, werr := it.granted, it.err
 	s.mu.Unlock()
-	s.observeWait(it.band, r.Flow, time.Since(it.enq))
+	s.observeWait(it.band, r.Flow, time.Since(it.enq), true)
 
 	switch {
 	case err == nil && werr == nil:
@@ -476,9 +476,14 @@ func (s *Scheduler) flowDepth(f *flowQ, d float64) {
 	}
 }
 
-func (s *Scheduler) observeWait(b *band, flow string, d time.Duration) {
+// observeWait records a wait in the band and flow histograms, and, for a
+// request that was queued, in the FIFO's vllm_router_queue_wait_seconds
+// (which, as without flow control, counts queued requests only).
+func (s *Scheduler) observeWait(b *band, flow string, d time.Duration, queued bool) {
 	if m := s.c.Metrics; m != nil {
-		m.QueueWait.Observe(d.Seconds())
+		if queued {
+			m.QueueWait.Observe(d.Seconds())
+		}
 		b.wait.Observe(d.Seconds())
 		s.labels.of(flow).wait.Observe(d.Seconds())
 	}
