@@ -164,7 +164,9 @@ func (cl *classifier) classify(h http.Header, obj *rawjson.Object, now time.Time
 		if err != nil || !(ms >= 0) || math.IsInf(ms, 1) {
 			return r, fmt.Errorf("%w: %s must be a number of milliseconds >= 0, got %q", ErrBadFlowRequest, cl.deadlineHdr, v)
 		}
-		r.Deadline = now.Add(time.Duration(ms * float64(time.Millisecond)))
+		if d := ms * float64(time.Millisecond); d < float64(100*365*24*time.Hour) {
+			r.Deadline = now.Add(time.Duration(d)) // beyond a century: no deadline
+		}
 	}
 	return r, nil
 }

@@ -43,6 +43,7 @@ func TestClassify(t *testing.T) {
 		{name: "api key is hashed", key: FairnessAPIKey, hdr: map[string]string{"Authorization": "Bearer sk-secret"}, body: `{}`, band: def, flow: "key-"},
 		{name: "too long a flow id", hdr: map[string]string{"x-gateway-inference-fairness-id": strings.Repeat("x", 300)}, body: `{}`, bad: "longer than 256"},
 		{name: "deadline header", hdr: map[string]string{"x-envoy-expected-rq-timeout-ms": "1500"}, body: `{}`, band: def, flow: DefaultFlow, deadline: 1500 * time.Millisecond},
+		{name: "absurd deadline is none", hdr: map[string]string{"x-envoy-expected-rq-timeout-ms": "1e300"}, body: `{}`, band: def, flow: DefaultFlow},
 		{name: "bad deadline header", hdr: map[string]string{"x-envoy-expected-rq-timeout-ms": "soon"}, body: `{}`, bad: "must be a number of milliseconds"},
 		{name: "negative deadline header", hdr: map[string]string{"x-envoy-expected-rq-timeout-ms": "-1"}, body: `{}`, bad: "must be a number of milliseconds"},
 	} {
