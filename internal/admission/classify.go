@@ -179,8 +179,9 @@ func header(h http.Header, canonical string) string {
 	return ""
 }
 
-// ParseBands parses NAME=PRIORITY[:QUEUE_TIMEOUT_SECS] items; a band
-// without a timeout gets def.
+// ParseBands parses NAME=PRIORITY[:QUEUE_TIMEOUT_SECS[:ORDER]] items (ORDER
+// arrival or deadline; an empty timeout is def); a band without a timeout
+// gets def, without an order the global one.
 func ParseBands(items []string, def time.Duration) ([]Band, error) {
 	var out []Band
 	seen := map[string]bool{}
@@ -188,7 +189,7 @@ func ParseBands(items []string, def time.Duration) ([]Band, error) {
 		name, spec, ok := strings.Cut(it, "=")
 		name = strings.TrimSpace(name)
 		if !ok || name == "" {
-			return nil, fmt.Errorf("flow band %q: want NAME=PRIORITY[:QUEUE_TIMEOUT_SECS]", it)
+			return nil, fmt.Errorf("flow band %q: want NAME=PRIORITY[:QUEUE_TIMEOUT_SECS[:ORDER]]", it)
 		}
 		if seen[name] {
 			return nil, fmt.Errorf("flow band %q: name repeated", name)
@@ -200,12 +201,18 @@ func ParseBands(items []string, def time.Duration) ([]Band, error) {
 			return nil, fmt.Errorf("flow band %q: priority %q is not an integer", name, ps)
 		}
 		b := Band{Name: name, Priority: p, QueueTimeout: def}
-		if hasT {
-			secs, err := strconv.ParseFloat(strings.TrimSpace(ts), 64)
+		ts, order, _ := strings.Cut(ts, ":")
+		if ts = strings.TrimSpace(ts); hasT && ts != "" {
+			secs, err := strconv.ParseFloat(ts, 64)
 			if err != nil || !(secs >= 0) || math.IsInf(secs, 1) {
 				return nil, fmt.Errorf("flow band %q: queue timeout %q must be seconds >= 0", name, ts)
 			}
 			b.QueueTimeout = time.Duration(secs * float64(time.Second))
+		}
+		switch b.Order = strings.TrimSpace(order); b.Order {
+		case "", OrderArrival, OrderDeadline:
+		default:
+			return nil, fmt.Errorf("flow band %q: order %q must be arrival or deadline", name, order)
 		}
 		out = append(out, b)
 	}

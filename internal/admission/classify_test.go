@@ -97,11 +97,13 @@ func TestParseBandsAndWeights(t *testing.T) {
 		bad string
 	}{
 		{in: []string{"a=1", "b=-2:0.5"}},
+		{in: []string{"a=1", "b=-2:0.5:arrival"}},
 		{in: nil, bad: "at least one band"},
 		{in: []string{"a"}, bad: "want NAME=PRIORITY"},
 		{in: []string{"a=x"}, bad: "not an integer"},
 		{in: []string{"a=1", "a=2"}, bad: "repeated"},
 		{in: []string{"a=1:-3"}, bad: "seconds >= 0"},
+		{in: []string{"a=1:5:lifo"}, bad: "arrival or deadline"},
 	} {
 		bands, err := ParseBands(tc.in, time.Minute)
 		if tc.bad != "" {
@@ -116,6 +118,13 @@ func TestParseBandsAndWeights(t *testing.T) {
 		if bands[0].QueueTimeout != time.Minute || bands[1].QueueTimeout != 500*time.Millisecond || bands[1].Priority != -2 {
 			t.Errorf("bands %+v", bands)
 		}
+	}
+	bands, err := ParseBands([]string{"a=1::deadline", "b=0:3:arrival"}, time.Minute)
+	if err != nil || bands[0].Order != OrderDeadline || bands[0].QueueTimeout != time.Minute || bands[1].Order != OrderArrival || bands[1].QueueTimeout != 3*time.Second {
+		t.Fatalf("orders: %+v %v", bands, err)
+	}
+	if _, err := NewScheduler(SchedulerConfig{Bands: []Band{{Name: "x", Order: "lifo"}}}); err == nil {
+		t.Error("unknown order accepted by NewScheduler")
 	}
 	w, err := ParseWeights([]string{"a=2", "b=0.5"})
 	if err != nil || w["a"] != 2 || w["b"] != 0.5 {

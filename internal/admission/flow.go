@@ -55,7 +55,16 @@ type Band struct {
 	// QueueTimeout bounds a request's wait in this band; <= 0 waits until
 	// the request's deadline or its client leaves.
 	QueueTimeout time.Duration
+	// Order within the band: OrderArrival, OrderDeadline, or "" for
+	// SchedulerConfig.OrderByDeadline.
+	Order string
 }
+
+// Orders within a band.
+const (
+	OrderArrival  = "arrival"
+	OrderDeadline = "deadline"
+)
 
 // FlowRequest is one request's flow-control attributes.
 type FlowRequest struct {
@@ -109,6 +118,8 @@ type band struct {
 	queued int
 	gauge  func(float64)
 	wait   prometheus.Observer
+	// byDeadline orders each flow's requests by deadline, else arrival
+	byDeadline bool
 }
 
 type flowQ struct {
@@ -146,7 +157,16 @@ func NewScheduler(c SchedulerConfig) (*Scheduler, error) {
 			return nil, fmt.Errorf("flow control: band names must be unique and non-empty (%q)", b.Name)
 		}
 		names[b.Name] = true
-		nb := &band{cfg: b, flows: map[string]*flowQ{}}
+		nb := &band{cfg: b, flows: map[string]*flowQ{}, byDeadline: c.OrderByDeadline}
+		switch b.Order {
+		case "":
+		case OrderArrival:
+			nb.byDeadline = false
+		case OrderDeadline:
+			nb.byDeadline = true
+		default:
+			return nil, fmt.Errorf("flow control: band %q: unknown order %q (want arrival or deadline)", b.Name, b.Order)
+		}
 		if c.Metrics != nil {
 			g := c.Metrics.FlowQueueDepth.WithLabelValues(b.Name)
 			nb.gauge = g.Set
@@ -237,7 +257,7 @@ func (s *Scheduler) enqueueLocked(b *band, r FlowRequest, now time.Time) *item {
 	}
 	s.seq++
 	it := &item{ready: make(chan struct{}), band: b, flow: f, seq: s.seq, enq: now, deadline: r.Deadline}
-	f.items.byDeadline = s.c.OrderByDeadline
+	f.items.byDeadline = b.byDeadline
 	heap.Push(&f.items, it)
 	b.queued++
 	s.queued++

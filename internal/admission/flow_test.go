@@ -108,6 +108,7 @@ func TestSchedulerOrder(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		byDL    bool
+		bands   []Band
 		weights map[string]float64
 		reqs    []req
 		want    []string // grant order after "hold"
@@ -122,6 +123,12 @@ func TestSchedulerOrder(t *testing.T) {
 			byDL: true,
 			reqs: []req{{"none", bDefault, "", 0}, {"late", bDefault, "", 50 * time.Second}, {"soon", bDefault, "", 10 * time.Second}, {"hi", bHigh, "", 0}},
 			want: []string{"hi", "soon", "late", "none"},
+		},
+		{
+			name:  "a band's own order wins over the global one",
+			bands: []Band{{Name: "low", Priority: -10}, {Name: "default", Priority: 0, Order: OrderDeadline}, {Name: "high", Priority: 10}},
+			reqs:  []req{{"none", bDefault, "", 0}, {"late", bDefault, "", 50 * time.Second}, {"soon", bDefault, "", 10 * time.Second}},
+			want:  []string{"soon", "late", "none"},
 		},
 		{
 			name: "arrival order ignores deadlines",
@@ -147,7 +154,7 @@ func TestSchedulerOrder(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				h := newHarness(t, SchedulerConfig{MaxConcurrent: 1, QueueSize: 100, OrderByDeadline: tc.byDL, Weights: tc.weights})
+				h := newHarness(t, SchedulerConfig{Bands: tc.bands, MaxConcurrent: 1, QueueSize: 100, OrderByDeadline: tc.byDL, Weights: tc.weights})
 				ctx := t.Context()
 				h.start(ctx, "hold", FlowRequest{Band: bDefault})
 				for _, r := range tc.reqs {

@@ -379,7 +379,7 @@ func isHostPort(s string) bool {
 	return err == nil
 }
 
-// validateFlow checks the flow-control lists: bands NAME=PRIORITY[:SECS]
+// validateFlow checks the flow-control lists: bands NAME=PRIORITY[:SECS[:ORDER]]
 // with unique names, the default band among them, weights FLOW=WEIGHT > 0.
 func (c *Config) validateFlow(add func(*Error)) {
 	names := map[string]bool{}
@@ -389,15 +389,19 @@ func (c *Config) validateFlow(add func(*Error)) {
 		_, perr := strconv.Atoi(prio)
 		switch {
 		case !ok || name == "" || perr != nil:
-			add(invalid("--flow-bands", it, "Must be NAME=PRIORITY[:QUEUE_TIMEOUT_SECS] with an integer priority"))
+			add(invalid("--flow-bands", it, "Must be NAME=PRIORITY[:QUEUE_TIMEOUT_SECS[:ORDER]] with an integer priority"))
 			continue
 		case names[name]:
 			add(invalid("--flow-bands", it, "Band names must be unique"))
 		}
-		if hasSecs {
+		secs, order, _ := strings.Cut(secs, ":")
+		if hasSecs && secs != "" {
 			if v, err := strconv.ParseFloat(secs, 64); err != nil || !(v >= 0) || math.IsInf(v, 1) {
 				add(invalid("--flow-bands", it, "The queue timeout must be a finite number of seconds >= 0"))
 			}
+		}
+		if order != "" && order != FlowOrderArrival && order != FlowOrderDeadline {
+			add(invalid("--flow-bands", it, "The order must be arrival or deadline"))
 		}
 		names[name] = true
 	}
