@@ -126,14 +126,14 @@ func (c FlowConfig) simArgs() []string {
 // routerFlags: the FIFO baseline (admission at the fleet's capacity) and
 // flow control (router-side queue while every worker has MaxNumSeqs in
 // flight). Both have the same queue bound and timeout.
-func (c FlowConfig) routerFlags(flow bool) []string {
+func (c FlowConfig) routerFlags(flow bool, headroom int) []string {
 	q := []string{"--policy", "power_of_two", "--queue-size", strconv.Itoa(c.QueueSize),
 		"--queue-timeout-secs", strconv.Itoa(int(c.QueueTimout.Seconds()))}
 	if !flow {
 		return append(q, "--max-concurrent-requests", strconv.Itoa(c.Sims*c.MaxNumSeqs))
 	}
 	return append(q, "--flow-control", "--flow-worker-max-inflight", strconv.Itoa(c.MaxNumSeqs),
-		"--flow-headroom", strconv.Itoa(c.Headroom), "--flow-poll-interval-secs", "0.1")
+		"--flow-headroom", strconv.Itoa(headroom), "--flow-poll-interval-secs", "0.1")
 }
 
 func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
@@ -148,11 +148,10 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 		urls = append(urls, s.URL())
 	}
 	metricsURL := map[*router]string{}
-	start := func(flow bool) (*router, error) {
-		name := map[bool]string{true: "switchyard-flow", false: "switchyard-fifo"}[flow]
+	start := func(name string, flow bool, headroom int) (*router, error) {
 		r, extra, err := e.g.startRouter(ctx, name, func(extra int) []string {
 			// the extra free port serves /metrics (the later flag wins)
-			return append(append(append([]string{"--worker-urls"}, urls...), c.routerFlags(flow)...), "--prometheus-port", strconv.Itoa(extra))
+			return append(append(append([]string{"--worker-urls"}, urls...), c.routerFlags(flow, headroom)...), "--prometheus-port", strconv.Itoa(extra))
 		})
 		if err != nil {
 			return nil, err
@@ -160,13 +159,19 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 		metricsURL[r] = fmt.Sprintf("http://127.0.0.1:%d/metrics", extra)
 		return r, r.waitReady(ctx)
 	}
-	flowR, err := start(true)
+	flowR, err := start("switchyard-flow", true, c.Headroom)
 	if err != nil {
 		return err
 	}
-	fifoR, err := start(false)
+	fifoR, err := start("switchyard-fifo", false, 0)
 	if err != nil {
 		return err
+	}
+	var flow0R *router // flow control without headroom (when Headroom > 0)
+	if c.Headroom > 0 {
+		if flow0R, err = start("switchyard-flow-0", true, 0); err != nil {
+			return err
+		}
 	}
 	cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxConnsPerHost: 0, DisableCompression: true}}
 	defer cl.CloseIdleConnections()
@@ -201,19 +206,25 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 		}
 		return "light", []string{"x-gateway-inference-fairness-id", "light"}
 	}
-	for _, run := range []struct {
-		name string
-		r    *router
-		flow bool
-		pick func(*rand.Rand) (string, []string)
-		fair bool
-		cls  []string
-	}{
-		{"priority, flow control", flowR, true, prio, false, []string{"high", "low"}},
-		{"priority, FIFO (no flow control)", fifoR, false, prio, false, []string{"high", "low"}},
-		{"tenants 10:1, flow control", flowR, true, tenants, true, []string{"heavy", "light"}},
-		{"tenants 10:1, FIFO (no flow control)", fifoR, false, tenants, true, []string{"heavy", "light"}},
-	} {
+	type flowRunSpec struct {
+		name     string
+		r        *router
+		flow     bool
+		headroom int
+		pick     func(*rand.Rand) (string, []string)
+		fair     bool
+		cls      []string
+	}
+	runs := []flowRunSpec{
+		{"priority, flow control", flowR, true, c.Headroom, prio, false, []string{"high", "low"}},
+		{"priority, FIFO (no flow control)", fifoR, false, 0, prio, false, []string{"high", "low"}},
+		{"tenants 10:1, flow control", flowR, true, c.Headroom, tenants, true, []string{"heavy", "light"}},
+		{"tenants 10:1, FIFO (no flow control)", fifoR, false, 0, tenants, true, []string{"heavy", "light"}},
+	}
+	if flow0R != nil {
+		runs = slices.Insert(runs, 1, flowRunSpec{"priority, flow control without headroom", flow0R, true, 0, prio, false, []string{"high", "low"}})
+	}
+	for _, run := range runs {
 		if _, err := e.budget(c.Duration+c.QueueTimout+time.Minute, c.Duration+c.QueueTimout+10*time.Second); err != nil {
 			return err
 		}
@@ -221,7 +232,7 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 		before := routerWaits(ctx, metricsURL[run.r], run.cls)
 		t0 := time.Now()
 		outs := openLoop(ctx, cl, run.r.base, body, rate, c.Duration, c.Seed+1, run.pick)
-		fr := FlowRun{Name: run.name, Router: strings.Join(c.routerFlags(run.flow), " "), Offered: rate, Wall: time.Since(t0)}
+		fr := FlowRun{Name: run.name, Router: strings.Join(c.routerFlags(run.flow, run.headroom), " "), Offered: rate, Wall: time.Since(t0)}
 		fr.Classes, fr.Failures = summarize(outs, run.cls, run.fair)
 		if run.flow && !run.fair {
 			after := routerWaits(ctx, metricsURL[run.r], run.cls)
@@ -237,7 +248,7 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if err := dead(append([]*proc{flowR.proc, fifoR.proc}, procsOf(sims)...)...); err != nil {
+		if err := dead(append([]*proc{run.r.proc}, procsOf(sims)...)...); err != nil {
 			return err
 		}
 	}

@@ -20,7 +20,7 @@ func TestFlowTiny(t *testing.T) {
 		t.Fatalf("RunFlow: %v\n%s", err, log.String())
 	}
 	noChildren(t)
-	if len(rep.Runs) != 4 || !(rep.CapacityRPS > 0) || math.IsNaN(rep.IdleP99) {
+	if len(rep.Runs) != 5 || !(rep.CapacityRPS > 0) || math.IsNaN(rep.IdleP99) {
 		t.Fatalf("report: %+v", rep)
 	}
 	for _, r := range rep.Runs {
