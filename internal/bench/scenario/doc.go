@@ -4,7 +4,7 @@
 // for the router's /readiness), runs internal/bench in-process against
 // them, and writes Markdown (and PNG) results.
 //
-// Exposed as "sybench scenario pd|overhead|ceiling" and the Makefile's
+// Exposed as "sybench scenario pd|overhead|ceiling|flow" and the Makefile's
 // bench-pd, bench-overhead and bench-ceiling targets.
 //
 // Invariants:

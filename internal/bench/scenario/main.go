@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-const usage = `Usage: sybench scenario pd|overhead|ceiling [flags]
+const usage = `Usage: sybench scenario pd|overhead|ceiling|flow [flags]
 
 Starts the router (switchyard) and simulated workers (vllm-sim) from --bin-dir
 as child processes on free loopback ports, runs the benchmark in-process
