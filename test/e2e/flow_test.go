@@ -377,3 +377,52 @@ func TestFlowControlPD(t *testing.T) {
 		t.Fatalf("decode transfers: %+v", st.Transfers)
 	}
 }
+
+// TestFlowControlPolledWaiting: without an in-flight limit, saturation
+// comes from vllm:num_requests_waiting polled from each worker's /metrics.
+func TestFlowControlPolledWaiting(t *testing.T) {
+	args := []string{"--role", "unified", "--max-num-seqs", "1", "--decode-step-base", "20ms", "--decode-step-per-seq", "0"}
+	a, b := startSim(t, args...), startSim(t, args...)
+	r := startRouter(t, "--worker-urls", a.URL(), b.URL(), "--policy", "power_of_two", "--flow-control",
+		"--flow-max-waiting", "1", "--flow-max-kv-usage", "0", "--flow-poll-interval-secs", "0.05")
+	r.WaitReady(t, 10*time.Second)
+	ctx := ctxT(t, 90*time.Second)
+	c := &flowClient{t: t, url: r.Base}
+	// one every 100 ms: the engines (one slot each, ~0.5 s per request)
+	// build a queue, the router sees it within a poll and holds the rest
+	for i := range 10 {
+		c.send(ctx, fmt.Sprintf("r%d", i), "")
+		time.Sleep(100 * time.Millisecond)
+	}
+	var workers struct {
+		Workers []struct {
+			Saturation *struct {
+				Waiting *float64 `json:"num_requests_waiting"`
+				Polled  string   `json:"polled_at"`
+			} `json:"saturation"`
+		} `json:"workers"`
+	}
+	if code := getJSON(t, r.Base+"/workers", &workers); code != 200 || len(workers.Workers) != 2 {
+		t.Fatalf("/workers: %d", code)
+	}
+	for _, w := range workers.Workers {
+		if w.Saturation == nil || w.Saturation.Waiting == nil || w.Saturation.Polled == "" {
+			t.Fatalf("/workers saturation without polled values: %+v", w.Saturation)
+		}
+	}
+	for _, x := range c.wait() {
+		if x.status != 200 {
+			t.Fatalf("%s: %d %s", x.name, x.status, x.body)
+		}
+	}
+	// Requests were held in the router: without flow control (and with no
+	// slot limit) none would wait there at all.
+	n := routerGauge(t, r, `vllm_router_flow_queue_wait_seconds_count{band="default"}`)
+	quick := routerGauge(t, r, `vllm_router_flow_queue_wait_seconds_bucket{band="default",le="0.05"}`)
+	if n != 10 || n-quick < 1 {
+		t.Fatalf("%v requests, %v of them waited < 50 ms in the router: none was held on polled saturation", n, quick)
+	}
+	if v := routerGauge(t, r, `vllm_router_saturation_polls_total{result="ok"}`); v < 2 {
+		t.Fatalf("saturation polls ok = %v", v)
+	}
+}
