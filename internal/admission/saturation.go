@@ -69,6 +69,10 @@ type polledState struct {
 	at          time.Time
 	err         error
 	sat         atomic.Bool
+	// loadAt is the router's in-flight count on the URL when the poll
+	// answered; ranks the number of workers (DP ranks) of the URL.
+	loadAt int64
+	ranks  int
 }
 
 // WorkerSaturation is one worker's saturation inputs, as /workers shows them.
@@ -151,13 +155,20 @@ func (d *Detector) pollAll(ctx context.Context, wg *sync.WaitGroup) {
 			if ctx.Err() != nil {
 				return
 			}
-			d.record(u, waiting, kv, err)
+			load, ranks := int64(0), 0
+			for _, w := range d.c.Registry.Snapshot().All {
+				if w.URL == u {
+					load += w.Load()
+					ranks++
+				}
+			}
+			d.record(u, waiting, kv, load, ranks, err)
 		})
 	}
 	round.Wait()
 }
 
-func (d *Detector) record(u string, waiting, kv float64, err error) {
+func (d *Detector) record(u string, waiting, kv float64, load int64, ranks int, err error) {
 	if m := d.c.Metrics; m != nil {
 		res := "ok"
 		if err != nil {
@@ -173,7 +184,7 @@ func (d *Detector) record(u string, waiting, kv float64, err error) {
 	}
 	st.err = err
 	if err == nil {
-		st.waiting, st.kv, st.at = waiting, kv, time.Now()
+		st.waiting, st.kv, st.at, st.loadAt, st.ranks = waiting, kv, time.Now(), load, ranks
 	} else {
 		d.log.Debug("saturation poll failed", "url", u, "err", err)
 	}
@@ -260,9 +271,21 @@ func (d *Detector) saturated(w *worker.Worker) bool {
 		return false
 	}
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	st := d.polled[w.URL]
-	d.mu.Unlock()
-	return st != nil && st.sat.Load()
+	if st == nil {
+		return false
+	}
+	if st.sat.Load() {
+		return true
+	}
+	// Between polls, a worker that already had a queue is assumed to queue
+	// what the router sent it since (one worker per URL only: DP ranks
+	// share the URL's figure).
+	if d.c.MaxWaiting > 0 && st.ranks == 1 && st.waiting > 0 && st.err == nil && time.Since(st.at) <= 3*d.c.PollInterval {
+		return st.waiting+float64(max(0, w.Load()-st.loadAt)) >= d.c.MaxWaiting
+	}
+	return false
 }
 
 // Open is the Scheduler's gate: false while the fleet is saturated.

@@ -199,6 +199,38 @@ func TestDetectorPolledMetrics(t *testing.T) {
 	}
 }
 
+// TestDetectorSincePoll: a worker that reported a queue is assumed to
+// queue what the router sent it since the poll.
+func TestDetectorSincePoll(t *testing.T) {
+	e := newFakeEngine(t)
+	reg := worker.NewRegistry(worker.BreakerConfig{})
+	ws := addWorkers(t, reg, worker.RoleRegular, e.srv.URL)
+	d := NewDetector(SaturationConfig{Registry: reg, MaxWaiting: 4, PollInterval: time.Hour})
+	for _, tc := range []struct {
+		waiting  float64
+		sent     int
+		open     bool
+		scenario string
+	}{
+		{0, 6, true, "no queue at the poll: no estimate"},
+		{2, 1, true, "2 waiting + 1 sent < 4"},
+		{2, 2, false, "2 waiting + 2 sent reach 4"},
+	} {
+		e.set(tc.waiting, 0, false)
+		pollOnce(d)
+		var rel []func()
+		for range tc.sent {
+			rel = append(rel, ws[0].Acquire())
+		}
+		if got := d.Open(0); got != tc.open {
+			t.Errorf("%s: Open %v", tc.scenario, got)
+		}
+		for _, r := range rel {
+			r()
+		}
+	}
+}
+
 func TestDetectorPDFleets(t *testing.T) {
 	reg := worker.NewRegistry(worker.BreakerConfig{})
 	p := addWorkers(t, reg, worker.RolePrefill, "http://127.0.0.1:1")
