@@ -43,3 +43,32 @@ func BenchmarkServeGenerateFlow(b *testing.B) {
 		})
 	}
 }
+
+// TestFlowControlAddsNoAllocations: flow control with an empty queue (and
+// its objective and fairness headers set) allocates no more per request
+// than the FIFO path.
+func TestFlowControlAddsNoAllocations(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocation count")
+	}
+	bands, err := admission.ParseBands([]string{"high=10", "default=0", "low=-10"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func(fc *admission.FlowConfig, headers bool) float64 {
+		s := benchServer(t, func(o *Options) { o.Flow = fc; o.MaxConcurrent = 1024; o.QueueSize = 100 })
+		body, req := newBenchRequest(t)
+		if headers {
+			req.Header.Set(admission.DefaultObjectiveHeader, "high")
+			req.Header.Set(admission.DefaultFairnessHeader, "tenant-a")
+		}
+		w := &nopWriter{h: http.Header{}}
+		runGenerate(s, body, w, req) // warm the metric series
+		return testing.AllocsPerRun(200, func() { runGenerate(s, body, w, req) })
+	}
+	off := count(nil, false)
+	on := count(&admission.FlowConfig{Bands: bands}, true)
+	if on > off {
+		t.Fatalf("flow control on: %v allocs/request, off: %v", on, off)
+	}
+}
