@@ -48,7 +48,8 @@ type SaturationConfig struct {
 // MaxInFlight, or its last polled vllm:num_requests_waiting reaches
 // MaxWaiting, or its vllm:kv_cache_usage_perc reaches MaxKVUsage. Polled
 // values older than three intervals, or from a failed poll, are ignored
-// (fail open). A fleet (regular, or prefill and decode separately in PD
+// (fail open). Between polls, a worker that reported a queue counts the
+// requests the router sent it since as queued too. A fleet (regular, or prefill and decode separately in PD
 // mode) is saturated when every available worker of it is. Besides, with
 // MaxInFlight set, the slots in use may not exceed the in-flight capacity
 // of the regular (decode) fleet, so requests granted but not yet on a
