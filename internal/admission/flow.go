@@ -29,8 +29,11 @@ import (
 //     no credit.
 //   - A full queue sheds the lowest band first: a newcomer of a higher band
 //     evicts the newest request of the largest flow of the lowest non-empty
-//     band below it (ErrShed, 429); otherwise the newcomer is refused
-//     (ErrQueueFull, 429).
+//     band below it (ErrShed, 429); with none below, a newcomer whose flow
+//     holds a smaller (weighted) share of its band's queue than the largest
+//     flow evicts that flow's newest request (ErrShedFair, 429), so a heavy
+//     tenant cannot fill the queue against a light one; otherwise the
+//     newcomer is refused (ErrQueueFull, 429).
 //   - The wait is bounded by the band's queue timeout (ErrQueueTimeout, 408)
 //     and by the request's own deadline (ErrDeadline, 504), whichever is
 //     first. A caller whose context ends leaves the queue at once.
@@ -43,6 +46,7 @@ import (
 // Flow-control errors (Status maps them).
 var (
 	ErrShed     = fmt.Errorf("%w: shed to make room for a higher-priority request", ErrQueueFull)
+	ErrShedFair = fmt.Errorf("%w: shed to make room for a request of a flow with a smaller share of the queue", ErrQueueFull)
 	ErrDeadline = errors.New("the request deadline passed while it was queued")
 )
 
@@ -204,14 +208,14 @@ func (s *Scheduler) Acquire(ctx context.Context, r FlowRequest) (release func(),
 		return s.releaser(), nil
 	}
 	if s.queued >= s.c.QueueSize {
-		victim := s.victimFor(b)
+		victim, why := s.victimFor(b, r.Flow)
 		if victim == nil {
 			s.mu.Unlock()
 			s.reject(b, "queue_full")
 			return nil, ErrQueueFull
 		}
 		s.removeLocked(victim)
-		victim.err = ErrShed
+		victim.err = why
 		close(victim.ready)
 	}
 	it := s.enqueueLocked(b, r, now)
@@ -282,32 +286,67 @@ func (s *Scheduler) removeLocked(it *item) {
 	s.flowDepth(f, -1)
 }
 
-// victimFor picks the request to shed for a newcomer of band nb: the newest
-// request of the largest flow of the lowest non-empty band below nb, or nil.
-func (s *Scheduler) victimFor(nb *band) *item {
+// victimFor picks the request to shed for a newcomer of band nb and flow
+// id: the newest request of the largest flow of the lowest non-empty band
+// below nb (ErrShed); else, in nb itself, the newest request of the flow
+// with the largest weighted share of the queue when the newcomer's flow,
+// with the newcomer, would still hold less (ErrShedFair); else nil.
+func (s *Scheduler) victimFor(nb *band, id string) (*item, error) {
 	for i := len(s.bands) - 1; i >= 0; i-- {
 		b := s.bands[i]
 		if b.cfg.Priority >= nb.cfg.Priority {
-			return nil
+			break
 		}
-		if b.queued == 0 {
-			continue
+		if b.queued > 0 {
+			return newestOf(b.largestFlow(false)), ErrShed
 		}
-		var big *flowQ
-		for _, f := range b.flows {
-			if big == nil || f.items.Len() > big.items.Len() || (f.items.Len() == big.items.Len() && f.id < big.id) {
-				big = f
-			}
-		}
-		var newest *item
-		for _, it := range big.items.items {
-			if newest == nil || it.seq > newest.seq {
-				newest = it
-			}
-		}
-		return newest
 	}
-	return nil
+	if nb.queued == 0 {
+		return nil, nil
+	}
+	big := nb.largestFlow(true)
+	if big == nil || big.id == id {
+		return nil, nil
+	}
+	mine := 1.0 // the newcomer
+	w := s.c.Weights[id]
+	if w <= 0 {
+		w = 1
+	}
+	if f := nb.flows[id]; f != nil {
+		mine += float64(f.items.Len())
+	}
+	if mine/w >= float64(big.items.Len())/big.weight {
+		return nil, nil
+	}
+	return newestOf(big), ErrShedFair
+}
+
+// largestFlow is the flow with the most queued requests (divided by its
+// weight when weighted); ties go by flow id.
+func (b *band) largestFlow(weighted bool) *flowQ {
+	var big *flowQ
+	var bigN float64
+	for _, f := range b.flows {
+		n := float64(f.items.Len())
+		if weighted {
+			n /= f.weight
+		}
+		if big == nil || n > bigN || (n == bigN && f.id < big.id) {
+			big, bigN = f, n
+		}
+	}
+	return big
+}
+
+func newestOf(f *flowQ) *item {
+	var newest *item
+	for _, it := range f.items.items {
+		if newest == nil || it.seq > newest.seq {
+			newest = it
+		}
+	}
+	return newest
 }
 
 // next pops the item to dispatch: highest non-empty band, then the flow
@@ -404,6 +443,8 @@ func reasonOf(err error) string {
 	switch {
 	case errors.Is(err, ErrShed):
 		return "shed"
+	case errors.Is(err, ErrShedFair):
+		return "shed_fairness"
 	case errors.Is(err, ErrQueueTimeout):
 		return "queue_timeout"
 	case errors.Is(err, ErrDeadline):

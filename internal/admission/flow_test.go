@@ -406,3 +406,33 @@ func TestSchedulerHeadroom(t *testing.T) {
 		}
 	})
 }
+
+// TestSchedulerFairShedding: with no lower band to shed, a newcomer of a
+// flow holding less of the queue evicts the largest flow's newest request.
+func TestSchedulerFairShedding(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newHarness(t, SchedulerConfig{MaxConcurrent: 1, QueueSize: 3})
+		ctx := t.Context()
+		h.start(ctx, "hold", FlowRequest{Band: bDefault})
+		for i := range 3 {
+			h.start(ctx, fmt.Sprintf("heavy%d", i), FlowRequest{Band: bDefault, Flow: "heavy"})
+		}
+		h.start(ctx, "light0", FlowRequest{Band: bDefault, Flow: "light"})
+		if err := h.err("heavy2"); !errors.Is(err, ErrShedFair) || Status(err) != 429 {
+			t.Fatalf("heavy2: %v, want ErrShedFair", err)
+		}
+		// light would hold 2 of 3 against heavy's 2: refused instead
+		h.start(ctx, "light1", FlowRequest{Band: bDefault, Flow: "light"})
+		if err := h.err("light1"); !errors.Is(err, ErrQueueFull) || errors.Is(err, ErrShedFair) {
+			t.Fatalf("light1: %v, want ErrQueueFull", err)
+		}
+		// a heavy newcomer never sheds its own flow
+		h.start(ctx, "heavy3", FlowRequest{Band: bDefault, Flow: "heavy"})
+		if err := h.err("heavy3"); !errors.Is(err, ErrQueueFull) || errors.Is(err, ErrShedFair) {
+			t.Fatalf("heavy3: %v", err)
+		}
+		if got := h.drain(4)[1:]; !slices.Equal(got, []string{"heavy0", "light0", "heavy1"}) {
+			t.Fatalf("grants %v", got)
+		}
+	})
+}

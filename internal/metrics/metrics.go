@@ -126,7 +126,7 @@ func New(reg *prometheus.Registry) *Metrics {
 	m.FlowQueueWait = f.histVec("vllm_router_flow_queue_wait_seconds", "Time a request waited in the flow-control queue, by priority band.", DurationBuckets, "band")
 	m.FlowFlowDepth = f.gaugeVec("vllm_router_flow_flow_queue_depth", "Requests waiting in the flow-control queue, by flow (first 32 flows seen, then other).", "flow")
 	m.FlowFlowWait = f.histVec("vllm_router_flow_flow_queue_wait_seconds", "Time a request waited in the flow-control queue, by flow (first 32 flows seen, then other).", DurationBuckets, "flow")
-	m.FlowShed = f.counterVec("vllm_router_flow_rejections_total", "Requests that left the flow-control queue without a slot, by band and reason (queue_full, shed, queue_timeout, deadline, shutting_down, client_gone).", "band", "reason")
+	m.FlowShed = f.counterVec("vllm_router_flow_rejections_total", "Requests that left the flow-control queue without a slot, by band and reason (queue_full, shed, shed_fairness, queue_timeout, deadline, shutting_down, client_gone).", "band", "reason")
 	m.WorkerSaturated = f.gaugeVec("vllm_router_worker_saturated", "Worker saturation as flow control sees it (1 saturated, 0 not).", "worker")
 	m.WorkerWaiting = f.gaugeVec("vllm_router_worker_num_requests_waiting", "vllm:num_requests_waiting last polled from the worker's /metrics.", "worker")
 	m.WorkerKVUsage = f.gaugeVec("vllm_router_worker_kv_cache_usage_perc", "vllm:kv_cache_usage_perc last polled from the worker's /metrics (1 = full).", "worker")

@@ -84,7 +84,7 @@ func (s *Server) rejectAdmission(w http.ResponseWriter, r *http.Request, err err
 		switch {
 		case errors.Is(err, admission.ErrRateLimited):
 			errType = "rate_limited"
-		case errors.Is(err, admission.ErrShed):
+		case errors.Is(err, admission.ErrShed), errors.Is(err, admission.ErrShedFair):
 			errType = "shed"
 		}
 		w.Header().Set("Retry-After", "1")
