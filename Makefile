@@ -4,7 +4,7 @@ GO ?= go
 BIN := bin
 export CGO_ENABLED ?= 1
 
-.PHONY: all build run test test-short lint vet fmt bench bench-smoke fuzz-smoke e2e bench-pd bench-overhead bench-ceiling bench-kv bench-warmup chaos deps clean dashboard-snapshot dashboard-json interop interop-deps
+.PHONY: all build run test test-short lint vet fmt bench bench-smoke fuzz-smoke e2e bench-pd bench-overhead bench-ceiling bench-kv bench-flow bench-warmup chaos deps clean dashboard-snapshot dashboard-json interop interop-deps
 
 all: build
 
@@ -61,6 +61,10 @@ bench-overhead:
 bench-ceiling:
 	$(GO) build -o $(BIN)/ ./cmd/...
 	$(BIN)/sybench scenario ceiling --bin-dir $(BIN) --out-dir $(BENCH_OUT) $(SCENARIO_FLAGS)
+
+bench-flow:
+	$(GO) build -o $(BIN)/ ./cmd/...
+	$(BIN)/sybench scenario flow --bin-dir $(BIN) --out-dir $(BENCH_OUT) $(SCENARIO_FLAGS)
 
 bench-kv:
 	$(GO) build -o $(BIN)/ ./cmd/...

@@ -1,6 +1,6 @@
 // Command sybench is a vllm bench serve compatible benchmark client for
 // OpenAI-style streaming completion servers (vLLM, vllm-sim, switchyard).
-// "sybench scenario pd|overhead|ceiling" runs the benchmark scenarios of
+// "sybench scenario pd|overhead|ceiling|kv|flow" runs the benchmark scenarios of
 // docs/BENCHMARKS.md (package internal/bench/scenario).
 // See internal/bench/README.md.
 package main

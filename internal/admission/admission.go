@@ -32,6 +32,8 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/metrics"
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
+	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
 // Errors returned by Acquire. Status maps them to HTTP statuses.
@@ -60,6 +62,10 @@ type Config struct {
 	Burst int
 	// Metrics, when set, receives QueueDepth, QueueWait and AdmissionReject.
 	Metrics *metrics.Metrics
+	// Flow, when set, replaces the FIFO with the flow-control Scheduler
+	// (MaxConcurrent, QueueSize and the rate limit still apply); build the
+	// Limiter with NewWithFlow then.
+	Flow *FlowConfig
 }
 
 // Limiter is a concurrency limiter with a FIFO queue plus an optional rate
@@ -75,6 +81,11 @@ type Limiter struct {
 	inUse  int
 	queue  list.List // of *waiter, oldest first
 	closed bool
+
+	// flow control (nil when off)
+	flow *Scheduler
+	cls  *classifier
+	det  *Detector
 }
 
 type waiter struct {
@@ -95,6 +106,81 @@ func New(c Config) *Limiter {
 	}
 	l.queue.Init()
 	return l
+}
+
+// NewWithFlow builds a Limiter, with flow control when c.Flow is set.
+func NewWithFlow(c Config) (*Limiter, error) {
+	l := New(c)
+	if c.Flow == nil {
+		return l, nil
+	}
+	cls, err := newClassifier(*c.Flow)
+	if err != nil {
+		return nil, err
+	}
+	sc := SchedulerConfig{
+		Bands: c.Flow.Bands, MaxConcurrent: c.MaxConcurrent, QueueSize: l.qsize,
+		OrderByDeadline: c.Flow.OrderByDeadline, Headroom: c.Flow.Headroom, Weights: c.Flow.Weights, Metrics: c.Metrics,
+	}
+	if c.Flow.Saturation != nil {
+		sat := *c.Flow.Saturation
+		if sat.Metrics == nil {
+			sat.Metrics = c.Metrics
+		}
+		l.det = NewDetector(sat)
+		sc.Gate = l.det.Open
+	}
+	if l.flow, err = NewScheduler(sc); err != nil {
+		return nil, err
+	}
+	l.cls = cls
+	return l, nil
+}
+
+// FlowControl reports whether flow control is on.
+func (l *Limiter) FlowControl() bool { return l.flow != nil }
+
+// Admit admits one generation request: with flow control it is classified
+// from its headers and parsed body (band, flow, deadline) and queued by
+// the Scheduler; without, it is Acquire. An invalid flow-control header
+// fails with an error wrapping ErrBadFlowRequest.
+func (l *Limiter) Admit(ctx context.Context, h http.Header, obj *rawjson.Object) (release func(), err error) {
+	if l.flow == nil {
+		return l.Acquire(ctx)
+	}
+	r, err := l.cls.classify(h, obj, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	if l.bucket != nil && !l.bucket.take() {
+		l.reject("rate_limited")
+		return nil, ErrRateLimited
+	}
+	return l.flow.Acquire(ctx, r)
+}
+
+// Run runs the saturation detector until ctx ends (a no-op without one).
+func (l *Limiter) Run(ctx context.Context) {
+	if l.det != nil {
+		l.det.Run(ctx, l.flow.Kick)
+	}
+}
+
+// Saturation returns w's saturation inputs, or nil without a detector.
+func (l *Limiter) Saturation(w *worker.Worker) *WorkerSaturation {
+	if l.det == nil {
+		return nil
+	}
+	ws := l.det.Worker(w)
+	return &ws
+}
+
+// FlowQueued returns the waiting requests per band (nil without flow control).
+func (l *Limiter) FlowQueued() map[string]int {
+	if l.flow == nil {
+		return nil
+	}
+	return l.flow.BandQueued()
 }
 
 // Acquire admits one request. On success the caller must call release once
@@ -206,6 +292,9 @@ func (l *Limiter) releaseSlot() {
 // Close fails every queued request and all later Acquire calls with
 // ErrClosed. Slots already granted stay valid until released.
 func (l *Limiter) Close() {
+	if l.flow != nil {
+		l.flow.Close()
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -223,6 +312,9 @@ func (l *Limiter) Close() {
 
 // InUse returns the number of granted slots not yet released.
 func (l *Limiter) InUse() int {
+	if l.flow != nil {
+		return l.flow.InUse()
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.inUse
@@ -230,6 +322,9 @@ func (l *Limiter) InUse() int {
 
 // Queued returns the number of waiting requests.
 func (l *Limiter) Queued() int {
+	if l.flow != nil {
+		return l.flow.Queued()
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.queue.Len()
@@ -239,10 +334,16 @@ func (l *Limiter) Queued() int {
 func (l *Limiter) MaxConcurrent() int { return l.max }
 
 // Status maps an Acquire error to the HTTP status the client gets:
-// 429 queue full or rate limited, 408 queue timeout, 503 shutting down,
-// 499 (client closed request, logged only) for a cancelled context.
+// 429 queue full, shed or rate limited, 408 queue timeout, 504 request
+// deadline passed in the queue, 400 invalid flow-control headers, 503
+// shutting down, 499 (client closed request, logged only) for a cancelled
+// context.
 func Status(err error) int {
 	switch {
+	case errors.Is(err, ErrBadFlowRequest):
+		return http.StatusBadRequest
+	case errors.Is(err, ErrDeadline):
+		return http.StatusGatewayTimeout
 	case errors.Is(err, ErrQueueFull), errors.Is(err, ErrRateLimited):
 		return http.StatusTooManyRequests
 	case errors.Is(err, ErrQueueTimeout):

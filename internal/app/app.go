@@ -23,6 +23,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchyard-llm/switchyard/internal/admission"
 	"github.com/switchyard-llm/switchyard/internal/config"
 	"github.com/switchyard-llm/switchyard/internal/discovery/k8s"
 	"github.com/switchyard-llm/switchyard/internal/discovery/zmq"
@@ -429,6 +430,13 @@ func (a *app) buildServer(ctx context.Context) error {
 		APIKey:                     cfg.APIKey,
 		ForwardClientAuthorization: cfg.ForwardClientAuthorization,
 	}
+	if cfg.FlowControl {
+		fc, err := flowConfig(cfg)
+		if err != nil {
+			return err
+		}
+		sopts.Flow = fc
+	}
 
 	if cfg.Mode() == config.ModeIGW {
 		if err := a.buildIGW(&sopts, ropts); err != nil {
@@ -759,4 +767,37 @@ func (a *app) metricsMux() http.Handler {
 		_, _ = io.WriteString(w, "switchyard metrics: /metrics\n")
 	})
 	return mux
+}
+
+// flowConfig builds the flow-control settings (--flow-*); the server fills
+// in the registry, the mode and the client of the saturation detector.
+func flowConfig(cfg *config.Config) (*admission.FlowConfig, error) {
+	bands, err := admission.ParseBands(cfg.FlowBands, cfg.QueueTimeout())
+	if err != nil {
+		return nil, fmt.Errorf("--flow-bands: %w", err)
+	}
+	weights, err := admission.ParseWeights(cfg.FlowWeights)
+	if err != nil {
+		return nil, fmt.Errorf("--flow-weights: %w", err)
+	}
+	fc := &admission.FlowConfig{
+		Bands:           bands,
+		DefaultBand:     cfg.FlowDefaultBand,
+		OrderByDeadline: cfg.FlowOrder == config.FlowOrderDeadline,
+		FairnessKey:     cfg.FlowFairnessKey,
+		ObjectiveHeader: cfg.FlowObjectiveHeader,
+		FairnessHeader:  cfg.FlowFairnessHeader,
+		DeadlineHeader:  cfg.FlowDeadlineHeader,
+		Weights:         weights,
+		Headroom:        cfg.FlowHeadroom,
+	}
+	if cfg.FlowWorkerMaxInFlight > 0 || cfg.FlowMaxWaiting > 0 || cfg.FlowMaxKVUsage > 0 {
+		fc.Saturation = &admission.SaturationConfig{
+			MaxInFlight:  cfg.FlowWorkerMaxInFlight,
+			MaxWaiting:   cfg.FlowMaxWaiting,
+			MaxKVUsage:   cfg.FlowMaxKVUsage,
+			PollInterval: cfg.FlowPollInterval(),
+		}
+	}
+	return fc, nil
 }

@@ -51,6 +51,14 @@ var (
 	logFormatNames      = []string{LogFormatText, LogFormatJSON}
 	historyBackendNames = []string{"memory", "none"}
 	decodeOutputNames   = []string{DecodeOutputExact, DecodeOutputToyProxy}
+	flowOrderNames      = []string{FlowOrderArrival, FlowOrderDeadline}
+	flowFairnessNames   = []string{"header", "api-key", "user"}
+)
+
+// Flow-control queue orders within a band.
+const (
+	FlowOrderArrival  = "arrival"
+	FlowOrderDeadline = "deadline"
 )
 
 // DefaultRequestIDHeaders is the inbound request-id header search order used
@@ -205,6 +213,22 @@ type Config struct {
 	KVFallbackPolicy         string   `json:"kv_fallback_policy"`
 	PDUncachedTokenThreshold int      `json:"pd_uncached_token_threshold"`
 
+	// Flow control (off unless FlowControl).
+	FlowControl           bool     `json:"flow_control"`
+	FlowBands             []string `json:"flow_bands"` // NAME=PRIORITY[:QUEUE_TIMEOUT_SECS]
+	FlowDefaultBand       string   `json:"flow_default_band"`
+	FlowOrder             string   `json:"flow_order"`
+	FlowFairnessKey       string   `json:"flow_fairness_key"`
+	FlowObjectiveHeader   string   `json:"flow_objective_header"`
+	FlowFairnessHeader    string   `json:"flow_fairness_header"`
+	FlowDeadlineHeader    string   `json:"flow_deadline_header"`
+	FlowWeights           []string `json:"flow_weights"`             // FLOW=WEIGHT
+	FlowHeadroom          int      `json:"flow_headroom"`            // slots only the highest band may use
+	FlowWorkerMaxInFlight int      `json:"flow_worker_max_inflight"` // 0 = no per-worker limit
+	FlowMaxWaiting        float64  `json:"flow_max_waiting"`         // 0 = not used
+	FlowMaxKVUsage        float64  `json:"flow_max_kv_usage"`        // 0 = not used
+	FlowPollIntervalSecs  float64  `json:"flow_poll_interval_secs"`
+
 	// ConfigFile is --config; it cannot be set from inside a config file.
 	ConfigFile string `json:"-"`
 
@@ -289,6 +313,16 @@ func Default() *Config {
 		HealthUnhealthyIntervalSecs:    0.5,
 		HealthUnhealthyMaxIntervalSecs: 1,
 		PanicRouting:                   true,
+		FlowBands:            []string{"high=10", "default=0", "low=-10"},
+		FlowDefaultBand:      "default",
+		FlowOrder:            FlowOrderArrival,
+		FlowFairnessKey:      "header",
+		FlowObjectiveHeader:  "x-gateway-inference-objective",
+		FlowFairnessHeader:   "x-gateway-inference-fairness-id",
+		FlowDeadlineHeader:   "x-envoy-expected-rq-timeout-ms",
+		FlowMaxWaiting:       5,
+		FlowMaxKVUsage:       0.8,
+		FlowPollIntervalSecs: 0.25,
 	}
 }
 
@@ -529,6 +563,8 @@ func (c *Config) DiscoveryTTL() time.Duration { return secondsF(c.DiscoveryTTLSe
 
 // HistoryTTL is --history-ttl-secs.
 func (c *Config) HistoryTTL() time.Duration { return secondsF(c.HistoryTTLSecs) }
+// FlowPollInterval is --flow-poll-interval-secs.
+func (c *Config) FlowPollInterval() time.Duration { return secondsF(c.FlowPollIntervalSecs) }
 
 // LoadPollInterval is --load-poll-interval-secs (0 = off).
 func (c *Config) LoadPollInterval() time.Duration { return secondsF(c.LoadPollIntervalSecs) }

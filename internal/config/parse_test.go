@@ -106,6 +106,16 @@ func TestDefaults(t *testing.T) {
 		KVOverlapScoreWeight:           1,
 		KVLoadWeight:                   0.1,
 		KVFallbackPolicy:               "cache_aware",
+		FlowBands:                      []string{"high=10", "default=0", "low=-10"},
+		FlowDefaultBand:                "default",
+		FlowOrder:                      "arrival",
+		FlowFairnessKey:                "header",
+		FlowObjectiveHeader:            "x-gateway-inference-objective",
+		FlowFairnessHeader:             "x-gateway-inference-fairness-id",
+		FlowDeadlineHeader:             "x-envoy-expected-rq-timeout-ms",
+		FlowMaxWaiting:                 5,
+		FlowMaxKVUsage:                 0.8,
+		FlowPollIntervalSecs:           0.25,
 	}
 	if diff := cmp.Diff(want, Default(), ignoreExplicit); diff != "" {
 		t.Errorf("Default() mismatch (-want +got):\n%s", diff)
@@ -236,6 +246,20 @@ var flagCases = []struct {
 	{"kv-load-weight", "0", func(c *Config) any { return c.KVLoadWeight }, 0.0},
 	{"kv-fallback-policy", "round_robin", func(c *Config) any { return c.KVFallbackPolicy }, "round_robin"},
 	{"pd-uncached-token-threshold", "128", func(c *Config) any { return c.PDUncachedTokenThreshold }, 128},
+	{"flow-control", "", func(c *Config) any { return c.FlowControl }, true},
+	{"flow-bands", "gold=5", func(c *Config) any { return c.FlowBands }, []string{"gold=5"}},
+	{"flow-default-band", "low", func(c *Config) any { return c.FlowDefaultBand }, "low"},
+	{"flow-order", "deadline", func(c *Config) any { return c.FlowOrder }, "deadline"},
+	{"flow-fairness-key", "user", func(c *Config) any { return c.FlowFairnessKey }, "user"},
+	{"flow-objective-header", "x-o", func(c *Config) any { return c.FlowObjectiveHeader }, "x-o"},
+	{"flow-fairness-header", "x-f", func(c *Config) any { return c.FlowFairnessHeader }, "x-f"},
+	{"flow-deadline-header", "x-d", func(c *Config) any { return c.FlowDeadlineHeader }, "x-d"},
+	{"flow-weights", "a=2", func(c *Config) any { return c.FlowWeights }, []string{"a=2"}},
+	{"flow-headroom", "4", func(c *Config) any { return c.FlowHeadroom }, 4},
+	{"flow-worker-max-inflight", "8", func(c *Config) any { return c.FlowWorkerMaxInFlight }, 8},
+	{"flow-max-waiting", "2", func(c *Config) any { return c.FlowMaxWaiting }, 2.0},
+	{"flow-max-kv-usage", "0.9", func(c *Config) any { return c.FlowMaxKVUsage }, 0.9},
+	{"flow-poll-interval-secs", "0.1", func(c *Config) any { return c.FlowPollIntervalSecs }, 0.1},
 	{"config", "", nil, nil}, // covered by the config-file tests
 }
 

@@ -265,6 +265,8 @@ func (c *Config) validateExtras(add func(*Error)) {
 		{"--max-concurrent-requests", c.MaxConcurrentRequests},
 		{"--queue-size", c.QueueSize},
 		{"--pd-max-failovers", c.PDMaxFailovers},
+		{"--flow-worker-max-inflight", c.FlowWorkerMaxInFlight},
+		{"--flow-headroom", c.FlowHeadroom},
 	} {
 		if f.v < 0 {
 			add(invalid(f.flag, strconv.Itoa(f.v), "Must be >= 0"))
@@ -286,6 +288,7 @@ func (c *Config) validateExtras(add func(*Error)) {
 		{"--body-read-timeout-secs", c.BodyReadTimeoutSecs},
 		{"--connect-timeout-secs", c.ConnectTimeoutSecs},
 		{"--load-poll-interval-secs", c.LoadPollIntervalSecs},
+		{"--flow-max-waiting", c.FlowMaxWaiting},
 	} {
 		if !(f.v >= 0) || math.IsInf(f.v, 1) {
 			add(invalid(f.flag, formatFloat(f.v), "Must be a finite number >= 0"))
@@ -316,6 +319,15 @@ func (c *Config) validateExtras(add func(*Error)) {
 	}
 	if !(c.CBFailureRate >= 0 && c.CBFailureRate <= 1) {
 		add(invalid("--cb-failure-rate", formatFloat(c.CBFailureRate), "Must be between 0.0 and 1.0"))
+	}
+	if !(c.FlowMaxKVUsage >= 0 && c.FlowMaxKVUsage <= 1) {
+		add(invalid("--flow-max-kv-usage", formatFloat(c.FlowMaxKVUsage), "Must be between 0.0 and 1.0"))
+	}
+	if !(c.FlowPollIntervalSecs > 0) || math.IsInf(c.FlowPollIntervalSecs, 1) {
+		add(invalid("--flow-poll-interval-secs", formatFloat(c.FlowPollIntervalSecs), "Must be a finite number > 0"))
+	}
+	if c.FlowControl {
+		c.validateFlow(add)
 	}
 	if c.CBMinRequests < 1 {
 		add(invalid("--cb-min-requests", "0", "Must be >= 1"))
@@ -401,4 +413,54 @@ func isHostPort(s string) bool {
 	}
 	_, err = strconv.ParseUint(port, 10, 16)
 	return err == nil
+}
+
+// validateFlow checks the flow-control lists: bands NAME=PRIORITY[:SECS[:ORDER]]
+// with unique names, the default band among them, weights FLOW=WEIGHT > 0.
+func (c *Config) validateFlow(add func(*Error)) {
+	names := map[string]bool{}
+	for _, it := range c.FlowBands {
+		name, spec, ok := strings.Cut(it, "=")
+		prio, secs, hasSecs := strings.Cut(spec, ":")
+		_, perr := strconv.Atoi(prio)
+		switch {
+		case !ok || name == "" || perr != nil:
+			add(invalid("--flow-bands", it, "Must be NAME=PRIORITY[:QUEUE_TIMEOUT_SECS[:ORDER]] with an integer priority"))
+			continue
+		case names[name]:
+			add(invalid("--flow-bands", it, "Band names must be unique"))
+		}
+		secs, order, _ := strings.Cut(secs, ":")
+		if hasSecs && secs != "" {
+			if v, err := strconv.ParseFloat(secs, 64); err != nil || !(v >= 0) || math.IsInf(v, 1) {
+				add(invalid("--flow-bands", it, "The queue timeout must be a finite number of seconds >= 0"))
+			}
+		}
+		if order != "" && order != FlowOrderArrival && order != FlowOrderDeadline {
+			add(invalid("--flow-bands", it, "The order must be arrival or deadline"))
+		}
+		names[name] = true
+	}
+	if len(c.FlowBands) == 0 {
+		add(invalid("--flow-bands", "", "At least one band is needed"))
+	}
+	if !names[c.FlowDefaultBand] {
+		add(invalid("--flow-default-band", quoteIfEmpty(c.FlowDefaultBand), "Must be one of the --flow-bands names"))
+	}
+	for _, it := range c.FlowWeights {
+		k, v, ok := strings.Cut(it, "=")
+		w, err := strconv.ParseFloat(v, 64)
+		if !ok || k == "" || err != nil || !(w > 0) || math.IsInf(w, 1) {
+			add(invalid("--flow-weights", it, "Must be FLOW=WEIGHT with a finite weight > 0"))
+		}
+	}
+	for _, h := range []struct{ flag, v string }{
+		{"--flow-objective-header", c.FlowObjectiveHeader},
+		{"--flow-fairness-header", c.FlowFairnessHeader},
+		{"--flow-deadline-header", c.FlowDeadlineHeader},
+	} {
+		if strings.TrimSpace(h.v) == "" {
+			add(invalid(h.flag, `""`, "Must be a header name"))
+		}
+	}
 }

@@ -249,6 +249,22 @@ func TestValidate(t *testing.T) {
 			"invalid value for --cb-half-open-max-requests: 0 - Must be >= 1",
 		}},
 
+		{name: "flow control", args: with(w, "--flow-control", "--flow-bands", "a=1", "a=2", "b", "c=x", "d=1:-1", "e=1::lifo", "f=2::deadline", "--flow-default-band", "z",
+			"--flow-weights", "t=0", "=1", "--flow-max-kv-usage", "1.5", "--flow-poll-interval-secs", "0", "--flow-fairness-header", " "), want: []string{
+			"invalid value for --flow-max-kv-usage: 1.5 - Must be between 0.0 and 1.0",
+			"invalid value for --flow-poll-interval-secs: 0 - Must be a finite number > 0",
+			"invalid value for --flow-bands: a=2 - Band names must be unique",
+			"invalid value for --flow-bands: b - Must be NAME=PRIORITY[:QUEUE_TIMEOUT_SECS[:ORDER]] with an integer priority",
+			"invalid value for --flow-bands: c=x - Must be NAME=PRIORITY[:QUEUE_TIMEOUT_SECS[:ORDER]] with an integer priority",
+			"invalid value for --flow-bands: d=1:-1 - The queue timeout must be a finite number of seconds >= 0",
+			"invalid value for --flow-bands: e=1::lifo - The order must be arrival or deadline",
+			"invalid value for --flow-default-band: z - Must be one of the --flow-bands names",
+			"invalid value for --flow-weights: t=0 - Must be FLOW=WEIGHT with a finite weight > 0",
+			"invalid value for --flow-weights: =1 - Must be FLOW=WEIGHT with a finite weight > 0",
+			`invalid value for --flow-fairness-header: "" - Must be a header name`,
+		}},
+		{name: "flow lists unchecked while flow control is off", args: with(w, "--flow-bands", "b", "--flow-weights", "x")},
+
 		// Order across rules.
 		{name: "everything at once, in rule order", args: []string{"--vllm-pd-disaggregation", "--prefill", "x", "--cache-threshold", "3", "--port", "0",
 			"--prometheus-host", "any", "--kv-connector", "moriio", "--retry-max-retries", "0", "--cb-success-threshold", "0", "--log-format", "json", "--otel-sampling-ratio", "2"},

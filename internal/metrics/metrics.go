@@ -40,7 +40,19 @@ type Metrics struct {
 	RetriesExhausted *prometheus.CounterVec   // route
 	QueueDepth       prometheus.Gauge
 	QueueWait        prometheus.Histogram
-	AdmissionReject  *prometheus.CounterVec // reason: queue_full|queue_timeout|rate_limited|shutting_down
+	AdmissionReject  *prometheus.CounterVec // reason: queue_full|queue_timeout|rate_limited|shutting_down|shed|deadline
+
+	// flow control (--flow-control)
+	FlowQueueDepth   *prometheus.GaugeVec     // band
+	FlowQueueWait    *prometheus.HistogramVec // band
+	FlowFlowDepth    *prometheus.GaugeVec     // flow (bounded: first 32 ids, then "other")
+	FlowFlowWait     *prometheus.HistogramVec // flow (bounded)
+	FlowShed         *prometheus.CounterVec   // band, reason
+	WorkerSaturated  *prometheus.GaugeVec     // worker
+	WorkerWaiting    *prometheus.GaugeVec     // worker
+	WorkerKVUsage    *prometheus.GaugeVec     // worker
+	FleetSaturated   *prometheus.GaugeVec     // role
+	SaturationPolled *prometheus.CounterVec   // result: ok|failed
 
 	// workers and policies
 	ActiveWorkers   prometheus.Gauge
@@ -111,6 +123,17 @@ func New(reg *prometheus.Registry) *Metrics {
 	m.QueueWait = f.hist("vllm_router_queue_wait_seconds", "Time a request waited for an admission slot.", DurationBuckets)
 	m.AdmissionReject = f.counterVec("vllm_router_admission_rejections_total", "Requests rejected by admission control.", "reason")
 
+	m.FlowQueueDepth = f.gaugeVec("vllm_router_flow_queue_depth", "Requests waiting in the flow-control queue, by priority band.", "band")
+	m.FlowQueueWait = f.histVec("vllm_router_flow_queue_wait_seconds", "Time a request waited in the flow-control queue, by priority band.", DurationBuckets, "band")
+	m.FlowFlowDepth = f.gaugeVec("vllm_router_flow_flow_queue_depth", "Requests waiting in the flow-control queue, by flow (first 32 flows seen, then other).", "flow")
+	m.FlowFlowWait = f.histVec("vllm_router_flow_flow_queue_wait_seconds", "Time a request waited in the flow-control queue, by flow (first 32 flows seen, then other).", DurationBuckets, "flow")
+	m.FlowShed = f.counterVec("vllm_router_flow_rejections_total", "Requests that left the flow-control queue without a slot, by band and reason (queue_full, shed, shed_fairness, queue_timeout, deadline, shutting_down, client_gone).", "band", "reason")
+	m.WorkerSaturated = f.gaugeVec("vllm_router_worker_saturated", "Worker saturation as flow control sees it (1 saturated, 0 not).", "worker")
+	m.WorkerWaiting = f.gaugeVec("vllm_router_worker_num_requests_waiting", "vllm:num_requests_waiting last polled from the worker's /metrics.", "worker")
+	m.WorkerKVUsage = f.gaugeVec("vllm_router_worker_kv_cache_usage_perc", "vllm:kv_cache_usage_perc last polled from the worker's /metrics (1 = full).", "worker")
+	m.FleetSaturated = f.gaugeVec("vllm_router_fleet_saturated", "1 while flow control holds requests because every candidate worker of the role is saturated.", "role")
+	m.SaturationPolled = f.counterVec("vllm_router_saturation_polls_total", "Worker /metrics polls by the saturation detector, by result.", "result")
+
 	m.ActiveWorkers = f.gauge("vllm_router_active_workers", "Workers in the registry.")
 	m.Workers = f.gaugeVec("vllm_router_workers", "Workers in the registry by role and source.", "role", "source")
 	m.WorkerHealth = f.gaugeVec("vllm_router_worker_health", "Worker health (1 healthy, 0 unhealthy).", "worker")
@@ -173,6 +196,7 @@ func (m *Metrics) ForgetWorker(key string) {
 		m.WorkerHealth, m.RunningRequests, m.Processed, m.PolicyDecisions, m.TreeSize,
 		m.CBState, m.CBTransitions, m.CBOutcomes, m.PDPrefillReqs, m.PDDecodeReqs,
 		m.PDPrefillErrors, m.PDDecodeErrors, m.PDStreamErrors,
+		m.WorkerSaturated, m.WorkerWaiting, m.WorkerKVUsage,
 	} {
 		v.DeletePartialMatch(l)
 	}

@@ -37,6 +37,16 @@ func touchAll(m *Metrics) {
 	m.QueueDepth.Set(2)
 	m.QueueWait.Observe(0.01)
 	m.AdmissionReject.WithLabelValues("queue_full").Inc()
+	m.FlowQueueDepth.WithLabelValues("high").Set(1)
+	m.FlowQueueWait.WithLabelValues("high").Observe(0.01)
+	m.FlowFlowDepth.WithLabelValues("tenant-a").Set(1)
+	m.FlowFlowWait.WithLabelValues("tenant-a").Observe(0.01)
+	m.FlowShed.WithLabelValues("low", "shed").Inc()
+	m.WorkerSaturated.WithLabelValues(w1).Set(1)
+	m.WorkerWaiting.WithLabelValues(w1).Set(4)
+	m.WorkerKVUsage.WithLabelValues(w1).Set(0.5)
+	m.FleetSaturated.WithLabelValues("decode").Set(0)
+	m.SaturationPolled.WithLabelValues("ok").Inc()
 
 	m.ActiveWorkers.Set(2)
 	m.Workers.WithLabelValues("prefill", "zmq").Set(1)
@@ -135,6 +145,9 @@ func TestGoldenExposition(t *testing.T) {
 		"vllm_router_ttft_seconds",
 		"vllm_router_inflight_requests",
 		"vllm_router_queue_depth",
+		"vllm_router_flow_queue_wait_seconds",
+		"vllm_router_flow_rejections_total",
+		"vllm_router_worker_saturated",
 		"vllm_router_retries_total",
 		"vllm_router_worker_inflight_requests",
 		"vllm_router_cb_state_transitions_total",

@@ -38,7 +38,7 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	release, err := s.limiter.Acquire(r.Context())
+	release, err := s.limiter.Admit(r.Context(), r.Header, obj)
 	if err != nil {
 		s.rejectAdmission(w, r, err)
 		return
@@ -84,8 +84,11 @@ func (s *Server) rejectAdmission(w http.ResponseWriter, r *http.Request, err err
 		stateFrom(r.Context()).logOnly = 499 // client gone: nobody to answer
 	case http.StatusTooManyRequests:
 		errType := "queue_full"
-		if errors.Is(err, admission.ErrRateLimited) {
+		switch {
+		case errors.Is(err, admission.ErrRateLimited):
 			errType = "rate_limited"
+		case errors.Is(err, admission.ErrShed), errors.Is(err, admission.ErrShedFair):
+			errType = "shed"
 		}
 		w.Header().Set("Retry-After", "1")
 		s.writeError(w, r, status, errType, err.Error())
@@ -94,6 +97,10 @@ func (s *Server) rejectAdmission(w http.ResponseWriter, r *http.Request, err err
 		s.writeError(w, r, status, "shutting_down", err.Error())
 	case http.StatusRequestTimeout:
 		s.writeError(w, r, status, "queue_timeout", err.Error())
+	case http.StatusGatewayTimeout:
+		s.writeError(w, r, status, "deadline_exceeded", err.Error())
+	case http.StatusBadRequest:
+		s.writeError(w, r, status, "invalid_flow_header", err.Error())
 	default:
 		s.writeError(w, r, status, "admission", err.Error())
 	}

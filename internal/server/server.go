@@ -112,6 +112,10 @@ type Options struct {
 	QueueTimeout       time.Duration // max wait in the queue; <= 0 → until the client leaves
 	RateLimitPerSecond float64       // token bucket, 0 = off
 	RateLimitBurst     int           // 0 → ceil(rate)
+	// Flow, when set, turns flow control on (priority bands, fair flows,
+	// saturation-aware dispatch). Its Saturation's Registry, PD and Client
+	// are filled in from these Options when unset.
+	Flow *admission.FlowConfig
 
 	RouteReceipt    bool          // set x-switchyard-route on generation responses
 	ShutdownTimeout time.Duration // drain deadline; 0 → 30 s, < 0 → cancel at once
@@ -214,17 +218,41 @@ func New(o Options) (*Server, error) {
 		return nil, err
 	}
 	s.auth = newAuthenticator(o.RouterAPIKeys, o.AdminAPIKey, o.APIKeyValidationURLs, s.client, s.log)
-	s.limiter = admission.New(admission.Config{
+	if s.limiter, err = admission.NewWithFlow(admission.Config{
 		MaxConcurrent:      o.MaxConcurrent,
 		QueueSize:          o.QueueSize,
 		QueueTimeout:       o.QueueTimeout,
 		RateLimitPerSecond: o.RateLimitPerSecond,
 		Burst:              o.RateLimitBurst,
 		Metrics:            s.m,
-	})
+		Flow:               s.flowConfig(),
+	}); err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
 	s.routes()
 	s.handler = http.HandlerFunc(s.serveHTTP)
 	return s, nil
+}
+
+// flowConfig completes o.Flow's saturation inputs from the Options.
+func (s *Server) flowConfig() *admission.FlowConfig {
+	if s.o.Flow == nil || s.o.Flow.Saturation == nil {
+		return s.o.Flow
+	}
+	fc := *s.o.Flow
+	sat := *fc.Saturation
+	if sat.Registry == nil {
+		sat.Registry = s.reg
+	}
+	sat.PD = sat.PD || s.o.Mode == ModePD
+	if sat.Client == nil {
+		sat.Client = s.client
+	}
+	if sat.Logger == nil {
+		sat.Logger = s.log
+	}
+	fc.Saturation = &sat
+	return &fc
 }
 
 // Handler returns the root handler: every route behind the full middleware
@@ -256,6 +284,11 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
+	flowCtx, stopFlow := context.WithCancel(base)
+	var flowWG sync.WaitGroup
+	flowWG.Go(func() { s.limiter.Run(flowCtx) }) // the saturation detector, if any
+	defer flowWG.Wait()
+	defer stopFlow()
 	if s.ownClient {
 		defer s.client.CloseIdleConnections()
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/admission"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
@@ -59,9 +60,12 @@ type workerJSON struct {
 	CircuitBreaker string `json:"circuit_breaker"`
 	ConnectionMode string `json:"connection_mode"`
 	LastSeen       string `json:"last_seen"`
+	// Saturation is what flow control judges the worker by (absent
+	// without a saturation detector).
+	Saturation *admission.WorkerSaturation `json:"saturation,omitempty"`
 }
 
-func toJSON(w *worker.Worker) workerJSON {
+func (s *Server) toJSON(w *worker.Worker) workerJSON {
 	j := workerJSON{
 		URL: w.URL, Key: w.Key(), ModelID: w.ModelID, WorkerType: w.Role.String(),
 		IsHealthy: w.Healthy(), Routable: w.Routable(), Note: w.Note(),
@@ -71,6 +75,7 @@ func toJSON(w *worker.Worker) workerJSON {
 		Format: w.Format, CircuitBreaker: w.Breaker().State().String(), ConnectionMode: "Http",
 		LastSeen: w.LastSeen().UTC().Format(time.RFC3339Nano),
 	}
+	j.Saturation = s.limiter.Saturation(w)
 	if j.ModelID == "" {
 		j.ModelID = "unknown" // the Rust router's value for "not reported"
 	}
@@ -81,10 +86,10 @@ func toJSON(w *worker.Worker) workerJSON {
 	return j
 }
 
-func toJSONs(ws []*worker.Worker) []workerJSON {
+func (s *Server) toJSONs(ws []*worker.Worker) []workerJSON {
 	out := make([]workerJSON, len(ws))
 	for i, w := range ws {
-		out[i] = toJSON(w)
+		out[i] = s.toJSON(w)
 	}
 	return out
 }
@@ -268,7 +273,7 @@ func (s *Server) handleCreateWorker(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{
 		"success": true,
 		"message": "Worker " + in.URL + " added successfully",
-		"workers": toJSONs(ws),
+		"workers": s.toJSONs(ws),
 	})
 }
 
@@ -282,7 +287,7 @@ func (s *Server) handleWorkers(w http.ResponseWriter, _ *http.Request) {
 		}
 	}
 	body := map[string]any{
-		"workers": toJSONs(snap.All),
+		"workers": s.toJSONs(snap.All),
 		"total":   len(snap.All),
 		"stats": map[string]any{
 			"prefill_count": len(snap.Prefill),
@@ -345,13 +350,13 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(ws) == 1 {
-		writeJSON(w, http.StatusOK, toJSON(ws[0]))
+		writeJSON(w, http.StatusOK, s.toJSON(ws[0]))
 		return
 	}
 	writeJSON(w, http.StatusOK, struct {
 		workerJSON
 		Ranks []workerJSON `json:"ranks"`
-	}{toJSON(ws[0]), toJSONs(ws)})
+	}{s.toJSON(ws[0]), s.toJSONs(ws)})
 }
 
 // handleDeleteWorker is DELETE /workers/{url}.

@@ -4,8 +4,8 @@
 // for the router's /readiness), runs internal/bench in-process against
 // them, and writes Markdown (and PNG) results.
 //
-// Exposed as "sybench scenario pd|overhead|ceiling|kv" and the Makefile's
-// bench-pd, bench-overhead, bench-ceiling and bench-kv targets.
+// Exposed as "sybench scenario pd|overhead|ceiling|kv|flow" and the Makefile's
+// bench-pd, bench-overhead, bench-ceiling, bench-kv and bench-flow targets.
 //
 // Invariants:
 //   - Every child runs in its own process group with Pdeathsig=SIGKILL and

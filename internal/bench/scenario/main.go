@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-const usage = `Usage: sybench scenario pd|overhead|ceiling|kv [flags]
+const usage = `Usage: sybench scenario pd|overhead|ceiling|kv|flow [flags]
 
 Starts the router (switchyard) and simulated workers (vllm-sim) from --bin-dir
 as child processes on free loopback ports, runs the benchmark in-process
@@ -27,6 +27,8 @@ tables; with --out-dir it also writes them (Markdown, and a PNG for pd).
   kv        round_robin vs cache_aware vs kv_aware on a shared-prefix
             workload, 4 unified then 2P2D NIXL workers with small prefix
             caches and KV events: hit rate, TTFT          -> kv.md
+  flow      2× capacity open loop with and without --flow-control: a high
+            band, then two tenants at 10:1                -> flow.md
 
 Run "sybench scenario NAME --help" for the flags of one scenario.
 `
@@ -57,6 +59,13 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		_, err = RunOverhead(ctx, o, c)
 		return err
+	case "flow":
+		c, err := parseFlow(rest, &o, stderr)
+		if err != nil {
+			return helpOK(err)
+		}
+		_, err = RunFlow(ctx, o, c)
+		return err
 	case "ceiling":
 		c, err := parseCeiling(rest, &o, stderr)
 		if err != nil {
@@ -76,7 +85,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprint(stderr, usage)
-	return fmt.Errorf("scenario: unknown scenario %q (want pd, overhead, ceiling or kv)", name)
+	return fmt.Errorf("scenario: unknown scenario %q (want pd, overhead, ceiling, kv or flow)", name)
 }
 
 func helpOK(err error) error {
