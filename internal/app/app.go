@@ -107,7 +107,7 @@ func newLogger(cfg *config.Config, stderr io.Writer) (*slog.Logger, func(), erro
 		level = slog.LevelDebug
 	case "warn", "warning":
 		level = slog.LevelWarn
-	case "error":
+	case "error", "critical":
 		level = slog.LevelError
 	default:
 		level = slog.LevelInfo

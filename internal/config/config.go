@@ -43,10 +43,12 @@ const (
 )
 
 var (
-	policyNames         = []string{PolicyRandom, PolicyRoundRobin, PolicyCacheAware, PolicyPowerOfTwo, PolicyConsistentHash, PolicyRendezvousHash}
-	kvConnectorNames    = []string{KVConnectorNIXL, KVConnectorMooncake, KVConnectorMoRIIO, KVConnectorP2PNCCL}
-	backendNames        = []string{BackendVLLM, BackendTRTLLM, BackendOpenAI, BackendAnthropic}
-	logLevelNames       = []string{"debug", "info", "warn", "error"}
+	policyNames      = []string{PolicyRandom, PolicyRoundRobin, PolicyCacheAware, PolicyPowerOfTwo, PolicyConsistentHash, PolicyRendezvousHash}
+	kvConnectorNames = []string{KVConnectorNIXL, KVConnectorMooncake, KVConnectorMoRIIO, KVConnectorP2PNCCL}
+	backendNames     = []string{BackendVLLM, BackendTRTLLM, BackendOpenAI, BackendAnthropic}
+	// The Rust binary's levels plus the Python launcher's "warning" and
+	// "critical" (REFERENCE §1.6), so either command line starts switchyard.
+	logLevelNames       = []string{"debug", "info", "warn", "error", "warning", "critical"}
 	logFormatNames      = []string{LogFormatText, LogFormatJSON}
 	historyBackendNames = []string{"memory", "none"}
 	decodeOutputNames   = []string{DecodeOutputExact, DecodeOutputToyProxy}

@@ -266,6 +266,15 @@ func TestAliasRuntime(t *testing.T) {
 	}
 }
 
+// The Python launcher's log levels start switchyard too (drop-in).
+func TestLauncherLogLevels(t *testing.T) {
+	for _, lvl := range []string{"debug", "info", "warn", "warning", "error", "critical"} {
+		if c := parse(t, "--log-level", lvl); c.LogLevel != lvl {
+			t.Errorf("--log-level %s: LogLevel = %q", lvl, c.LogLevel)
+		}
+	}
+}
+
 func TestMultiValueFlags(t *testing.T) {
 	tests := []struct {
 		name string
@@ -401,7 +410,7 @@ func TestUsageErrors(t *testing.T) {
 		{"bad policy", []string{"--policy", "sticky"}, "invalid value for --policy: sticky - Must be one of: random, round_robin, cache_aware, power_of_two, consistent_hash, rendezvous_hash"},
 		{"bad alias value", []string{"--runtime", "tgi"}, "invalid value for --runtime: tgi - Must be one of: vllm, trtllm, openai, anthropic"},
 		{"bad kv connector", []string{"--kv-connector", "lmcache"}, "invalid value for --kv-connector: lmcache - Must be one of: nixl, mooncake, moriio, p2pnccl"},
-		{"bad log level", []string{"--log-level", "warning"}, "invalid value for --log-level: warning - Must be one of: debug, info, warn, error"},
+		{"bad log level", []string{"--log-level", "verbose"}, "invalid value for --log-level: verbose - Must be one of: debug, info, warn, error, warning, critical"},
 		{"bad log format", []string{"--log-format", "xml"}, "invalid value for --log-format: xml - Must be one of: text, json"},
 		{"bad history backend", []string{"--history-backend", "redis"}, "invalid value for --history-backend: redis - Must be one of: memory, none"},
 		{"bad decode output length", []string{"--decode-output-length", "max"}, "invalid value for --decode-output-length: max - Must be one of: exact, toy-proxy"},
