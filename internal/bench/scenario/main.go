@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-const usage = `Usage: sybench scenario pd|overhead|ceiling [flags]
+const usage = `Usage: sybench scenario pd|overhead|ceiling|compare [flags]
 
 Starts the router (switchyard) and simulated workers (vllm-sim) from --bin-dir
 as child processes on free loopback ports, runs the benchmark in-process
@@ -24,6 +24,9 @@ tables; with --out-dir it also writes them (Markdown, and a PNG for pd).
             workers: added TTFT and router CPU per 1000 requests -> overhead.md
   ceiling   ramp concurrent streams through PD MoRI-IO WRITE until
             requests fail                                 -> ceiling.md
+  compare   head to head: switchyard vs vllm-router, sglang-router, nginx
+            and vLLM's NIXL toy proxy on the same fleet (wrk and sybench;
+            peers from scripts/install-peers.sh)          -> compare.md/.png
 
 Run "sybench scenario NAME --help" for the flags of one scenario.
 `
@@ -64,9 +67,16 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("ceiling: requests failed from C=%d on", rep.FirstFailing())
 		}
 		return err
+	case "compare":
+		c, err := parseCompare(rest, &o, stderr)
+		if err != nil {
+			return helpOK(err)
+		}
+		_, err = RunCompare(ctx, o, c)
+		return err
 	}
 	fmt.Fprint(stderr, usage)
-	return fmt.Errorf("scenario: unknown scenario %q (want pd, overhead or ceiling)", name)
+	return fmt.Errorf("scenario: unknown scenario %q (want pd, overhead, ceiling or compare)", name)
 }
 
 func helpOK(err error) error {
@@ -319,4 +329,38 @@ func parseCeiling(args []string, o *Options, stderr io.Writer) (CeilingConfig, e
 	var err error
 	c.Mode, err = transferMode(c.Mode, "--mode")
 	return c, err
+}
+
+func parseCompare(args []string, o *Options, stderr io.Writer) (CompareConfig, error) {
+	c := configFor(args, DefaultCompareConfig, QuickCompareConfig)
+	fs := scenarioFlags("compare", stderr, "The same fleet and load through switchyard, vllm-router, sglang-router, nginx and vLLM's NIXL toy proxy in turn (run scripts/install-peers.sh first): regular mode with wrk and sybench streams, PD NIXL with static workers.", o, 30*time.Minute, loadFlags{
+		preset: &c.Preset, policy: &c.Policy, seed: &c.Seed, outputLen: &c.OutputLen, promptsPerC: &c.PromptsPerC,
+		workers: "every worker", policyHelp: "--policy of every router", outputHelp: "--random-output-len of the sybench points",
+		promptsHelp: "--num-prompts = max(--min-prompts, ceil(this × C))",
+	})
+	fs.StringVar(&c.PeersDir, "peers-dir", c.PeersDir, "scripts/install-peers.sh's folder (vllm-router, sglang-router, vLLM's sdist)")
+	wrk, sc, pc := intList(c.WrkConns), intList(c.StreamConcurrency), intList(c.PDConcurrency)
+	fs.Var(&wrk, "wrk-connections", "wrk connection counts (regular mode)")
+	fs.DurationVar(&c.WrkDuration, "wrk-duration", c.WrkDuration, "length of one wrk run (whole seconds)")
+	fs.Var(&sc, "concurrency", "sybench stream concurrencies (regular mode)")
+	fs.Var(&pc, "pd-concurrency", "sybench concurrencies (PD NIXL)")
+	fs.IntVar(&c.Input, "input-len", c.Input, "--random-input-len")
+	fs.IntVar(&c.MinPrompts, "min-prompts", c.MinPrompts, "lower bound of --num-prompts")
+	fs.IntVar(&c.Repeats, "repeats", c.Repeats, "interleaved repetitions of every point")
+	fs.DurationVar(&c.PointTimeout, "point-max-duration", c.PointTimeout, "bound on one sybench run")
+	only := strList(c.Only)
+	fs.Var(&only, "routers", "only these routers (direct always runs): switchyard,vllm-router,sglang-router,nginx,nixl-toy-proxy")
+	if err := finishParse(fs, args); err != nil {
+		return c, err
+	}
+	c.WrkConns, c.StreamConcurrency, c.PDConcurrency, c.Only = wrk, sc, pc, only
+	if c.WrkDuration < time.Second || c.Repeats < 1 || c.OutputLen <= 0 || c.PromptsPerC <= 0 {
+		return c, errors.New("--wrk-duration must be at least 1s; --repeats, --output-len and --prompts-per-concurrency must be positive")
+	}
+	for _, r := range c.Only {
+		if !contains([]string{PeerSwitchyard, PeerVLLMRouter, PeerSGLangRouter, PeerNginx, PeerNIXLToyProxy}, r) {
+			return c, fmt.Errorf("--routers: unknown router %q", r)
+		}
+	}
+	return c, nil
 }
