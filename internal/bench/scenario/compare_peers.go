@@ -345,8 +345,8 @@ func parseWrk(out []byte) (wrkResult, error) {
 			}
 		case len(f) >= 3 && f[1] == "requests" && f[2] == "in":
 			r.Requests, _ = strconv.Atoi(f[0])
-		case len(f) == 4 && f[0] == "Non-2xx":
-			r.Non2xx, _ = strconv.Atoi(f[3])
+		case len(f) >= 2 && f[0] == "Non-2xx": // Non-2xx or 3xx responses: N
+			r.Non2xx, _ = strconv.Atoi(f[len(f)-1])
 		case len(f) >= 2 && f[0] == "Socket" && f[1] == "errors:":
 			// Socket errors: connect 0, read 0, write 0, timeout 0
 			for i := 2; i+1 < len(f); i += 2 {
