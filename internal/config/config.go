@@ -164,6 +164,7 @@ type Config struct {
 	ForwardClientAuthorization bool     `json:"forward_client_authorization"`
 	ShutdownTimeoutSecs        float64  `json:"shutdown_timeout_secs"`
 	LogFormat                  string   `json:"log_format"`
+	EnablePprof                bool     `json:"enable_pprof"`             // /debug/pprof/ on the metrics listener
 	PrefillTimeoutSecs         float64  `json:"prefill_timeout_secs"`     // 0 = only the overall deadline
 	KVWaitTimeoutSecs          float64  `json:"kv_wait_timeout_secs"`     // 0 = none (default 300)
 	StreamIdleTimeoutSecs      float64  `json:"stream_idle_timeout_secs"` // 0 = none (default 300)

@@ -185,6 +185,7 @@ var flagCases = []struct {
 	{"forward-client-authorization", "false", func(c *Config) any { return c.ForwardClientAuthorization }, false},
 	{"shutdown-timeout-secs", "1.5", func(c *Config) any { return c.ShutdownTimeoutSecs }, 1.5},
 	{"log-format", "json", func(c *Config) any { return c.LogFormat }, "json"},
+	{"enable-pprof", "", func(c *Config) any { return c.EnablePprof }, true},
 	{"prefill-timeout-secs", "2", func(c *Config) any { return c.PrefillTimeoutSecs }, 2.0},
 	{"kv-wait-timeout-secs", "3", func(c *Config) any { return c.KVWaitTimeoutSecs }, 3.0},
 	{"stream-idle-timeout-secs", "0.2", func(c *Config) any { return c.StreamIdleTimeoutSecs }, 0.2},
