@@ -55,8 +55,8 @@ have() { "$dir/bin/python" -m pip show "$1" 2>/dev/null | awk '/^Version:/{print
 [ "$(have vllm-router)" = "$VLLM_ROUTER" ] || "${pip[@]}" install "vllm-router==$VLLM_ROUTER"
 [ "$(have sglang-router)" = "$SGLANG_ROUTER" ] || "${pip[@]}" install "sglang-router==$SGLANG_ROUTER"
 # The toy proxies' imports.
-"$dir/bin/python" -c 'import quart, aiohttp, msgpack, zmq' >/dev/null 2>&1 ||
-  "${pip[@]}" install quart aiohttp msgpack pyzmq
+"$dir/bin/python" -c 'import quart, aiohttp, msgpack, zmq, httpx, fastapi, uvicorn' >/dev/null 2>&1 ||
+  "${pip[@]}" install quart aiohttp msgpack pyzmq httpx fastapi uvicorn
 
 # vLLM's sdist (examples/ and tests/ hold the toy proxies; the wheels ship
 # neither). Building its metadata needs torch, so pip download stops after
