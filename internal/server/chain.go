@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchyard-llm/switchyard/internal/metrics"
@@ -76,9 +77,8 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	r = r.WithContext(ctx)
 
 	// auth and everything after it are logged and measured
-	mode := s.o.Mode
-	s.m.RequestsTotal.WithLabelValues(st.route.label).Inc()
-	s.m.InFlight.WithLabelValues(mode).Inc()
+	s.requestsTotalFor(st.route.label).Inc()
+	s.inFlight.Inc()
 	defer func(r *http.Request) {
 		v := recover()
 		defer s.finish(rw, r) // also when onPanic re-panics to abort the connection
@@ -133,8 +133,7 @@ func (s *Server) onPanic(rw *respWriter, r *http.Request, v any) {
 // runs when the handler returns, i.e. after the last body byte.
 func (s *Server) finish(rw *respWriter, r *http.Request) {
 	st := rw.st
-	mode := s.o.Mode
-	s.m.InFlight.WithLabelValues(mode).Dec()
+	s.inFlight.Dec()
 	status := rw.status
 	switch {
 	case !rw.wroteHeader && st.logOnly != 0:
@@ -143,9 +142,9 @@ func (s *Server) finish(rw *respWriter, r *http.Request) {
 		status = http.StatusOK // net/http sends 200 for an empty handler
 	}
 	dur := time.Since(st.start)
-	code := metrics.Status(status)
-	s.m.HTTPRequests.WithLabelValues(st.route.label, methodLabel(r.Method), code, mode).Inc()
-	s.m.RequestDuration.WithLabelValues(st.route.label, code, mode).Observe(dur.Seconds())
+	rm := s.reqMetricsFor(st.route.label, methodLabel(r.Method), status)
+	rm.requests.Inc()
+	rm.duration.Observe(dur.Seconds())
 	if st.errType != "" {
 		s.m.RequestErrors.WithLabelValues(st.route.label, st.errType).Inc()
 	}
@@ -234,6 +233,45 @@ func (s *Server) logReceipt(ctx context.Context, st *reqState, status int) {
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // methodLabel bounds the method label to the standard methods.
+// requestsTotalFor is RequestsTotal's child for a route label.
+func (s *Server) requestsTotalFor(route string) prometheus.Counter {
+	if c, ok := s.requestsTotal.Load(route); ok {
+		return c.(prometheus.Counter)
+	}
+	c := s.m.RequestsTotal.WithLabelValues(route)
+	s.requestsTotal.Store(route, c)
+	return c
+}
+
+// reqMetricsKey is one (route, method, status) of finished requests: a
+// bounded set (fixed routes, methodLabel's ten methods, HTTP status codes).
+type reqMetricsKey struct {
+	route, method string
+	status        int
+}
+
+// reqMetrics are HTTPRequests' and RequestDuration's children of one key.
+type reqMetrics struct {
+	requests prometheus.Counter
+	duration prometheus.Observer
+}
+
+// reqMetricsFor returns the end-of-request metrics of a key, resolving the
+// labels (and formatting the status code) only the first time.
+func (s *Server) reqMetricsFor(route, method string, status int) reqMetrics {
+	k := reqMetricsKey{route, method, status}
+	if v, ok := s.reqMetrics.Load(k); ok {
+		return v.(reqMetrics)
+	}
+	code, mode := metrics.Status(status), s.o.Mode
+	v := reqMetrics{
+		requests: s.m.HTTPRequests.WithLabelValues(route, method, code, mode),
+		duration: s.m.RequestDuration.WithLabelValues(route, code, mode),
+	}
+	s.reqMetrics.Store(k, v)
+	return v
+}
+
 func methodLabel(m string) string {
 	switch m {
 	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
