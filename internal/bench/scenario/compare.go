@@ -36,6 +36,10 @@ type CompareConfig struct {
 	PointTimeout time.Duration
 	// Only, when set, limits the routers measured (direct always runs).
 	Only []string
+	// CeilingConcurrency is the PD ramp of scenario 4 (empty: skipped).
+	CeilingConcurrency          []int
+	CeilingPreset               string
+	CeilingInput, CeilingOutput int
 }
 
 // DefaultCompareConfig is the full table (about 20 minutes).
@@ -55,6 +59,11 @@ func DefaultCompareConfig() CompareConfig {
 		Seed:              1234,
 		Repeats:           3,
 		PointTimeout:      90 * time.Second,
+
+		CeilingConcurrency: []int{256, 1024, 2048, 4096},
+		CeilingPreset:      "default",
+		CeilingInput:       128,
+		CeilingOutput:      16,
 	}
 }
 
@@ -70,6 +79,7 @@ func QuickCompareConfig() CompareConfig {
 	c.MinPrompts = 200
 	c.Repeats = 1
 	c.PointTimeout = 30 * time.Second
+	c.CeilingConcurrency = []int{64, 256}
 	return c
 }
 
@@ -152,7 +162,10 @@ func (e *env) runCompare(ctx context.Context, c CompareConfig, rep *CompareRepor
 	if err := e.compareRegular(ctx, c, rep, all); err != nil {
 		return err
 	}
-	return e.comparePD(ctx, c, rep, all)
+	if err := e.comparePD(ctx, c, rep, all); err != nil {
+		return err
+	}
+	return e.compareCeiling(ctx, c, rep, all)
 }
 
 func contains(list []string, s string) bool {

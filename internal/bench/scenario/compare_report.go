@@ -306,6 +306,7 @@ func (r *CompareReport) WriteMarkdown(w io.Writer) error {
 	r.wrkTable(&b)
 	r.streamTable(&b, SectionStreams, "Regular mode, sybench streams (vllm bench serve clone)")
 	r.streamTable(&b, SectionPD, "PD NIXL, static --prefill/--decode")
+	r.ceilingTable(&b)
 	if bh := r.behind(); len(bh) > 0 {
 		b.WriteString("## Where Switchyard is behind (by more than 5 %)\n\n")
 		for _, s := range bh {

@@ -164,6 +164,7 @@ func TestCompareQuick(t *testing.T) {
 	c.PDConcurrency = []int{8}
 	c.StreamConcurrency = []int{8}
 	c.WrkConns = []int{8}
+	c.CeilingConcurrency = []int{8}
 	out := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -178,6 +179,15 @@ func TestCompareQuick(t *testing.T) {
 	pd, ok := rep.agg(SectionPD, PeerSwitchyard, 8)
 	if !ok || pd.runs != 1 || pd.completed != 40 || pd.failed != 0 {
 		t.Fatalf("switchyard PD = %+v", pd)
+	}
+	ceil := 0
+	for _, x := range rep.Rows {
+		if x.Section == SectionCeiling && x.Router == PeerSwitchyard && x.Concurrency == 8 && x.Completed == 8 && x.RouterRSS > 0 {
+			ceil++
+		}
+	}
+	if ceil != 1 {
+		t.Fatalf("switchyard ceiling step C=8 missing or incomplete: %+v", rep.Rows)
 	}
 	vr, _ := rep.agg(SectionPD, PeerVLLMRouter, 8)
 	if vr.runs != 0 || !strings.Contains(vr.skipped, "not installed") {

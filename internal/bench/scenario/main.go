@@ -344,6 +344,9 @@ func parseCompare(args []string, o *Options, stderr io.Writer) (CompareConfig, e
 	fs.DurationVar(&c.WrkDuration, "wrk-duration", c.WrkDuration, "length of one wrk run (whole seconds)")
 	fs.Var(&sc, "concurrency", "sybench stream concurrencies (regular mode)")
 	fs.Var(&pc, "pd-concurrency", "sybench concurrencies (PD NIXL)")
+	cc := intList(c.CeilingConcurrency)
+	fs.Var(&cc, "ceiling-concurrency", "PD NIXL concurrency ramp, per router until a request fails")
+	noCeiling := fs.Bool("no-ceiling", false, "skip the concurrency ramp")
 	fs.IntVar(&c.Input, "input-len", c.Input, "--random-input-len")
 	fs.IntVar(&c.MinPrompts, "min-prompts", c.MinPrompts, "lower bound of --num-prompts")
 	fs.IntVar(&c.Repeats, "repeats", c.Repeats, "interleaved repetitions of every point")
@@ -353,7 +356,10 @@ func parseCompare(args []string, o *Options, stderr io.Writer) (CompareConfig, e
 	if err := finishParse(fs, args); err != nil {
 		return c, err
 	}
-	c.WrkConns, c.StreamConcurrency, c.PDConcurrency, c.Only = wrk, sc, pc, only
+	c.WrkConns, c.StreamConcurrency, c.PDConcurrency, c.Only, c.CeilingConcurrency = wrk, sc, pc, only, cc
+	if *noCeiling {
+		c.CeilingConcurrency = nil
+	}
 	if c.WrkDuration < time.Second || c.Repeats < 1 || c.OutputLen <= 0 || c.PromptsPerC <= 0 {
 		return c, errors.New("--wrk-duration must be at least 1s; --repeats, --output-len and --prompts-per-concurrency must be positive")
 	}
