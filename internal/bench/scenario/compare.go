@@ -313,12 +313,22 @@ func (e *env) checkPeer(rr running, workers ...*sim) error {
 
 // streams runs sybench (vllm bench serve) points through every router.
 func (e *env) streams(ctx context.Context, c CompareConfig, rep *CompareReport, section string, cs []int, rs []running, workers ...*proc) error {
+	// A router whose run failed requests and was cut short by the point's
+	// max duration is not measured again in this section: its further
+	// repetitions and larger points would only spend the budget.
+	gaveUp := map[string]string{}
 	for _, conc := range cs {
 		n := promptsFor(conc, c.PromptsPerC, c.MinPrompts)
 		l0 := load{input: c.Input, output: c.OutputLen, concurrency: conc, prompts: n, seed: c.Seed}
 		rep.Commands = append(rep.Commands, "sybench "+l0.flags())
 		for k := range max(c.Repeats, 1) {
 			for _, rr := range rs {
+				if why, ok := gaveUp[rr.name]; ok {
+					if k == 0 {
+						rep.Rows = append(rep.Rows, CompareRow{Section: section, Router: rr.name, Concurrency: conc, Skipped: why})
+					}
+					continue
+				}
 				d, err := e.budget(c.PointTimeout, 15*time.Second)
 				if err != nil {
 					return err
@@ -335,15 +345,20 @@ func (e *env) streams(ctx context.Context, c CompareConfig, rep *CompareReport, 
 					continue
 				}
 				l.prompts, l.seed, l.maxDuration = n, c.Seed, d
+				stopped := false
 				row, err := measure(rr, func() (CompareRow, error) {
 					res, err := l.run(ctx)
 					if err != nil {
 						return CompareRow{Section: section, Concurrency: conc, Rep: k}, err
 					}
+					stopped = res.Stopped
 					sr := sweepRow(rr.name, section, res)
 					return CompareRow{Section: section, Concurrency: conc, Rep: k, Row: sr,
-						Completed: res.Metrics.Completed, Failed: sr.Failed}, nil
+						Completed: res.Metrics.Completed, Failed: n - res.Metrics.Completed}, nil
 				})
+				if err == nil && stopped && row.Failed > 0 {
+					gaveUp[rr.name] = fmt.Sprintf("not run: at C=%d it failed %d of %d requests within the point's %v bound", conc, row.Failed, n, d.Round(time.Second))
+				}
 				tr.close()
 				if err != nil {
 					if ctx.Err() != nil {
