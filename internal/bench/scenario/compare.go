@@ -36,6 +36,11 @@ type CompareConfig struct {
 	PointTimeout time.Duration
 	// Only, when set, limits the routers measured (direct always runs).
 	Only []string
+	// MoRIModes are the MoRI-IO transfer modes of scenario 3 (empty:
+	// skipped), measured at MoRIConcurrency with --policy MoRIPolicy.
+	MoRIModes       []string
+	MoRIConcurrency []int
+	MoRIPolicy      string
 	// CeilingConcurrency is the PD ramp of scenario 4 (empty: skipped).
 	CeilingConcurrency          []int
 	CeilingPreset               string
@@ -60,6 +65,9 @@ func DefaultCompareConfig() CompareConfig {
 		Repeats:           3,
 		PointTimeout:      90 * time.Second,
 
+		MoRIModes:          []string{"WRITE", "READ"},
+		MoRIConcurrency:    []int{16, 64, 256},
+		MoRIPolicy:         "consistent_hash",
 		CeilingConcurrency: []int{256, 1024, 2048, 4096},
 		CeilingPreset:      "default",
 		CeilingInput:       128,
@@ -80,6 +88,8 @@ func QuickCompareConfig() CompareConfig {
 	c.Repeats = 1
 	c.PointTimeout = 30 * time.Second
 	c.CeilingConcurrency = []int{64, 256}
+	c.MoRIModes = []string{"WRITE"}
+	c.MoRIConcurrency = []int{16}
 	return c
 }
 
@@ -165,6 +175,9 @@ func (e *env) runCompare(ctx context.Context, c CompareConfig, rep *CompareRepor
 	if err := e.comparePD(ctx, c, rep, all); err != nil {
 		return err
 	}
+	if err := e.compareMoRI(ctx, c, rep, all); err != nil {
+		return err
+	}
 	return e.compareCeiling(ctx, c, rep, all)
 }
 
@@ -186,7 +199,7 @@ func (e *env) startPeers(ctx context.Context, all []peer, f fleetURLs, sections 
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return out, err
 		}
-		r, cmd, err := e.g.startPeer(ctx, p, f, dir)
+		r, cmd, err := e.g.startPeer(ctx, p, f, dir, nil)
 		if err != nil {
 			if ctx.Err() != nil {
 				return out, ctx.Err()

@@ -44,6 +44,11 @@ const completionBody = `{"model":"` + simModel + `","prompt":"hello","max_tokens
 type fleetURLs struct {
 	worker          string
 	prefill, decode string
+	// discovery is the ZMQ address MoRI-IO workers register on (PD with
+	// --vllm-discovery-address instead of static URLs).
+	discovery string
+	// policy, when set, replaces the scenario's --policy.
+	policy string
 }
 
 // peer is one router of the compare scenario.
@@ -66,11 +71,17 @@ var errUnsupported = errors.New("unsupported")
 // the Python launcher's spelling ("warning"; the Rust binary's "warn" is
 // rejected by the launcher's argparse).
 func vllmRouterArgs(f fleetURLs, port, metricsPort int, policy string) []string {
+	if f.policy != "" {
+		policy = f.policy
+	}
 	a := []string{"--host", "127.0.0.1", "--port", strconv.Itoa(port),
 		"--prometheus-host", "127.0.0.1", "--prometheus-port", strconv.Itoa(metricsPort),
 		"--log-level", "warning", "--policy", policy}
-	if f.worker != "" {
+	switch {
+	case f.worker != "":
 		return append(a, "--worker-urls", f.worker)
+	case f.discovery != "":
+		return append(a, "--vllm-pd-disaggregation", "--kv-connector", "moriio", "--vllm-discovery-address", f.discovery)
 	}
 	return append(a, "--vllm-pd-disaggregation", "--kv-connector", "nixl",
 		"--prefill", f.prefill, "--decode", f.decode)
@@ -99,7 +110,7 @@ func peers(binDir, peersDir, policy string) []peer {
 		{name: PeerSGLangRouter, exe: abs(filepath.Join(peersDir, peerSGLangRouterBin)),
 			args: func(f fleetURLs, port, mport int, _ string) ([]string, error) {
 				if f.worker == "" {
-					return nil, fmt.Errorf("%w: sglang-router's PD mode speaks SGLang's bootstrap protocol, not vLLM's NIXL kv_transfer_params", errUnsupported)
+					return nil, fmt.Errorf("%w: sglang-router's PD mode speaks SGLang's bootstrap protocol, not vLLM's kv_transfer_params or ZMQ registration", errUnsupported)
 				}
 				return []string{"launch", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
 					"--prometheus-host", "127.0.0.1", "--prometheus-port", strconv.Itoa(mport),
@@ -122,6 +133,9 @@ func peers(binDir, peersDir, policy string) []peer {
 			args: func(f fleetURLs, port, _ int, _ string) ([]string, error) {
 				if f.worker != "" {
 					return nil, fmt.Errorf("%w: PD only", errUnsupported)
+				}
+				if f.discovery != "" {
+					return nil, fmt.Errorf("%w: NIXL static workers only (vLLM's MoRI-IO toy proxy, examples/disaggregated/disaggregated_serving/moriio_toy_proxy_server.py, imports vllm.distributed...moriio_common, which needs vLLM and torch installed)", errUnsupported)
 				}
 				ph, pp, err := hostPort(f.prefill)
 				if err != nil {
@@ -203,7 +217,11 @@ http {
 // startPeer starts one router in front of f on free ports and waits until a
 // 1-token completion through it succeeds. It returns the router (nil for
 // direct), its base URL and its full command line.
-func (g *group) startPeer(ctx context.Context, p peer, f fleetURLs, dir string) (*router, string, error) {
+//
+// With f.discovery "zmq" the router gets a free ZMQ address and
+// startWorkers(address) starts the workers that register on it, after the
+// router and before the readiness check.
+func (g *group) startPeer(ctx context.Context, p peer, f fleetURLs, dir string, startWorkers func(discovery string) error) (*router, string, error) {
 	if p.name == PeerDirect {
 		if f.worker == "" {
 			return nil, "", fmt.Errorf("%w: a PD request needs a router", errUnsupported)
@@ -223,6 +241,17 @@ func (g *group) startPeer(ctx context.Context, p peer, f fleetURLs, dir string) 
 		if err != nil {
 			return nil, "", err
 		}
+		if f.discovery == "zmq" { // a free port for the router's ZMQ listener
+			zp, err := freePort()
+			if err != nil {
+				return nil, "", err
+			}
+			f.discovery = fmt.Sprintf("127.0.0.1:%d", zp)
+			args, err = p.args(f, ports[0], ports[1], dir)
+			if err != nil {
+				return nil, "", err
+			}
+		}
 		if p.prepare != nil {
 			if err := p.prepare(f, ports[0], dir); err != nil {
 				return nil, "", err
@@ -232,8 +261,14 @@ func (g *group) startPeer(ctx context.Context, p peer, f fleetURLs, dir string) 
 		if err != nil {
 			return nil, "", err
 		}
-		r := &router{proc: pr, base: fmt.Sprintf("http://127.0.0.1:%d", ports[0])}
+		r := &router{proc: pr, base: fmt.Sprintf("http://127.0.0.1:%d", ports[0]), discovery: f.discovery}
 		cmd := strings.Join(append([]string{p.exe}, args...), " ")
+		if startWorkers != nil {
+			if err := startWorkers(f.discovery); err != nil {
+				g.stop(pr)
+				return nil, "", err
+			}
+		}
 		if err = waitCompletion(ctx, pr, r.base, peerReadyTimeout); err == nil {
 			return r, cmd, nil
 		}

@@ -137,6 +137,14 @@ func (r *CompareReport) headlines() []headline {
 			headline{fmt.Sprintf("streams C=%d CPU/1k", c), SectionStreams, c, cpu, false},
 			headline{fmt.Sprintf("streams C=%d RSS", cs[len(cs)-1]), SectionStreams, cs[len(cs)-1], rss, false})
 	}
+	for _, m := range r.Config.MoRIModes {
+		sec := moriSection(m)
+		if cs := r.points(sec); len(cs) > 0 {
+			c := cs[min(1, len(cs)-1)]
+			hs = append(hs, headline{fmt.Sprintf("MoRI %s C=%d TTFT P50", m, c), sec, c, lat, false},
+				headline{fmt.Sprintf("MoRI %s C=%d CPU/1k", m, c), sec, c, cpu, false})
+		}
+	}
 	if cs := r.points(SectionPD); len(cs) > 0 {
 		c := cs[min(1, len(cs)-1)]
 		hs = append(hs, headline{fmt.Sprintf("PD C=%d req/s", c), SectionPD, c, reqs, true},
@@ -154,7 +162,7 @@ func (r *CompareReport) summary() string {
 		return ""
 	}
 	var names []string
-	for _, s := range []string{SectionWrk, SectionStreams, SectionPD} {
+	for _, s := range r.sections() {
 		for _, n := range r.routers(s) {
 			if n != PeerDirect && !slices.Contains(names, n) {
 				names = append(names, n)
@@ -231,7 +239,7 @@ func (r *CompareReport) behind() []string {
 		{"router CPU s/1k req", func(a, _ compareAgg) float64 { return a.cpu1k.med }, false},
 		{"router RSS MiB", func(a, _ compareAgg) float64 { return a.rssMiB }, false},
 	}
-	for _, s := range []string{SectionWrk, SectionStreams, SectionPD} {
+	for _, s := range r.sections() {
 		for _, c := range r.points(s) {
 			sy, ok := r.agg(s, PeerSwitchyard, c)
 			if !ok || sy.runs == 0 {
@@ -266,13 +274,24 @@ func (r *CompareReport) behind() []string {
 }
 
 func sectionTitle(s string) string {
-	switch s {
-	case SectionWrk:
+	switch {
+	case s == SectionWrk:
 		return "regular wrk"
-	case SectionStreams:
+	case s == SectionStreams:
 		return "regular streams"
+	case isMoRISection(s):
+		return "PD MoRI-IO " + strings.ToUpper(strings.TrimPrefix(s, "pd-moriio-"))
 	}
 	return "PD NIXL"
+}
+
+// sections lists the sections with headline figures, in report order.
+func (r *CompareReport) sections() []string {
+	out := []string{SectionWrk, SectionStreams, SectionPD}
+	for _, m := range r.Config.MoRIModes {
+		out = append(out, moriSection(m))
+	}
+	return out
 }
 
 func pointName(s string, c int) string {
@@ -306,6 +325,9 @@ func (r *CompareReport) WriteMarkdown(w io.Writer) error {
 	r.wrkTable(&b)
 	r.streamTable(&b, SectionStreams, "Regular mode, sybench streams (vllm bench serve clone)")
 	r.streamTable(&b, SectionPD, "PD NIXL, static --prefill/--decode")
+	for _, m := range r.Config.MoRIModes {
+		r.streamTable(&b, moriSection(m), fmt.Sprintf("PD MoRI-IO %s, ZMQ discovery, --policy %s (one prefill/decode pair per router)", m, r.Config.MoRIPolicy))
+	}
 	r.ceilingTable(&b)
 	if bh := r.behind(); len(bh) > 0 {
 		b.WriteString("## Where Switchyard is behind (by more than 5 %)\n\n")

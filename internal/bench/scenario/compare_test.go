@@ -165,6 +165,7 @@ func TestCompareQuick(t *testing.T) {
 	c.StreamConcurrency = []int{8}
 	c.WrkConns = []int{8}
 	c.CeilingConcurrency = []int{8}
+	c.MoRIConcurrency = []int{8}
 	out := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -188,6 +189,10 @@ func TestCompareQuick(t *testing.T) {
 	}
 	if ceil != 1 {
 		t.Fatalf("switchyard ceiling step C=8 missing or incomplete: %+v", rep.Rows)
+	}
+	mo, ok := rep.agg(moriSection("WRITE"), PeerSwitchyard, 8)
+	if !ok || mo.runs != 1 || mo.completed != 40 || mo.failed != 0 {
+		t.Fatalf("switchyard MoRI-IO WRITE = %+v", mo)
 	}
 	vr, _ := rep.agg(SectionPD, PeerVLLMRouter, 8)
 	if vr.runs != 0 || !strings.Contains(vr.skipped, "not installed") {

@@ -347,6 +347,11 @@ func parseCompare(args []string, o *Options, stderr io.Writer) (CompareConfig, e
 	cc := intList(c.CeilingConcurrency)
 	fs.Var(&cc, "ceiling-concurrency", "PD NIXL concurrency ramp, per router until a request fails")
 	noCeiling := fs.Bool("no-ceiling", false, "skip the concurrency ramp")
+	mm, mc := strList(c.MoRIModes), intList(c.MoRIConcurrency)
+	fs.Var(&mm, "moriio-modes", "MoRI-IO transfer modes of the ZMQ-discovery section")
+	fs.Var(&mc, "moriio-concurrency", "sybench concurrencies of the MoRI-IO section")
+	fs.StringVar(&c.MoRIPolicy, "moriio-policy", c.MoRIPolicy, "--policy of the MoRI-IO section (the published setup's)")
+	noMoRI := fs.Bool("no-moriio", false, "skip the MoRI-IO section")
 	fs.IntVar(&c.Input, "input-len", c.Input, "--random-input-len")
 	fs.IntVar(&c.MinPrompts, "min-prompts", c.MinPrompts, "lower bound of --num-prompts")
 	fs.IntVar(&c.Repeats, "repeats", c.Repeats, "interleaved repetitions of every point")
@@ -359,6 +364,16 @@ func parseCompare(args []string, o *Options, stderr io.Writer) (CompareConfig, e
 	c.WrkConns, c.StreamConcurrency, c.PDConcurrency, c.Only, c.CeilingConcurrency = wrk, sc, pc, only, cc
 	if *noCeiling {
 		c.CeilingConcurrency = nil
+	}
+	c.MoRIModes, c.MoRIConcurrency = nil, mc
+	if !*noMoRI {
+		for _, m := range mm {
+			m, err := transferMode(m, "--moriio-modes value")
+			if err != nil {
+				return c, err
+			}
+			c.MoRIModes = append(c.MoRIModes, m)
+		}
 	}
 	if c.WrkDuration < time.Second || c.Repeats < 1 || c.OutputLen <= 0 || c.PromptsPerC <= 0 {
 		return c, errors.New("--wrk-duration must be at least 1s; --repeats, --output-len and --prompts-per-concurrency must be positive")
