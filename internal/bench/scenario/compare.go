@@ -54,7 +54,7 @@ func DefaultCompareConfig() CompareConfig {
 		Preset:            "zero",
 		Policy:            "round_robin",
 		WrkConns:          []int{64, 256},
-		WrkDuration:       8 * time.Second,
+		WrkDuration:       6 * time.Second,
 		StreamConcurrency: []int{64, 256, 1024},
 		PDConcurrency:     []int{16, 64, 256, 1024},
 		Input:             1000,
