@@ -41,6 +41,8 @@ type CompareConfig struct {
 	MoRIModes       []string
 	MoRIConcurrency []int
 	MoRIPolicy      string
+	// Faults runs scenario 5 on the MoRI-IO WRITE pairs.
+	Faults bool
 	// CeilingConcurrency is the PD ramp of scenario 4 (empty: skipped).
 	CeilingConcurrency          []int
 	CeilingPreset               string
@@ -68,6 +70,7 @@ func DefaultCompareConfig() CompareConfig {
 		MoRIModes:          []string{"WRITE", "READ"},
 		MoRIConcurrency:    []int{16, 64, 256},
 		MoRIPolicy:         "consistent_hash",
+		Faults:             true,
 		CeilingConcurrency: []int{256, 1024, 2048, 4096},
 		CeilingPreset:      "default",
 		CeilingInput:       128,
@@ -132,6 +135,7 @@ type CompareReport struct {
 	// Commands are the command lines used, in start order.
 	Commands []string
 	Rows     []CompareRow
+	Faults   []FaultRow
 	Notes    []string
 	Elapsed  time.Duration
 }

@@ -44,6 +44,7 @@ func (e *env) moriMode(ctx context.Context, c CompareConfig, rep *CompareReport,
 			"--profile-preset", c.Preset, "--heartbeat-interval", "1s"}
 	}
 	rep.Commands = append(rep.Commands, "vllm-sim "+strings.Join(simArgs("prefill|decode", "ROUTER_ZMQ"), " ")+" (one pair per router)")
+	var pairs []faultPair
 	for _, p := range all {
 		if p.name == PeerDirect {
 			continue
@@ -56,6 +57,7 @@ func (e *env) moriMode(ctx context.Context, c CompareConfig, rep *CompareReport,
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
+		var pair []*sim
 		startPair := func(addr string) error {
 			for _, role := range []string{"prefill", "decode"} {
 				s, err := e.g.startSim(ctx, fmt.Sprintf("sim-%s-%s-%s", role, strings.ToLower(mode), p.name), simArgs(role, addr)...)
@@ -63,6 +65,7 @@ func (e *env) moriMode(ctx context.Context, c CompareConfig, rep *CompareReport,
 					return err
 				}
 				workers = append(workers, s.proc)
+				pair = append(pair, s)
 			}
 			return nil
 		}
@@ -81,6 +84,13 @@ func (e *env) moriMode(ctx context.Context, c CompareConfig, rep *CompareReport,
 		}
 		rep.Commands = append(rep.Commands, cmd)
 		rs = append(rs, running{peer: p, r: r, base: r.base})
+		pairs = append(pairs, faultPair{rr: rs[len(rs)-1], prefill: pair[len(pair)-2], decode: pair[len(pair)-1]})
 	}
-	return e.streams(ctx, c, rep, section, c.MoRIConcurrency, rs, workers...)
+	if err := e.streams(ctx, c, rep, section, c.MoRIConcurrency, rs, workers...); err != nil {
+		return err
+	}
+	if c.Faults && mode == "WRITE" {
+		e.compareFaults(ctx, rep, pairs)
+	}
+	return nil
 }

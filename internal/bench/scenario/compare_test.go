@@ -194,6 +194,15 @@ func TestCompareQuick(t *testing.T) {
 	if !ok || mo.runs != 1 || mo.completed != 40 || mo.failed != 0 {
 		t.Fatalf("switchyard MoRI-IO WRITE = %+v", mo)
 	}
+	faults := map[string]FaultRow{}
+	for _, f := range rep.Faults {
+		if f.Router == PeerSwitchyard {
+			faults[f.Fault] = f
+		}
+	}
+	if kill := faults["decode killed mid-load"]; len(faults) != 3 || kill.Sent != 32 || kill.OK == kill.Sent || kill.Note != "" {
+		t.Fatalf("switchyard fault rows = %+v", faults)
+	}
 	vr, _ := rep.agg(SectionPD, PeerVLLMRouter, 8)
 	if vr.runs != 0 || !strings.Contains(vr.skipped, "not installed") {
 		t.Fatalf("vllm-router row = %+v, want not installed", vr)

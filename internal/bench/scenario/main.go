@@ -352,6 +352,7 @@ func parseCompare(args []string, o *Options, stderr io.Writer) (CompareConfig, e
 	fs.Var(&mc, "moriio-concurrency", "sybench concurrencies of the MoRI-IO section")
 	fs.StringVar(&c.MoRIPolicy, "moriio-policy", c.MoRIPolicy, "--policy of the MoRI-IO section (the published setup's)")
 	noMoRI := fs.Bool("no-moriio", false, "skip the MoRI-IO section")
+	fs.BoolVar(&c.Faults, "faults", c.Faults, "inject faults into the MoRI-IO WRITE pairs after their measurements (needs WRITE in --moriio-modes)")
 	fs.IntVar(&c.Input, "input-len", c.Input, "--random-input-len")
 	fs.IntVar(&c.MinPrompts, "min-prompts", c.MinPrompts, "lower bound of --num-prompts")
 	fs.IntVar(&c.Repeats, "repeats", c.Repeats, "interleaved repetitions of every point")
