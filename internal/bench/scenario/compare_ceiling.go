@@ -21,11 +21,16 @@ type groupSampler struct {
 
 func sampleGroup(pgid int, every time.Duration) *groupSampler {
 	s := &groupSampler{stop: make(chan struct{})}
+	pids := groupPids(pgid) // fixed for a running router: one /proc scan
 	s.wg.Go(func() {
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
-			s.peak = max(s.peak, groupRSS(pgid))
+			var rss int64
+			for _, p := range pids {
+				rss += procRSS(p)
+			}
+			s.peak = max(s.peak, rss)
 			select {
 			case <-s.stop:
 				return
