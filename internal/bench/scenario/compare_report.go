@@ -137,6 +137,12 @@ func (r *CompareReport) headlines() []headline {
 			headline{fmt.Sprintf("streams C=%d CPU/1k", c), SectionStreams, c, cpu, false},
 			headline{fmt.Sprintf("streams C=%d RSS", cs[len(cs)-1]), SectionStreams, cs[len(cs)-1], rss, false})
 	}
+	if cs := r.points(SectionPD); len(cs) > 0 {
+		c := cs[min(1, len(cs)-1)]
+		hs = append(hs, headline{fmt.Sprintf("PD C=%d req/s", c), SectionPD, c, reqs, true},
+			headline{fmt.Sprintf("PD C=%d TTFT P50", c), SectionPD, c, lat, false},
+			headline{fmt.Sprintf("PD C=%d CPU/1k", c), SectionPD, c, cpu, false})
+	}
 	for _, m := range r.Config.MoRIModes {
 		sec := moriSection(m)
 		if cs := r.points(sec); len(cs) > 0 {
@@ -144,12 +150,6 @@ func (r *CompareReport) headlines() []headline {
 			hs = append(hs, headline{fmt.Sprintf("MoRI %s C=%d TTFT P50", m, c), sec, c, lat, false},
 				headline{fmt.Sprintf("MoRI %s C=%d CPU/1k", m, c), sec, c, cpu, false})
 		}
-	}
-	if cs := r.points(SectionPD); len(cs) > 0 {
-		c := cs[min(1, len(cs)-1)]
-		hs = append(hs, headline{fmt.Sprintf("PD C=%d req/s", c), SectionPD, c, reqs, true},
-			headline{fmt.Sprintf("PD C=%d TTFT P50", c), SectionPD, c, lat, false},
-			headline{fmt.Sprintf("PD C=%d CPU/1k", c), SectionPD, c, cpu, false})
 	}
 	return hs
 }
@@ -367,7 +367,9 @@ func (r *CompareReport) wrkTable(b *strings.Builder) {
 				continue
 			}
 			if a.runs == 0 {
-				fmt.Fprintf(b, "| %d | %s | — | — | — | — | — | — | — | %s |\n", c, n, a.skipped)
+				if r.skippedOnce(SectionWrk, n, c) {
+					fmt.Fprintf(b, "| %d | %s | — | — | — | — | — | — | — | %s |\n", c, n, a.skipped)
+				}
 				continue
 			}
 			ratio, addedS, cpu, rss := "—", "—", "—", "—"
@@ -388,6 +390,20 @@ func (r *CompareReport) wrkTable(b *strings.Builder) {
 	b.WriteString("\n")
 }
 
+// skippedOnce reports whether a router without runs at point c gets its
+// row there: a router that never ran in the section (unsupported, did not
+// start) is listed at the first point only; one skipped at a later point
+// (after failures) at each.
+func (r *CompareReport) skippedOnce(section, router string, c int) bool {
+	for _, x := range r.Rows {
+		if x.Section == section && x.Router == router && x.Concurrency != 0 {
+			return true // it has point rows of its own
+		}
+	}
+	ps := r.points(section)
+	return len(ps) == 0 || c == ps[0]
+}
+
 func (r *CompareReport) streamTable(b *strings.Builder, section, title string) {
 	if len(r.routers(section)) == 0 {
 		return
@@ -405,7 +421,9 @@ func (r *CompareReport) streamTable(b *strings.Builder, section, title string) {
 				continue
 			}
 			if a.runs == 0 {
-				fmt.Fprintf(b, "| %d | %s | — | — | — | — | — | — | — | — | %s |\n", conc, n, a.skipped)
+				if r.skippedOnce(section, n, conc) {
+					fmt.Fprintf(b, "| %d | %s | — | — | — | — | — | — | — | — | %s |\n", conc, n, a.skipped)
+				}
 				continue
 			}
 			addedS, cpu, rss := "—", "—", "—"
