@@ -10,7 +10,7 @@
 #     (never copied into this repository), plus the Python packages they
 #     import (quart, aiohttp, msgpack, pyzmq).
 # Idempotent: every step is skipped when its result is already there; a
-# second run prints the versions and exits in about a second.
+# second run only checks and prints the versions (a few seconds).
 # Override the Python with PYTHON=..., the folder with PEERS_DIR=....
 set -euo pipefail
 
