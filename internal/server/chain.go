@@ -53,8 +53,14 @@ func RequestID(ctx context.Context) string {
 // CORS → auth → access log/metrics → body limit → mux. Keeping it one
 // function means one ResponseWriter wrapper and one context per request.
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
-	st := &reqState{start: time.Now(), route: s.classify(r)}
-	rw := &respWriter{ResponseWriter: w, s: s, st: st}
+	// The request's state and its ResponseWriter wrapper live and die
+	// together: one allocation for both.
+	pair := &struct {
+		st reqState
+		rw respWriter
+	}{st: reqState{start: time.Now(), route: s.classify(r)}}
+	st, rw := &pair.st, &pair.rw
+	*rw = respWriter{ResponseWriter: w, s: s, st: st}
 	s.active.inc()
 	defer s.active.dec()
 	defer s.recoverPanic(rw, r)
