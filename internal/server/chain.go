@@ -320,6 +320,44 @@ const bodyTimeoutLinger = 500 * time.Millisecond
 // answers with "Connection: close" and leaves a deadline (a short linger
 // after a timeout) that bounds net/http's drain, after which the
 // connection is closed.
+// readAll reads a request body to its EOF. With a known Content-Length
+// (within limit) it reads into one exactly-sized buffer: bytes.Buffer's
+// ReadFrom wants 512 spare bytes and so regrew (and copied) even a buffer
+// grown to the declared length. Reading on to EOF, not just n bytes, keeps
+// net/http's end-of-body handling (its background read starts there).
+func readAll(body io.Reader, n, limit int64) ([]byte, error) {
+	if n <= 0 || n > limit {
+		var buf bytes.Buffer
+		_, err := buf.ReadFrom(body)
+		return buf.Bytes(), err
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(body, b); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF // a Content-Length body that ended early
+		}
+		return nil, err
+	}
+	var one [1]byte
+	switch m, err := body.Read(one[:]); {
+	case m > 0:
+		return nil, errors.New("request body longer than its Content-Length")
+	case err == nil:
+		// A reader may return (0, nil): read on, bounded by ReadFrom's own
+		// loop over a tiny buffer.
+		var rest bytes.Buffer
+		if _, err := rest.ReadFrom(body); err != nil {
+			return nil, err
+		}
+		if rest.Len() > 0 {
+			return nil, errors.New("request body longer than its Content-Length")
+		}
+	case !errors.Is(err, io.EOF):
+		return nil, err
+	}
+	return b, nil
+}
+
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, true
@@ -337,11 +375,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 			}
 		}
 	}
-	var buf bytes.Buffer
-	if n := r.ContentLength; n > 0 && n <= s.o.MaxPayloadSize {
-		buf.Grow(int(n))
-	}
-	_, err := buf.ReadFrom(r.Body)
+	body, err := readAll(r.Body, r.ContentLength, s.o.MaxPayloadSize)
 	if err == nil {
 		if deadline {
 			// A deadline left on the connection would fire during a long
@@ -350,7 +384,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 			// the case it has not started).
 			_ = rc.SetReadDeadline(time.Time{})
 		}
-		return buf.Bytes(), true
+		return body, true
 	}
 	var tooBig *http.MaxBytesError
 	switch {
