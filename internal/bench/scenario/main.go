@@ -25,8 +25,9 @@ tables; with --out-dir it also writes them (Markdown, and a PNG for pd).
   ceiling   ramp concurrent streams through PD MoRI-IO WRITE until
             requests fail                                 -> ceiling.md
   compare   head to head: switchyard vs vllm-router, sglang-router, nginx
-            and vLLM's NIXL toy proxy on the same fleet (wrk and sybench;
-            peers from scripts/install-peers.sh)          -> compare.md/.png
+            and vLLM's NIXL toy proxy on the same fleets (wrk, sybench,
+            faults, ceiling; peers from scripts/install-peers.sh)
+                                                          -> compare.md/.png
 
 Run "sybench scenario NAME --help" for the flags of one scenario.
 `
@@ -333,7 +334,7 @@ func parseCeiling(args []string, o *Options, stderr io.Writer) (CeilingConfig, e
 
 func parseCompare(args []string, o *Options, stderr io.Writer) (CompareConfig, error) {
 	c := configFor(args, DefaultCompareConfig, QuickCompareConfig)
-	fs := scenarioFlags("compare", stderr, "The same fleet and load through switchyard, vllm-router, sglang-router, nginx and vLLM's NIXL toy proxy in turn (run scripts/install-peers.sh first): regular mode with wrk and sybench streams, PD NIXL with static workers.", o, 30*time.Minute, loadFlags{
+	fs := scenarioFlags("compare", stderr, "The same fleet and load through switchyard, vllm-router, sglang-router, nginx and vLLM's NIXL toy proxy in turn (run scripts/install-peers.sh first): regular mode with wrk and sybench streams, PD NIXL with static workers, PD MoRI-IO WRITE/READ with ZMQ discovery, faults on the MoRI-IO WRITE pairs, and a PD NIXL concurrency ramp. Writes compare.md and compare.png.", o, 30*time.Minute, loadFlags{
 		preset: &c.Preset, policy: &c.Policy, seed: &c.Seed, outputLen: &c.OutputLen, promptsPerC: &c.PromptsPerC,
 		workers: "every worker", policyHelp: "--policy of every router", outputHelp: "--random-output-len of the sybench points",
 		promptsHelp: "--num-prompts = max(--min-prompts, ceil(this × C))",
