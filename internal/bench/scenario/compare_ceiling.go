@@ -176,9 +176,16 @@ func (r *CompareReport) ceilingTable(b *strings.Builder) {
 				failedAt = x.Concurrency
 			}
 		}
-		if failedAt > 0 {
+		ran := false
+		for _, x := range r.Rows {
+			ran = ran || (x.Section == SectionCeiling && x.Router == n && x.Concurrency > 0)
+		}
+		switch {
+		case !ran:
+			first = append(first, n+": not run")
+		case failedAt > 0:
 			first = append(first, fmt.Sprintf("%s: C=%d", n, failedAt))
-		} else {
+		default:
 			first = append(first, n+": none")
 		}
 	}
