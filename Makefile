@@ -4,7 +4,7 @@ GO ?= go
 BIN := bin
 export CGO_ENABLED ?= 1
 
-.PHONY: all build run test test-short lint vet fmt bench bench-smoke fuzz-smoke e2e bench-pd bench-overhead bench-ceiling bench-kv bench-flow bench-warmup chaos deps clean dashboard-snapshot dashboard-json interop interop-deps
+.PHONY: all build run test test-short lint vet fmt bench bench-smoke fuzz-smoke e2e bench-pd bench-overhead bench-ceiling bench-kv bench-flow bench-warmup bench-compare chaos deps clean dashboard-snapshot dashboard-json interop interop-deps
 
 all: build
 
@@ -69,6 +69,14 @@ bench-flow:
 bench-kv:
 	$(GO) build -o $(BIN)/ ./cmd/...
 	$(BIN)/sybench scenario kv --bin-dir $(BIN) --out-dir $(BENCH_OUT) $(SCENARIO_FLAGS)
+
+# Head to head (docs/bench/compare.md/.png): switchyard vs vllm-router,
+# sglang-router, nginx and vLLM's NIXL toy proxy; ~25 min, --quick ~4 min.
+# Needs scripts/install-peers.sh first (run here when its folder is missing).
+bench-compare:
+	$(GO) build -o $(BIN)/ ./cmd/...
+	@[ -x .venv-peers/bin/vllm-router ] || ./scripts/install-peers.sh
+	$(BIN)/sybench scenario compare --bin-dir $(BIN) --out-dir $(BENCH_OUT) $(SCENARIO_FLAGS)
 
 bench-warmup:
 	./scripts/bench-warmup.sh

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"slices"
@@ -127,7 +128,7 @@ func newLogger(cfg *config.Config, stderr io.Writer) (*slog.Logger, func(), erro
 		level = slog.LevelDebug
 	case "warn", "warning":
 		level = slog.LevelWarn
-	case "error":
+	case "error", "critical":
 		level = slog.LevelError
 	default:
 		level = slog.LevelInfo
@@ -759,12 +760,24 @@ func (a *app) run(ctx context.Context) error {
 func (a *app) metricsMux() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", a.m.Handler())
+	if a.cfg.EnablePprof {
+		// Registered explicitly: the router never uses http.DefaultServeMux.
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("POST /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	mux.HandleFunc("GET /", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" {
 			http.NotFound(w, r)
 			return
 		}
 		_, _ = io.WriteString(w, "switchyard metrics: /metrics\n")
+		if a.cfg.EnablePprof {
+			_, _ = io.WriteString(w, "profiles: /debug/pprof/\n")
+		}
 	})
 	return mux
 }

@@ -44,10 +44,12 @@ const (
 )
 
 var (
-	policyNames         = []string{PolicyRandom, PolicyRoundRobin, PolicyCacheAware, PolicyPowerOfTwo, PolicyConsistentHash, PolicyRendezvousHash, PolicyKVAware}
-	kvConnectorNames    = []string{KVConnectorNIXL, KVConnectorMooncake, KVConnectorMoRIIO, KVConnectorP2PNCCL}
-	backendNames        = []string{BackendVLLM, BackendTRTLLM, BackendOpenAI, BackendAnthropic}
-	logLevelNames       = []string{"debug", "info", "warn", "error"}
+	policyNames      = []string{PolicyRandom, PolicyRoundRobin, PolicyCacheAware, PolicyPowerOfTwo, PolicyConsistentHash, PolicyRendezvousHash, PolicyKVAware}
+	kvConnectorNames = []string{KVConnectorNIXL, KVConnectorMooncake, KVConnectorMoRIIO, KVConnectorP2PNCCL}
+	backendNames     = []string{BackendVLLM, BackendTRTLLM, BackendOpenAI, BackendAnthropic}
+	// The Rust binary's levels plus the Python launcher's "warning" and
+	// "critical" (REFERENCE §1.6), so either command line starts switchyard.
+	logLevelNames       = []string{"debug", "info", "warn", "error", "warning", "critical"}
 	logFormatNames      = []string{LogFormatText, LogFormatJSON}
 	historyBackendNames = []string{"memory", "none"}
 	decodeOutputNames   = []string{DecodeOutputExact, DecodeOutputToyProxy}
@@ -171,6 +173,7 @@ type Config struct {
 	ForwardClientAuthorization bool     `json:"forward_client_authorization"`
 	ShutdownTimeoutSecs        float64  `json:"shutdown_timeout_secs"`
 	LogFormat                  string   `json:"log_format"`
+	EnablePprof                bool     `json:"enable_pprof"`             // /debug/pprof/ on the metrics listener
 	PrefillTimeoutSecs         float64  `json:"prefill_timeout_secs"`     // 0 = only the overall deadline
 	KVWaitTimeoutSecs          float64  `json:"kv_wait_timeout_secs"`     // 0 = none (default 300)
 	StreamIdleTimeoutSecs      float64  `json:"stream_idle_timeout_secs"` // 0 = none (default 300)
@@ -313,16 +316,16 @@ func Default() *Config {
 		HealthUnhealthyIntervalSecs:    0.5,
 		HealthUnhealthyMaxIntervalSecs: 1,
 		PanicRouting:                   true,
-		FlowBands:            []string{"high=10", "default=0", "low=-10"},
-		FlowDefaultBand:      "default",
-		FlowOrder:            FlowOrderArrival,
-		FlowFairnessKey:      "header",
-		FlowObjectiveHeader:  "x-gateway-inference-objective",
-		FlowFairnessHeader:   "x-gateway-inference-fairness-id",
-		FlowDeadlineHeader:   "x-envoy-expected-rq-timeout-ms",
-		FlowMaxWaiting:       5,
-		FlowMaxKVUsage:       0.8,
-		FlowPollIntervalSecs: 0.25,
+		FlowBands:                      []string{"high=10", "default=0", "low=-10"},
+		FlowDefaultBand:                "default",
+		FlowOrder:                      FlowOrderArrival,
+		FlowFairnessKey:                "header",
+		FlowObjectiveHeader:            "x-gateway-inference-objective",
+		FlowFairnessHeader:             "x-gateway-inference-fairness-id",
+		FlowDeadlineHeader:             "x-envoy-expected-rq-timeout-ms",
+		FlowMaxWaiting:                 5,
+		FlowMaxKVUsage:                 0.8,
+		FlowPollIntervalSecs:           0.25,
 	}
 }
 
@@ -563,6 +566,7 @@ func (c *Config) DiscoveryTTL() time.Duration { return secondsF(c.DiscoveryTTLSe
 
 // HistoryTTL is --history-ttl-secs.
 func (c *Config) HistoryTTL() time.Duration { return secondsF(c.HistoryTTLSecs) }
+
 // FlowPollInterval is --flow-poll-interval-secs.
 func (c *Config) FlowPollInterval() time.Duration { return secondsF(c.FlowPollIntervalSecs) }
 

@@ -210,6 +210,7 @@ var flagCases = []struct {
 	{"forward-client-authorization", "false", func(c *Config) any { return c.ForwardClientAuthorization }, false},
 	{"shutdown-timeout-secs", "1.5", func(c *Config) any { return c.ShutdownTimeoutSecs }, 1.5},
 	{"log-format", "json", func(c *Config) any { return c.LogFormat }, "json"},
+	{"enable-pprof", "", func(c *Config) any { return c.EnablePprof }, true},
 	{"prefill-timeout-secs", "2", func(c *Config) any { return c.PrefillTimeoutSecs }, 2.0},
 	{"kv-wait-timeout-secs", "3", func(c *Config) any { return c.KVWaitTimeoutSecs }, 3.0},
 	{"stream-idle-timeout-secs", "0.2", func(c *Config) any { return c.StreamIdleTimeoutSecs }, 0.2},
@@ -318,6 +319,15 @@ func TestAliasRuntime(t *testing.T) {
 	}
 	if !c.IsSet("backend") || !c.IsSet("--runtime") {
 		t.Errorf("explicit = %v, want backend", c.Explicit())
+	}
+}
+
+// The Python launcher's log levels start switchyard too (drop-in).
+func TestLauncherLogLevels(t *testing.T) {
+	for _, lvl := range []string{"debug", "info", "warn", "warning", "error", "critical"} {
+		if c := parse(t, "--log-level", lvl); c.LogLevel != lvl {
+			t.Errorf("--log-level %s: LogLevel = %q", lvl, c.LogLevel)
+		}
 	}
 }
 
@@ -456,7 +466,7 @@ func TestUsageErrors(t *testing.T) {
 		{"bad policy", []string{"--policy", "sticky"}, "invalid value for --policy: sticky - Must be one of: random, round_robin, cache_aware, power_of_two, consistent_hash, rendezvous_hash, kv_aware"},
 		{"bad alias value", []string{"--runtime", "tgi"}, "invalid value for --runtime: tgi - Must be one of: vllm, trtllm, openai, anthropic"},
 		{"bad kv connector", []string{"--kv-connector", "lmcache"}, "invalid value for --kv-connector: lmcache - Must be one of: nixl, mooncake, moriio, p2pnccl"},
-		{"bad log level", []string{"--log-level", "warning"}, "invalid value for --log-level: warning - Must be one of: debug, info, warn, error"},
+		{"bad log level", []string{"--log-level", "verbose"}, "invalid value for --log-level: verbose - Must be one of: debug, info, warn, error, warning, critical"},
 		{"bad log format", []string{"--log-format", "xml"}, "invalid value for --log-format: xml - Must be one of: text, json"},
 		{"bad history backend", []string{"--history-backend", "redis"}, "invalid value for --history-backend: redis - Must be one of: memory, none"},
 		{"bad decode output length", []string{"--decode-output-length", "max"}, "invalid value for --decode-output-length: max - Must be one of: exact, toy-proxy"},

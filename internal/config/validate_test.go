@@ -190,7 +190,7 @@ func TestValidate(t *testing.T) {
 			c.Backend, c.LogLevel, c.HistoryBackend, c.KVConnector, c.LogFormat, c.DecodeOutputLength = "x", "trace", "", "lmcache", "yaml", "max"
 		}, want: []string{
 			"invalid value for --backend: x - Must be one of: vllm, trtllm, openai, anthropic",
-			"invalid value for --log-level: trace - Must be one of: debug, info, warn, error",
+			"invalid value for --log-level: trace - Must be one of: debug, info, warn, error, warning, critical",
 			`invalid value for --history-backend: "" - Must be one of: memory, none`,
 			"invalid value for --kv-connector: lmcache - Must be one of: nixl, mooncake, moriio, p2pnccl",
 			"invalid value for --log-format: yaml - Must be one of: text, json",

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/openai"
 	"github.com/switchyard-llm/switchyard/internal/policy"
@@ -72,6 +74,10 @@ type Regular struct {
 	log    *slog.Logger
 	m      *metrics.Metrics
 	role   string
+	// Hot-path metric children with fixed labels, looked up once.
+	inflightRole            prometheus.Gauge
+	tokPrompt, tokCompleted prometheus.Counter
+	ttft                    sync.Map // route -> prometheus.Observer (mode "regular")
 }
 
 var _ Dispatcher = (*Regular)(nil)
@@ -94,7 +100,23 @@ func NewRegular(o RegularOptions) *Regular {
 		p.auth = []string{"Bearer " + o.APIKey}
 	}
 	p.budget = newRetryBudget(o.Retry, nil)
+	if p.m != nil {
+		p.inflightRole = p.m.WorkerInFlight.WithLabelValues(p.role)
+		p.tokPrompt = p.m.TokensTotal.WithLabelValues("prompt")
+		p.tokCompleted = p.m.TokensTotal.WithLabelValues("completion")
+	}
 	return p
+}
+
+// ttftFor is the TTFT histogram of route (looked up once per route; the
+// routes are the server's fixed set).
+func (p *Regular) ttftFor(route string) prometheus.Observer {
+	if o, ok := p.ttft.Load(route); ok {
+		return o.(prometheus.Observer)
+	}
+	o := p.m.TTFT.WithLabelValues(route, "regular")
+	p.ttft.Store(route, o)
+	return o
 }
 
 // reqSpec is what an attempt sends upstream.
@@ -350,20 +372,19 @@ func (p *Regular) serve(parent context.Context, w http.ResponseWriter, rs *reqSp
 			continue
 		}
 		rec.Worker, rec.Reason, rec.Attempts = wk.Key(), choice.Reason, attempt
-		outcome := p.outcomeFunc(wk, done)
-		release := p.acquire(wk)
+		slot := p.startSlot(wk, done)
 
 		resp, actx, acancel, err := p.roundTrip(ctx, wk, rs, attempt)
 		if err != nil {
 			acancel()
-			release()
+			slot.release()
 			if ctx.Err() != nil { // client gone or request deadline
 				err = ctx.Err()
-				outcome(!errors.Is(err, context.DeadlineExceeded))
+				slot.outcome(!errors.Is(err, context.DeadlineExceeded))
 				p.fail(w, rs, rec, err)
 				return
 			}
-			outcome(false)
+			slot.outcome(false)
 			if IsDialError(err) {
 				p.markDown(wk, err)
 			}
@@ -390,8 +411,8 @@ func (p *Regular) serve(parent context.Context, w http.ResponseWriter, rs *reqSp
 			if next, delay, ok := p.nextAttempt(ctx, rs, wk, attempt); ok {
 				f := p.drain(resp)
 				acancel()
-				outcome(resp.StatusCode < 500)
-				release()
+				slot.outcome(resp.StatusCode < 500)
+				slot.release()
 				rec.Failovers = append(rec.Failovers, wk.Key())
 				last = f
 				if err := p.sleep(ctx, rs, attempt, delay); err != nil {
@@ -402,7 +423,7 @@ func (p *Regular) serve(parent context.Context, w http.ResponseWriter, rs *reqSp
 				continue
 			}
 		}
-		p.relay(actx, w, rs, wk, resp, outcome, release)
+		p.relay(actx, w, rs, wk, resp, slot)
 		acancel()
 		return
 	}
@@ -562,38 +583,50 @@ func (p *Regular) fail(w http.ResponseWriter, rs *reqSpec, rec *Receipt, err err
 	openai.WriteError(w, status, messageFor(err))
 }
 
-// acquire counts the request in flight on w until release.
-func (p *Regular) acquire(w *worker.Worker) func() {
-	rel := w.Acquire()
-	if p.m == nil {
-		return rel
+// attemptSlot is one attempt's bookkeeping: the worker's in-flight count
+// and gauges (until release) and the breaker outcome with its metric. One
+// allocation per attempt instead of a closure (and a sync.Once) for each.
+type attemptSlot struct {
+	p       *Regular
+	w       *worker.Worker
+	done    func(bool) // the breaker's
+	rel     func()     // the worker's in-flight count
+	running prometheus.Gauge
+	off     atomic.Bool // released
+}
+
+// startSlot counts the request in flight on w until release.
+func (p *Regular) startSlot(w *worker.Worker, done func(bool)) *attemptSlot {
+	s := &attemptSlot{p: p, w: w, done: done, rel: w.Acquire()}
+	if p.m != nil {
+		s.running = p.m.RunningRequests.WithLabelValues(w.Key())
+		s.running.Inc()
+		p.inflightRole.Inc()
 	}
-	g := p.m.RunningRequests.WithLabelValues(w.Key())
-	r := p.m.WorkerInFlight.WithLabelValues(p.role)
-	g.Inc()
-	r.Inc()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			rel()
-			g.Dec()
-			r.Dec()
-		})
+	return s
+}
+
+// release ends the in-flight accounting; later calls do nothing.
+func (s *attemptSlot) release() {
+	if !s.off.CompareAndSwap(false, true) {
+		return
+	}
+	s.rel()
+	if s.running != nil {
+		s.running.Dec()
+		s.p.inflightRole.Dec()
 	}
 }
 
-// outcomeFunc wraps the breaker's done with the outcome metric.
-func (p *Regular) outcomeFunc(w *worker.Worker, done func(bool)) func(bool) {
-	if p.m == nil {
-		return done
-	}
-	return func(ok bool) {
-		done(ok)
+// outcome reports the attempt's result to the breaker and the metrics.
+func (s *attemptSlot) outcome(ok bool) {
+	s.done(ok)
+	if m := s.p.m; m != nil {
 		o := "failure"
 		if ok {
 			o = "success"
 		}
-		p.m.CBOutcomes.WithLabelValues(w.Key(), o).Inc()
+		m.CBOutcomes.WithLabelValues(s.w.Key(), o).Inc()
 	}
 }
 
@@ -608,8 +641,8 @@ func isSSE(h http.Header) bool {
 var tailPool = sync.Pool{New: func() any { return new(usageTail) }}
 
 // relay writes the chosen response to the client and records its outcome.
-func (p *Regular) relay(ctx context.Context, w http.ResponseWriter, rs *reqSpec, wk *worker.Worker, resp *http.Response, outcome func(bool), release func()) {
-	defer release()
+func (p *Regular) relay(ctx context.Context, w http.ResponseWriter, rs *reqSpec, wk *worker.Worker, resp *http.Response, slot *attemptSlot) {
+	defer slot.release()
 	defer resp.Body.Close()
 	h := w.Header()
 	CopyResponseHeaders(h, resp.Header)
@@ -638,7 +671,7 @@ func (p *Regular) relay(ctx context.Context, w http.ResponseWriter, rs *reqSpec,
 		ro.IdleTimeout = p.o.StreamIdleTimeout
 	}
 	if streaming && rs.gen && p.m != nil {
-		ttft := p.m.TTFT.WithLabelValues(rs.route, "regular")
+		ttft := p.ttftFor(rs.route)
 		start := rs.start
 		ro.OnFirstByte = func() { ttft.Observe(time.Since(start).Seconds()) }
 	}
@@ -646,21 +679,21 @@ func (p *Regular) relay(ctx context.Context, w http.ResponseWriter, rs *reqSpec,
 
 	switch {
 	case res.UpstreamErr == nil:
-		outcome(resp.StatusCode < 500)
+		slot.outcome(resp.StatusCode < 500)
 		if tail != nil && resp.StatusCode < 300 {
 			if pt, ct, ok := parseUsage(tail.bytes()); ok {
-				p.m.TokensTotal.WithLabelValues("prompt").Add(float64(pt))
-				p.m.TokensTotal.WithLabelValues("completion").Add(float64(ct))
+				p.tokPrompt.Add(float64(pt))
+				p.tokCompleted.Add(float64(ct))
 			}
 		}
 	case !res.DownstreamOK: // the client went away: says nothing about the worker
-		outcome(true)
+		slot.outcome(true)
 		if p.m != nil {
 			p.m.RequestErrors.WithLabelValues(rs.route, "client_canceled").Inc()
 		}
 		p.log.Debug("client closed request mid-response", "route", rs.route, "worker", wk.Key(), "bytes", res.Bytes)
 	default: // the upstream broke after the headers were sent
-		outcome(false)
+		slot.outcome(false)
 		err := res.UpstreamErr
 		if p.m != nil {
 			p.m.RequestErrors.WithLabelValues(rs.route, "stream_broken").Inc()

@@ -746,6 +746,12 @@ func TestUsageTokensCounted(t *testing.T) {
 	if g := counterValue(t, f.m.RunningRequests.WithLabelValues(wk.srv.URL)); g != 0 {
 		t.Errorf("running requests gauge %v after completion", g)
 	}
+	if g := counterValue(t, f.m.WorkerInFlight.WithLabelValues("regular")); g != 0 {
+		t.Errorf("role in-flight gauge %v after completion", g)
+	}
+	if n := eventuallyCounter(t, f.m.CBOutcomes.WithLabelValues(wk.srv.URL, "success"), 2); n != 2 {
+		t.Errorf("breaker success outcomes %v, want 2", n)
+	}
 	if w := f.reg.Get(wk.srv.URL); w.Load() != 0 || w.TotalRequests() != 2 {
 		t.Errorf("worker load %d total %d", w.Load(), w.TotalRequests())
 	}
@@ -772,6 +778,12 @@ func TestInFlightHeldUntilStreamEnds(t *testing.T) {
 	w := f.reg.Get(wk.srv.URL)
 	if w.Load() != 1 {
 		t.Errorf("load %d while streaming", w.Load())
+	}
+	if g := counterValue(t, f.m.WorkerInFlight.WithLabelValues("regular")); g != 1 {
+		t.Errorf("role in-flight gauge %v while streaming, want 1", g)
+	}
+	if g := counterValue(t, f.m.RunningRequests.WithLabelValues(wk.srv.URL)); g != 1 {
+		t.Errorf("running requests gauge %v while streaming, want 1", g)
 	}
 	close(release)
 	io.Copy(io.Discard, br)

@@ -31,3 +31,22 @@ func BenchmarkPrefillRewrite(b *testing.B) {
 }
 
 func byteSize(n int) string { return strconv.Itoa(n>>10) + "KiB" }
+
+// BenchmarkParse is the server's validation of every generation body: a
+// 1-token completion (wrk's request) and a typical chat request.
+func BenchmarkParse(b *testing.B) {
+	for _, tc := range []struct{ name, body string }{
+		{"completion", `{"model":"sim-model","prompt":"hello","max_tokens":1}`},
+		{"chat", `{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Write a haiku about routers."}],"max_tokens":100,"temperature":0.7,"top_p":0.9,"stream":true,"stream_options":{"include_usage":true},"seed":7}`},
+	} {
+		body := []byte(tc.body)
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Parse(body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

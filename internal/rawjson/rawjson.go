@@ -35,7 +35,13 @@ type Object struct {
 	open    int // offset of '{'
 	close   int // offset of the final '}'
 	members []Member
+	// small backs members for the usual request (a dozen keys or fewer),
+	// so parsing one allocates the Object and nothing else for them.
+	small [smallMembers]Member
 }
+
+// smallMembers is how many members fit without a separate allocation.
+const smallMembers = 12
 
 // Parse scans the top level of a JSON object. It validates the whole
 // document, so a nil error means src is valid JSON.
@@ -49,6 +55,7 @@ func Parse(src []byte) (*Object, error) {
 		return nil, ErrNotObject
 	}
 	o := &Object{src: src, open: s.i}
+	o.members = o.small[:0]
 	s.i++
 	for {
 		s.ws()
@@ -79,6 +86,9 @@ func Parse(src []byte) (*Object, error) {
 // are converted directly.
 func decodeKey(q []byte) (string, error) {
 	raw := q[1 : len(q)-1]
+	if k, ok := commonKey(raw); ok {
+		return k, nil
+	}
 	if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
 		return string(raw), nil
 	}
@@ -87,6 +97,49 @@ func decodeKey(q []byte) (string, error) {
 		return "", fmt.Errorf("invalid key: %w", err)
 	}
 	return key, nil
+}
+
+// commonKey returns the OpenAI request keys as constants: a switch on
+// string(raw) compiles to comparisons without converting (allocating) the
+// key, so the keys of nearly every request cost nothing.
+func commonKey(raw []byte) (string, bool) {
+	switch string(raw) {
+	case "model":
+		return "model", true
+	case "prompt":
+		return "prompt", true
+	case "messages":
+		return "messages", true
+	case "stream":
+		return "stream", true
+	case "stream_options":
+		return "stream_options", true
+	case "max_tokens":
+		return "max_tokens", true
+	case "max_completion_tokens":
+		return "max_completion_tokens", true
+	case "temperature":
+		return "temperature", true
+	case "top_p":
+		return "top_p", true
+	case "top_k":
+		return "top_k", true
+	case "n":
+		return "n", true
+	case "stop":
+		return "stop", true
+	case "seed":
+		return "seed", true
+	case "user":
+		return "user", true
+	case "ignore_eos":
+		return "ignore_eos", true
+	case "kv_transfer_params":
+		return "kv_transfer_params", true
+	case "input":
+		return "input", true
+	}
+	return "", false
 }
 
 func syntaxError(src []byte) error {
@@ -103,7 +156,7 @@ func syntaxError(src []byte) error {
 }
 
 // Members returns the top-level members in source order.
-func (o *Object) Members() []Member { return o.members }
+func (o *Object) Members() []Member { return o.members[:len(o.members):len(o.members)] }
 
 // Source returns the bytes the object was parsed from.
 func (o *Object) Source() []byte { return o.src }

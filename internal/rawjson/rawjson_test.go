@@ -2,6 +2,8 @@ package rawjson
 
 import (
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 	"unicode/utf8"
 )
@@ -107,4 +109,38 @@ func FuzzPatch(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Objects with more members than fit inline, and the interned keys, parse
+// to the same members as any other.
+func TestParseManyMembersAndCommonKeys(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"model":"m","prompt":"p","stream":true,"top_k":3`)
+	for i := range 20 {
+		fmt.Fprintf(&b, `,"k%d":%d`, i, i)
+	}
+	b.WriteString(`,"modelx":1,"mode":2}`)
+	o, err := Parse([]byte(b.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := o.Members()
+	if len(ms) != 26 || ms[0].Key != "model" || ms[3].Key != "top_k" || ms[4].Key != "k0" || ms[23].Key != "k19" || ms[24].Key != "modelx" || ms[25].Key != "mode" {
+		t.Fatalf("members %d: %+v", len(ms), ms)
+	}
+	if v := o.Get("k19"); string(v) != "19" {
+		t.Fatalf("k19 = %q", v)
+	}
+	if got, ok := commonKey([]byte("stream_options")); !ok || got != "stream_options" {
+		t.Fatalf("commonKey(stream_options) = %q, %v", got, ok)
+	}
+	if _, ok := commonKey([]byte("streams")); ok {
+		t.Fatal("commonKey matched a key it does not list")
+	}
+	// Appending to Members() must not write into the object.
+	small, _ := Parse([]byte(`{"a":1,"b":2}`))
+	_ = append(small.Members(), Member{Key: "x"})
+	if n := len(small.Members()); n != 2 || small.small[2].Key != "" {
+		t.Fatalf("append to Members() wrote into the object's inline members (%d members, slot 2 %q)", n, small.small[2].Key)
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchyard-llm/switchyard/internal/metrics"
@@ -52,8 +53,14 @@ func RequestID(ctx context.Context) string {
 // CORS → auth → access log/metrics → body limit → mux. Keeping it one
 // function means one ResponseWriter wrapper and one context per request.
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
-	st := &reqState{start: time.Now(), route: s.classify(r)}
-	rw := &respWriter{ResponseWriter: w, s: s, st: st}
+	// The request's state and its ResponseWriter wrapper live and die
+	// together: one allocation for both.
+	pair := &struct {
+		st reqState
+		rw respWriter
+	}{st: reqState{start: time.Now(), route: s.classify(r)}}
+	st, rw := &pair.st, &pair.rw
+	*rw = respWriter{ResponseWriter: w, s: s, st: st}
 	s.active.inc()
 	defer s.active.dec()
 	defer s.recoverPanic(rw, r)
@@ -76,9 +83,8 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	r = r.WithContext(ctx)
 
 	// auth and everything after it are logged and measured
-	mode := s.o.Mode
-	s.m.RequestsTotal.WithLabelValues(st.route.label).Inc()
-	s.m.InFlight.WithLabelValues(mode).Inc()
+	s.requestsTotalFor(st.route.label).Inc()
+	s.inFlight.Inc()
 	defer func(r *http.Request) {
 		v := recover()
 		defer s.finish(rw, r) // also when onPanic re-panics to abort the connection
@@ -133,8 +139,7 @@ func (s *Server) onPanic(rw *respWriter, r *http.Request, v any) {
 // runs when the handler returns, i.e. after the last body byte.
 func (s *Server) finish(rw *respWriter, r *http.Request) {
 	st := rw.st
-	mode := s.o.Mode
-	s.m.InFlight.WithLabelValues(mode).Dec()
+	s.inFlight.Dec()
 	status := rw.status
 	switch {
 	case !rw.wroteHeader && st.logOnly != 0:
@@ -143,9 +148,9 @@ func (s *Server) finish(rw *respWriter, r *http.Request) {
 		status = http.StatusOK // net/http sends 200 for an empty handler
 	}
 	dur := time.Since(st.start)
-	code := metrics.Status(status)
-	s.m.HTTPRequests.WithLabelValues(st.route.label, methodLabel(r.Method), code, mode).Inc()
-	s.m.RequestDuration.WithLabelValues(st.route.label, code, mode).Observe(dur.Seconds())
+	rm := s.reqMetricsFor(st.route.label, methodLabel(r.Method), status)
+	rm.requests.Inc()
+	rm.duration.Observe(dur.Seconds())
 	if st.errType != "" {
 		s.m.RequestErrors.WithLabelValues(st.route.label, st.errType).Inc()
 	}
@@ -234,6 +239,45 @@ func (s *Server) logReceipt(ctx context.Context, st *reqState, status int) {
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // methodLabel bounds the method label to the standard methods.
+// requestsTotalFor is RequestsTotal's child for a route label.
+func (s *Server) requestsTotalFor(route string) prometheus.Counter {
+	if c, ok := s.requestsTotal.Load(route); ok {
+		return c.(prometheus.Counter)
+	}
+	c := s.m.RequestsTotal.WithLabelValues(route)
+	s.requestsTotal.Store(route, c)
+	return c
+}
+
+// reqMetricsKey is one (route, method, status) of finished requests: a
+// bounded set (fixed routes, methodLabel's ten methods, HTTP status codes).
+type reqMetricsKey struct {
+	route, method string
+	status        int
+}
+
+// reqMetrics are HTTPRequests' and RequestDuration's children of one key.
+type reqMetrics struct {
+	requests prometheus.Counter
+	duration prometheus.Observer
+}
+
+// reqMetricsFor returns the end-of-request metrics of a key, resolving the
+// labels (and formatting the status code) only the first time.
+func (s *Server) reqMetricsFor(route, method string, status int) reqMetrics {
+	k := reqMetricsKey{route, method, status}
+	if v, ok := s.reqMetrics.Load(k); ok {
+		return v.(reqMetrics)
+	}
+	code, mode := metrics.Status(status), s.o.Mode
+	v := reqMetrics{
+		requests: s.m.HTTPRequests.WithLabelValues(route, method, code, mode),
+		duration: s.m.RequestDuration.WithLabelValues(route, code, mode),
+	}
+	s.reqMetrics.Store(k, v)
+	return v
+}
+
 func methodLabel(m string) string {
 	switch m {
 	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
@@ -276,6 +320,44 @@ const bodyTimeoutLinger = 500 * time.Millisecond
 // answers with "Connection: close" and leaves a deadline (a short linger
 // after a timeout) that bounds net/http's drain, after which the
 // connection is closed.
+// readAll reads a request body to its EOF. With a known Content-Length
+// (within limit) it reads into one exactly-sized buffer: bytes.Buffer's
+// ReadFrom wants 512 spare bytes and so regrew (and copied) even a buffer
+// grown to the declared length. Reading on to EOF, not just n bytes, keeps
+// net/http's end-of-body handling (its background read starts there).
+func readAll(body io.Reader, n, limit int64) ([]byte, error) {
+	if n <= 0 || n > limit {
+		var buf bytes.Buffer
+		_, err := buf.ReadFrom(body)
+		return buf.Bytes(), err
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(body, b); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF // a Content-Length body that ended early
+		}
+		return nil, err
+	}
+	var one [1]byte
+	switch m, err := body.Read(one[:]); {
+	case m > 0:
+		return nil, errors.New("request body longer than its Content-Length")
+	case err == nil:
+		// A reader may return (0, nil): read on, bounded by ReadFrom's own
+		// loop over a tiny buffer.
+		var rest bytes.Buffer
+		if _, err := rest.ReadFrom(body); err != nil {
+			return nil, err
+		}
+		if rest.Len() > 0 {
+			return nil, errors.New("request body longer than its Content-Length")
+		}
+	case !errors.Is(err, io.EOF):
+		return nil, err
+	}
+	return b, nil
+}
+
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, true
@@ -293,11 +375,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 			}
 		}
 	}
-	var buf bytes.Buffer
-	if n := r.ContentLength; n > 0 && n <= s.o.MaxPayloadSize {
-		buf.Grow(int(n))
-	}
-	_, err := buf.ReadFrom(r.Body)
+	body, err := readAll(r.Body, r.ContentLength, s.o.MaxPayloadSize)
 	if err == nil {
 		if deadline {
 			// A deadline left on the connection would fire during a long
@@ -306,7 +384,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 			// the case it has not started).
 			_ = rc.SetReadDeadline(time.Time{})
 		}
-		return buf.Bytes(), true
+		return body, true
 	}
 	var tooBig *http.MaxBytesError
 	switch {

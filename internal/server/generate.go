@@ -52,7 +52,13 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
 	}
 
 	stream, _ := obj.Bool("stream")
-	c := &proxy.Call{
+	// The Call and its Receipt in one allocation (same lifetime).
+	box := &struct {
+		c   proxy.Call
+		rec proxy.Receipt
+	}{rec: proxy.Receipt{Mode: s.o.Mode}}
+	c := &box.c
+	*c = proxy.Call{
 		Route:     route,
 		Path:      r.URL.Path,
 		Body:      body,
@@ -60,7 +66,7 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
 		Stream:    stream,
 		RequestID: st.id,
 		Start:     st.start,
-		Receipt:   &proxy.Receipt{Mode: s.o.Mode},
+		Receipt:   &box.rec,
 	}
 	st.call = c
 	r = r.WithContext(proxy.WithCall(r.Context(), c))

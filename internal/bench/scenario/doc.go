@@ -4,8 +4,11 @@
 // for the router's /readiness), runs internal/bench in-process against
 // them, and writes Markdown (and PNG) results.
 //
-// Exposed as "sybench scenario pd|overhead|ceiling|kv|flow" and the Makefile's
-// bench-pd, bench-overhead, bench-ceiling, bench-kv and bench-flow targets.
+// Exposed as "sybench scenario pd|overhead|ceiling|kv|flow|compare" and the
+// Makefile's bench-pd, bench-overhead, bench-ceiling, bench-kv, bench-flow
+// and bench-compare targets. compare also starts the peer routers
+// scripts/install-peers.sh installs (vllm-router, sglang-router, nginx,
+// vLLM's NIXL toy proxy) and drives wrk as a child process.
 //
 // Invariants:
 //   - Every child runs in its own process group with Pdeathsig=SIGKILL and

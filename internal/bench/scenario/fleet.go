@@ -93,7 +93,8 @@ func (g *group) startSim(ctx context.Context, name string, args ...string) (*sim
 // router is a started switchyard.
 type router struct {
 	*proc
-	base string // http://127.0.0.1:PORT
+	base      string // http://127.0.0.1:PORT
+	discovery string // the ZMQ registration address, if any (compare)
 }
 
 // freePort returns a port that was free a moment ago on 127.0.0.1.

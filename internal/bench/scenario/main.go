@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-const usage = `Usage: sybench scenario pd|overhead|ceiling|kv|flow [flags]
+const usage = `Usage: sybench scenario pd|overhead|ceiling|kv|flow|compare [flags]
 
 Starts the router (switchyard) and simulated workers (vllm-sim) from --bin-dir
 as child processes on free loopback ports, runs the benchmark in-process
@@ -29,6 +29,10 @@ tables; with --out-dir it also writes them (Markdown, and a PNG for pd).
             caches and KV events: hit rate, TTFT          -> kv.md
   flow      2× capacity open loop with and without --flow-control: a high
             band, then two tenants at 10:1                -> flow.md
+  compare   head to head: switchyard vs vllm-router, sglang-router, nginx
+            and vLLM's NIXL toy proxy on the same fleets (wrk, sybench,
+            faults, ceiling; peers from scripts/install-peers.sh)
+                                                          -> compare.md/.png
 
 Run "sybench scenario NAME --help" for the flags of one scenario.
 `
@@ -83,9 +87,16 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		_, err = RunKV(ctx, o, c)
 		return err
+	case "compare":
+		c, err := parseCompare(rest, &o, stderr)
+		if err != nil {
+			return helpOK(err)
+		}
+		_, err = RunCompare(ctx, o, c)
+		return err
 	}
 	fmt.Fprint(stderr, usage)
-	return fmt.Errorf("scenario: unknown scenario %q (want pd, overhead, ceiling, kv or flow)", name)
+	return fmt.Errorf("scenario: unknown scenario %q (want pd, overhead, ceiling, kv, flow or compare)", name)
 }
 
 func helpOK(err error) error {
@@ -372,6 +383,62 @@ func parseKV(args []string, o *Options, stderr io.Writer) (KVConfig, error) {
 		return c, errors.New("kv: --turns must be >= 1")
 	case c.NumBlocks*c.BlockSize < c.PrefixLen+c.Turns*(c.QuestionLen+c.OutputLen):
 		return c, fmt.Errorf("kv: --num-blocks %d cannot hold one request of %d tokens", c.NumBlocks, c.PrefixLen+c.Turns*(c.QuestionLen+c.OutputLen))
+	}
+	return c, nil
+}
+
+func parseCompare(args []string, o *Options, stderr io.Writer) (CompareConfig, error) {
+	c := configFor(args, DefaultCompareConfig, QuickCompareConfig)
+	fs := scenarioFlags("compare", stderr, "The same fleet and load through switchyard, vllm-router, sglang-router, nginx and vLLM's NIXL toy proxy in turn (run scripts/install-peers.sh first): regular mode with wrk and sybench streams, PD NIXL with static workers, PD MoRI-IO WRITE/READ with ZMQ discovery, faults on the MoRI-IO WRITE pairs, and a PD NIXL concurrency ramp. Writes compare.md and compare.png.", o, 30*time.Minute, loadFlags{
+		preset: &c.Preset, policy: &c.Policy, seed: &c.Seed, outputLen: &c.OutputLen, promptsPerC: &c.PromptsPerC,
+		workers: "every worker", policyHelp: "--policy of every router", outputHelp: "--random-output-len of the sybench points",
+		promptsHelp: "--num-prompts = max(--min-prompts, ceil(this × C))",
+	})
+	fs.StringVar(&c.PeersDir, "peers-dir", c.PeersDir, "scripts/install-peers.sh's folder (vllm-router, sglang-router, vLLM's sdist)")
+	wrk, sc, pc := intList(c.WrkConns), intList(c.StreamConcurrency), intList(c.PDConcurrency)
+	fs.Var(&wrk, "wrk-connections", "wrk connection counts (regular mode)")
+	fs.DurationVar(&c.WrkDuration, "wrk-duration", c.WrkDuration, "length of one wrk run (whole seconds)")
+	fs.Var(&sc, "concurrency", "sybench stream concurrencies (regular mode)")
+	fs.Var(&pc, "pd-concurrency", "sybench concurrencies (PD NIXL)")
+	cc := intList(c.CeilingConcurrency)
+	fs.Var(&cc, "ceiling-concurrency", "PD NIXL concurrency ramp, per router until a request fails")
+	noCeiling := fs.Bool("no-ceiling", false, "skip the concurrency ramp")
+	mm, mc := strList(c.MoRIModes), intList(c.MoRIConcurrency)
+	fs.Var(&mm, "moriio-modes", "MoRI-IO transfer modes of the ZMQ-discovery section")
+	fs.Var(&mc, "moriio-concurrency", "sybench concurrencies of the MoRI-IO section")
+	fs.StringVar(&c.MoRIPolicy, "moriio-policy", c.MoRIPolicy, "--policy of the MoRI-IO section (the published setup's)")
+	noMoRI := fs.Bool("no-moriio", false, "skip the MoRI-IO section")
+	fs.BoolVar(&c.Faults, "faults", c.Faults, "inject faults into the MoRI-IO WRITE pairs after their measurements (needs WRITE in --moriio-modes)")
+	fs.IntVar(&c.Input, "input-len", c.Input, "--random-input-len")
+	fs.IntVar(&c.MinPrompts, "min-prompts", c.MinPrompts, "lower bound of --num-prompts")
+	fs.IntVar(&c.Repeats, "repeats", c.Repeats, "interleaved repetitions of every point")
+	fs.DurationVar(&c.PointTimeout, "point-max-duration", c.PointTimeout, "bound on one sybench run")
+	only := strList(c.Only)
+	fs.Var(&only, "routers", "only these routers (direct always runs): switchyard,vllm-router,sglang-router,nginx,nixl-toy-proxy")
+	if err := finishParse(fs, args); err != nil {
+		return c, err
+	}
+	c.WrkConns, c.StreamConcurrency, c.PDConcurrency, c.Only, c.CeilingConcurrency = wrk, sc, pc, only, cc
+	if *noCeiling {
+		c.CeilingConcurrency = nil
+	}
+	c.MoRIModes, c.MoRIConcurrency = nil, mc
+	if !*noMoRI {
+		for _, m := range mm {
+			m, err := transferMode(m, "--moriio-modes value")
+			if err != nil {
+				return c, err
+			}
+			c.MoRIModes = append(c.MoRIModes, m)
+		}
+	}
+	if c.WrkDuration < time.Second || c.Repeats < 1 || c.OutputLen <= 0 || c.PromptsPerC <= 0 {
+		return c, errors.New("--wrk-duration must be at least 1s; --repeats, --output-len and --prompts-per-concurrency must be positive")
+	}
+	for _, r := range c.Only {
+		if !contains([]string{PeerSwitchyard, PeerVLLMRouter, PeerSGLangRouter, PeerNginx, PeerNIXLToyProxy}, r) {
+			return c, fmt.Errorf("--routers: unknown router %q", r)
+		}
 	}
 	return c, nil
 }

@@ -153,8 +153,14 @@ func (g *group) start(name, bin string, args ...string) (*proc, error) {
 	g.seq++
 	seq := g.seq
 	g.mu.Unlock()
-	path := filepath.Join(g.binDir, bin)
+	path := bin // an absolute path runs as is (peer routers, nginx)
+	if !filepath.IsAbs(bin) {
+		path = filepath.Join(g.binDir, bin)
+	}
 	if _, err := os.Stat(path); err != nil {
+		if filepath.IsAbs(bin) {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
 		return nil, fmt.Errorf("%s: %w (build it with: go build -o %s/ ./cmd/...)", path, err, g.binDir)
 	}
 	logPath := filepath.Join(g.logDir, fmt.Sprintf("%02d-%s.log", seq, name))

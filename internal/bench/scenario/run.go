@@ -18,6 +18,7 @@ type scenarioReport interface {
 func (r *PDReport) head() (*time.Duration, *[]string)       { return &r.Elapsed, &r.Notes }
 func (r *OverheadReport) head() (*time.Duration, *[]string) { return &r.Elapsed, &r.Notes }
 func (r *CeilingReport) head() (*time.Duration, *[]string)  { return &r.Elapsed, &r.Notes }
+func (r *CompareReport) head() (*time.Duration, *[]string)  { return &r.Elapsed, &r.Notes }
 
 // scenarioFile is one output written under --out-dir.
 type scenarioFile[R any] struct {

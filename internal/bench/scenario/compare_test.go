@@ -1,0 +1,215 @@
+package scenario
+
+import (
+	"bytes"
+	"context"
+	"image/png"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const wrkSample = `Running 3s test @ http://127.0.0.1:4000/v1/completions
+  2 threads and 64 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency     4.62ms    2.10ms  41.07ms   85.50%
+    Req/Sec     6.80k   512.33     7.90k    70.00%
+  Latency Distribution
+     50%    4.31ms
+     75%    5.20ms
+     90%    6.90ms
+     99%   13.90ms
+  40518 requests in 3.00s, 12.40MB read
+  Non-2xx or 3xx responses: 7
+  Socket errors: connect 1, read 2, write 0, timeout 3
+Requests/sec:  13506.12
+Transfer/sec:      4.13MB
+`
+
+func TestParseWrk(t *testing.T) {
+	r, err := parseWrk([]byte(wrkSample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := wrkResult{Requests: 40518, ReqPerS: 13506.12, P50: 4.31, P99: 13.90, Non2xx: 7, SocketErrors: 6}
+	if r != want {
+		t.Fatalf("parseWrk = %+v, want %+v", r, want)
+	}
+	if _, err := parseWrk([]byte("unable to connect to 127.0.0.1:1 Connection refused\n")); err == nil {
+		t.Fatal("parseWrk accepted output without figures")
+	}
+}
+
+func TestParseWrkDuration(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want float64
+		ok   bool
+	}{
+		{"850.00us", 0.85, true}, {"1.23ms", 1.23, true}, {"1.50s", 1500, true}, {"2.00m", 120000, true},
+		{"ms", 0, false}, {"12", 0, false},
+	} {
+		got, err := parseWrkDuration(tc.in)
+		if (err == nil) != tc.ok || (tc.ok && (got < tc.want*0.999 || got > tc.want*1.001)) {
+			t.Errorf("parseWrkDuration(%q) = %v, %v; want %v ok=%v", tc.in, got, err, tc.want, tc.ok)
+		}
+	}
+}
+
+// The drop-in claim: switchyard and vllm-router get one command line.
+func TestSameCommandLine(t *testing.T) {
+	ps := peers("bin", "/peers", "round_robin")
+	byName := map[string]peer{}
+	for _, p := range ps {
+		byName[p.name] = p
+	}
+	for _, f := range []fleetURLs{{worker: "http://127.0.0.1:1"}, {prefill: "http://127.0.0.1:2", decode: "http://127.0.0.1:3"}} {
+		a, err1 := byName[PeerSwitchyard].args(f, 10, 11, "")
+		b, err2 := byName[PeerVLLMRouter].args(f, 10, 11, "")
+		if err1 != nil || err2 != nil || !slices.Equal(a, b) {
+			t.Fatalf("fleet %+v: switchyard %v (%v) vs vllm-router %v (%v)", f, a, err1, b, err2)
+		}
+		if !slices.Contains(a, "warning") {
+			t.Errorf("args %v: want the launcher's --log-level warning", a)
+		}
+	}
+	// Routers that cannot run PD say so.
+	pd := fleetURLs{prefill: "http://127.0.0.1:2", decode: "http://127.0.0.1:3"}
+	for _, n := range []string{PeerSGLangRouter, PeerNginx} {
+		if _, err := byName[n].args(pd, 10, 11, ""); err == nil || !strings.Contains(err.Error(), "unsupported") {
+			t.Errorf("%s in PD mode: err = %v, want unsupported", n, err)
+		}
+	}
+	a, err := byName[PeerNIXLToyProxy].args(pd, 10, 11, "")
+	if err != nil || !slices.Contains(a, "--prefiller-port") || a[slices.Index(a, "--decoder-port")+1] != "3" {
+		t.Errorf("toy proxy args %v, %v", a, err)
+	}
+}
+
+func TestNginxConf(t *testing.T) {
+	c := nginxConf("/d", "127.0.0.1:9", 8080)
+	for _, want := range []string{"listen 127.0.0.1:8080", "server 127.0.0.1:9;", "worker_processes 1;", "proxy_buffering off;", "pid /d/nginx.pid;"} {
+		if !strings.Contains(c, want) {
+			t.Errorf("nginx.conf lacks %q:\n%s", want, c)
+		}
+	}
+}
+
+func TestStatPgrp(t *testing.T) {
+	pg, ok := statPgrp([]byte("42 (a) b) S 1 77 77 0 -1"))
+	if !ok || pg != 77 {
+		t.Fatalf("statPgrp = %d, %v", pg, ok)
+	}
+	if pids := groupPids(syscall.Getpgrp()); !slices.Contains(pids, os.Getpid()) {
+		t.Fatalf("groupPids(own group) = %v, want to contain %d", pids, os.Getpid())
+	}
+}
+
+func TestCompareSummary(t *testing.T) {
+	rep := &CompareReport{Config: QuickCompareConfig()}
+	add := func(router string, rps, p50 float64, cpu time.Duration) {
+		for k := range 3 {
+			rep.Rows = append(rep.Rows, CompareRow{Section: SectionWrk, Router: router, Concurrency: 64, Rep: k,
+				Wrk: wrkResult{ReqPerS: rps + float64(k), P50: p50}, Completed: 1000, RouterCPU: cpu})
+		}
+	}
+	add(PeerDirect, 40000, 1, 0)
+	add(PeerSwitchyard, 10000, 3, 100*time.Millisecond)
+	add(PeerVLLMRouter, 20000, 2, 50*time.Millisecond)
+	rep.Rows = append(rep.Rows, CompareRow{Section: SectionWrk, Router: PeerSGLangRouter, Skipped: "did not start: boom"})
+	var b bytes.Buffer
+	if err := rep.WriteMarkdown(&b); err != nil {
+		t.Fatal(err)
+	}
+	md := b.String()
+	for _, want := range []string{
+		"| vllm-router | 2.00x | 0.50x |",            // req/s and added P50 (1 vs 2 ms)
+		"| switchyard | 1.00x (10001) | 1.00x (2) |", // own values
+		"10001 (10000-10002)",                        // median and min-max
+		"| 64 | sglang-router | — | — | — | — | — | — | — | did not start: boom |",
+		"regular wrk 64 connections at req/s: vllm-router 20001 vs switchyard 10001 (2.00x)",
+		"router CPU s/1k req: vllm-router 0.05 vs switchyard 0.1 (0.50x)",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	b.Reset()
+	if err := rep.WritePNG(&b); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := png.Decode(&b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A real quick run with switchyard, nginx (when installed) and direct; the
+// peers folder is empty, so the other routers get "not installed" rows.
+func TestCompareQuick(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts routers and workers")
+	}
+	if _, err := exec.LookPath("wrk"); err != nil {
+		t.Skip("wrk not installed (scripts/install-peers.sh)")
+	}
+	c := QuickCompareConfig()
+	c.PeersDir = t.TempDir()
+	c.WrkDuration = time.Second
+	c.MinPrompts, c.OutputLen = 40, 4
+	c.PDConcurrency = []int{8}
+	c.StreamConcurrency = []int{8}
+	c.WrkConns = []int{8}
+	c.CeilingConcurrency = []int{8}
+	c.MoRIConcurrency = []int{8}
+	out := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := RunCompare(ctx, Options{BinDir: binDir, OutDir: out, MaxDuration: 150 * time.Second}, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sy, ok := rep.agg(SectionWrk, PeerSwitchyard, 8)
+	if !ok || sy.runs != 1 || sy.reqPerS.med <= 0 || sy.failed != 0 {
+		t.Fatalf("switchyard wrk = %+v", sy)
+	}
+	pd, ok := rep.agg(SectionPD, PeerSwitchyard, 8)
+	if !ok || pd.runs != 1 || pd.completed != 40 || pd.failed != 0 {
+		t.Fatalf("switchyard PD = %+v", pd)
+	}
+	ceil := 0
+	for _, x := range rep.Rows {
+		if x.Section == SectionCeiling && x.Router == PeerSwitchyard && x.Concurrency == 8 && x.Completed == 8 && x.RouterRSS > 0 {
+			ceil++
+		}
+	}
+	if ceil != 1 {
+		t.Fatalf("switchyard ceiling step C=8 missing or incomplete: %+v", rep.Rows)
+	}
+	mo, ok := rep.agg(moriSection("WRITE"), PeerSwitchyard, 8)
+	if !ok || mo.runs != 1 || mo.completed != 40 || mo.failed != 0 {
+		t.Fatalf("switchyard MoRI-IO WRITE = %+v", mo)
+	}
+	faults := map[string]FaultRow{}
+	for _, f := range rep.Faults {
+		if f.Router == PeerSwitchyard {
+			faults[f.Fault] = f
+		}
+	}
+	if kill := faults["decode killed mid-load"]; len(faults) != 3 || kill.Sent != 32 || kill.OK == kill.Sent || kill.Note != "" {
+		t.Fatalf("switchyard fault rows = %+v", faults)
+	}
+	vr, _ := rep.agg(SectionPD, PeerVLLMRouter, 8)
+	if vr.runs != 0 || !strings.Contains(vr.skipped, "not installed") {
+		t.Fatalf("vllm-router row = %+v, want not installed", vr)
+	}
+	for _, f := range []string{"compare.md", "compare.png"} {
+		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
+			t.Fatalf("%s: %v", f, err)
+		}
+	}
+}
