@@ -458,19 +458,8 @@ func parseResultE(body []byte) (result, error) {
 // include_usage; it fails on framing errors and error events.
 func parseStream(t *testing.T, body []byte) result {
 	t.Helper()
-	s := string(body)
-	if !strings.HasSuffix(s, "data: [DONE]\n\n") {
-		t.Fatalf("stream does not end with [DONE]: %q", harness.Tail(s, 400))
-	}
 	var res result
-	for _, ev := range strings.Split(strings.TrimSuffix(s, "\n\n"), "\n\n") {
-		data, ok := strings.CutPrefix(ev, "data: ")
-		if !ok {
-			t.Fatalf("bad SSE event %q", ev)
-		}
-		if data == "[DONE]" {
-			continue
-		}
+	harness.EachSSEData(t, body, func(data []byte) {
 		var chunk struct {
 			Error   any `json:"error"`
 			Choices []struct {
@@ -485,7 +474,7 @@ func parseStream(t *testing.T, body []byte) result {
 				PromptTokens int `json:"prompt_tokens"`
 			} `json:"usage"`
 		}
-		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
+		if err := json.Unmarshal(data, &chunk); err != nil {
 			t.Fatalf("bad chunk %q: %v", data, err)
 		}
 		if chunk.Error != nil {
@@ -501,7 +490,7 @@ func parseStream(t *testing.T, body []byte) result {
 		if chunk.Usage != nil {
 			res.PromptTokens = chunk.Usage.PromptTokens
 		}
-	}
+	})
 	return res
 }
 

@@ -386,23 +386,30 @@ func WaitFor(t testing.TB, d, every time.Duration, what string, cond func() bool
 	}
 }
 
-// SSEText concatenates the generated text of an SSE completion/chat stream
-// and checks its framing: every event is "data: ...\n\n" and it ends with
-// [DONE].
-func SSEText(t testing.TB, body []byte) (text string, events int) {
+// EachSSEData checks an SSE stream's framing (every event "data: ...\n\n",
+// ending with [DONE]) and calls fn with each event's data before [DONE].
+func EachSSEData(t testing.TB, body []byte, fn func(data []byte)) {
 	t.Helper()
 	s := string(body)
 	if !strings.HasSuffix(s, "data: [DONE]\n\n") {
-		t.Fatalf("stream does not end with [DONE]: %q", Tail(s, 300))
+		t.Fatalf("stream does not end with [DONE]: %q", Tail(s, 400))
 	}
 	for _, ev := range strings.Split(strings.TrimSuffix(s, "\n\n"), "\n\n") {
-		if !strings.HasPrefix(ev, "data: ") {
+		data, ok := strings.CutPrefix(ev, "data: ")
+		if !ok {
 			t.Fatalf("bad SSE event %q", ev)
 		}
-		data := strings.TrimPrefix(ev, "data: ")
-		if data == "[DONE]" {
-			continue
+		if data != "[DONE]" {
+			fn([]byte(data))
 		}
+	}
+}
+
+// SSEText concatenates the generated text of an SSE completion/chat stream
+// and checks its framing (EachSSEData) and that no event is an error.
+func SSEText(t testing.TB, body []byte) (text string, events int) {
+	t.Helper()
+	EachSSEData(t, body, func(data []byte) {
 		var chunk struct {
 			Error   any `json:"error"`
 			Choices []struct {
@@ -412,7 +419,7 @@ func SSEText(t testing.TB, body []byte) (text string, events int) {
 				} `json:"delta"`
 			} `json:"choices"`
 		}
-		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
+		if err := json.Unmarshal(data, &chunk); err != nil {
 			t.Fatalf("bad chunk %q: %v", data, err)
 		}
 		if chunk.Error != nil {
@@ -422,6 +429,6 @@ func SSEText(t testing.TB, body []byte) (text string, events int) {
 			text += c.Text + c.Delta.Content
 			events++
 		}
-	}
+	})
 	return text, events
 }
