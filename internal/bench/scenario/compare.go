@@ -194,6 +194,15 @@ func contains(list []string, s string) bool {
 	return false
 }
 
+// stopPeers stops the routers startPeers started.
+func (e *env) stopPeers(rs []running) {
+	for _, r := range rs {
+		if r.r != nil {
+			e.g.stop(r.r.proc)
+		}
+	}
+}
+
 // startPeers starts every router of a section in front of f; routers that
 // cannot run it get a Skipped row per section.
 func (e *env) startPeers(ctx context.Context, all []peer, f fleetURLs, sections []string, rep *CompareReport) ([]running, error) {
@@ -265,13 +274,7 @@ func (e *env) compareRegular(ctx context.Context, c CompareConfig, rep *CompareR
 	rep.Commands = append(rep.Commands, fmt.Sprintf("vllm-sim --role unified --profile-preset %s", c.Preset))
 	defer e.g.stop(uni.proc)
 	rs, err := e.startPeers(ctx, all, fleetURLs{worker: uni.URL()}, []string{SectionWrk, SectionStreams}, rep)
-	defer func() {
-		for _, r := range rs {
-			if r.r != nil {
-				e.g.stop(r.r.proc)
-			}
-		}
-	}()
+	defer e.stopPeers(rs)
 	if err != nil {
 		return err
 	}
@@ -399,32 +402,41 @@ func (e *env) streams(ctx context.Context, c CompareConfig, rep *CompareReport, 
 	return nil
 }
 
+// startNIXLPair starts a NIXL prefill and decode vllm-sim (in that order,
+// named sim-<role>-<tag>); what started is returned even on an error, for
+// stopSims.
+func (e *env) startNIXLPair(ctx context.Context, tag, preset string) ([]*sim, error) {
+	var sims []*sim
+	for _, role := range []string{"prefill", "decode"} {
+		s, err := e.g.startSim(ctx, "sim-"+role+"-"+tag, "--role", role, "--kv-connector", "nixl", "--profile-preset", preset)
+		if err != nil {
+			return sims, err
+		}
+		sims = append(sims, s)
+	}
+	return sims, nil
+}
+
+func (e *env) stopSims(sims []*sim) {
+	for _, s := range sims {
+		e.g.stop(s.proc)
+	}
+}
+
 // comparePD is scenario 2: one NIXL prefill and one NIXL decode given as
 // static --prefill/--decode.
 func (e *env) comparePD(ctx context.Context, c CompareConfig, rep *CompareReport, all []peer) error {
-	var sims []*sim
-	defer func() {
-		for _, s := range sims {
-			e.g.stop(s.proc)
-		}
-	}()
+	sims, err := e.startNIXLPair(ctx, "nixl", c.Preset)
+	defer e.stopSims(sims)
+	if err != nil {
+		return err
+	}
 	for _, role := range []string{"prefill", "decode"} {
-		s, err := e.g.startSim(ctx, "sim-"+role+"-nixl", "--role", role, "--kv-connector", "nixl", "--profile-preset", c.Preset)
-		if err != nil {
-			return err
-		}
 		rep.Commands = append(rep.Commands, fmt.Sprintf("vllm-sim --role %s --kv-connector nixl --profile-preset %s", role, c.Preset))
-		sims = append(sims, s)
 	}
 	f := fleetURLs{prefill: sims[0].URL(), decode: sims[1].URL()}
 	rs, err := e.startPeers(ctx, all, f, []string{SectionPD}, rep)
-	defer func() {
-		for _, r := range rs {
-			if r.r != nil {
-				e.g.stop(r.r.proc)
-			}
-		}
-	}()
+	defer e.stopPeers(rs)
 	if err != nil {
 		return err
 	}

@@ -76,28 +76,14 @@ func (e *env) ceilingFor(ctx context.Context, c CompareConfig, rep *CompareRepor
 		rep.Rows = append(rep.Rows, CompareRow{Section: SectionCeiling, Router: p.name, Skipped: err.Error()})
 		return nil
 	}
-	var sims []*sim
-	defer func() {
-		for _, s := range sims {
-			e.g.stop(s.proc)
-		}
-	}()
-	for _, role := range []string{"prefill", "decode"} {
-		s, err := e.g.startSim(ctx, "sim-"+role+"-ceiling", "--role", role, "--kv-connector", "nixl", "--profile-preset", c.CeilingPreset)
-		if err != nil {
-			return err
-		}
-		sims = append(sims, s)
+	sims, err := e.startNIXLPair(ctx, "ceiling", c.CeilingPreset)
+	defer e.stopSims(sims)
+	if err != nil {
+		return err
 	}
 	f := fleetURLs{prefill: sims[0].URL(), decode: sims[1].URL()}
 	rs, err := e.startPeers(ctx, []peer{p}, f, []string{SectionCeiling}, rep)
-	defer func() {
-		for _, r := range rs {
-			if r.r != nil {
-				e.g.stop(r.r.proc)
-			}
-		}
-	}()
+	defer e.stopPeers(rs)
 	if err != nil || len(rs) == 0 {
 		return err
 	}
