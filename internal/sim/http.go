@@ -445,8 +445,7 @@ func (in *Instance) handleGenerate(api apiKind) http.HandlerFunc {
 			in.exit(1)
 			return
 		}
-		in.ctr.inflight.Add(1)
-		defer in.ctr.inflight.Add(-1)
+		defer in.ctr.enter()()
 
 		xrid := r.Header.Get("X-Request-Id")
 		body, aerr := readBody(w, r)

@@ -27,6 +27,7 @@ type counters struct {
 	rejected503    atomic.Int64
 	aborted        atomic.Int64
 	inflight       atomic.Int64
+	peakInflight   atomic.Int64 // the most generation requests in flight at once
 	started        atomic.Int64 // generation requests started (crash-after)
 
 	transfersCompleted atomic.Int64
@@ -247,6 +248,7 @@ type Stats struct {
 		Rejected503     int64 `json:"rejected_503"`
 		Aborted         int64 `json:"aborted"`
 		InFlight        int64 `json:"in_flight"`
+		PeakInFlight    int64 `json:"peak_in_flight"`
 	} `json:"requests"`
 
 	Running       int `json:"running"`
@@ -343,6 +345,7 @@ func (in *Instance) stats() Stats {
 	r.Rejected503 = c.rejected503.Load()
 	r.Aborted = c.aborted.Load()
 	r.InFlight = c.inflight.Load()
+	r.PeakInFlight = c.peakInflight.Load()
 	for i, e := range in.engines {
 		es := e.Snapshot()
 		s.Running += es.Running
@@ -409,4 +412,13 @@ func (in *Instance) stats() Stats {
 func (f FaultsJSON) String() string {
 	b, _ := json.Marshal(f)
 	return string(b)
+}
+
+// enter counts a generation request in flight and raises the peak; the
+// caller defers the returned func, which counts it out.
+func (c *counters) enter() func() {
+	n := c.inflight.Add(1)
+	for p := c.peakInflight.Load(); n > p && !c.peakInflight.CompareAndSwap(p, n); p = c.peakInflight.Load() {
+	}
+	return func() { c.inflight.Add(-1) }
 }

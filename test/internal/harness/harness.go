@@ -234,6 +234,7 @@ type SimStats struct {
 		Plain           int64 `json:"plain"`
 		Aborted         int64 `json:"aborted"`
 		InFlight        int64 `json:"in_flight"`
+		PeakInFlight    int64 `json:"peak_in_flight"`
 	} `json:"requests"`
 	Running       int `json:"running"`
 	Waiting       int `json:"waiting"`
