@@ -233,11 +233,11 @@ func TestHangingWorkerDoesNotDelayOthers(t *testing.T) {
 		add(t, reg, f.srv.URL, worker.RoleDecode, 1)[0].SetHealthy(false)
 		others = append(others, f)
 	}
-	c := newChecker(t, Options{Registry: reg, Interval: 20 * time.Millisecond, Timeout: 3 * time.Second})
+	c := newChecker(t, Options{Registry: reg, Interval: 20 * time.Millisecond, Timeout: 30 * time.Second})
 	runChecker(t, c)
 	// rounds keep coming every interval while one probe hangs (bounded by
-	// Timeout, far longer than this test)
-	eventually(t, time.Second, "three rounds on every other worker", func() bool {
+	// Timeout, and the fake's 10 s hang, both longer than this wait)
+	eventually(t, 5*time.Second, "three rounds on every other worker", func() bool {
 		for _, f := range others {
 			if f.health.Load() < 3 {
 				return false
@@ -294,7 +294,7 @@ func TestNewWorkerProbedImmediately(t *testing.T) {
 	f := newFakeVLLM(t)
 	time.Sleep(10 * time.Millisecond) // Run has subscribed
 	add(t, reg, f.srv.URL, worker.RoleDecode, 2)
-	eventually(t, time.Second, "new worker probed", func() bool { return f.health.Load() >= 1 })
+	eventually(t, 10*time.Second, "new worker probed", func() bool { return f.health.Load() >= 1 })
 	time.Sleep(20 * time.Millisecond)
 	if n := f.health.Load(); n != 1 {
 		t.Errorf("two ranks added at once: %d probes", n)
@@ -313,10 +313,10 @@ func TestLoadPolling(t *testing.T) {
 	d.SetPolledLoad(3)
 	c := newChecker(t, Options{Registry: reg, Interval: time.Hour, LoadPollInterval: 10 * time.Millisecond, Timeout: time.Second})
 	runChecker(t, c)
-	eventually(t, time.Second, "polled load set", func() bool { return ws[0].PolledLoad() == 5 && ws[1].PolledLoad() == 5 })
-	eventually(t, time.Second, "failed poll clears the load", func() bool { return d.PolledLoad() == -1 })
+	eventually(t, 10*time.Second, "polled load set", func() bool { return ws[0].PolledLoad() == 5 && ws[1].PolledLoad() == 5 })
+	eventually(t, 10*time.Second, "failed poll clears the load", func() bool { return d.PolledLoad() == -1 })
 	f.load.Store(2)
-	eventually(t, time.Second, "polled load updated", func() bool { return ws[0].PolledLoad() == 1 })
+	eventually(t, 10*time.Second, "polled load updated", func() bool { return ws[0].PolledLoad() == 1 })
 }
 
 func TestProbeNow(t *testing.T) {

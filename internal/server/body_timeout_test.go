@@ -66,7 +66,7 @@ func TestBodyReadTimeout(t *testing.T) {
 				}
 			})
 
-			_ = c.SetReadDeadline(start.Add(3 * time.Second))
+			_ = c.SetReadDeadline(start.Add(10 * time.Second))
 			br := bufio.NewReader(c)
 			res, err := http.ReadResponse(br, nil)
 			if err != nil {
@@ -85,7 +85,7 @@ func TestBodyReadTimeout(t *testing.T) {
 			if !res.Close {
 				t.Errorf("the 408 does not close the connection (headers %v)", res.Header)
 			}
-			if took < timeout || took > timeout+time.Second {
+			if took < timeout || took > timeout+3*time.Second { // the upper bound is slack for a loaded runner
 				t.Errorf("408 after %v, want just after the %v body timeout", took, timeout)
 			}
 			// then the router closes the connection (EOF, or a reset if a
@@ -94,7 +94,7 @@ func TestBodyReadTimeout(t *testing.T) {
 			if err == nil || isTimeout(err) {
 				t.Fatalf("connection still open %v after the 408 was sent (%v)", time.Since(start)-took, err)
 			}
-			if closed := time.Since(start); closed > timeout+time.Second+bodyTimeoutLinger {
+			if closed := time.Since(start); closed > timeout+3*time.Second+bodyTimeoutLinger {
 				t.Errorf("connection closed after %v", closed)
 			}
 			if n := e.gen.count() + e.pass.count(); n != 0 {

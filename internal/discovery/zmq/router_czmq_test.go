@@ -57,7 +57,7 @@ func TestCZMQAddressForms(t *testing.T) {
 			d := dealer(t, net.JoinHostPort(f.dial, port))
 			http := "127.0.0.1:" + strconv.Itoa(8000+i)
 			send(t, d, moriMsg(t, "P", http, ModeWrite))
-			waitFor(t, time.Second, "registration", func() bool { return e.reg.Get("http://"+http) != nil })
+			waitFor(t, 5*time.Second, "registration", func() bool { return e.reg.Get("http://"+http) != nil })
 		})
 	}
 }
@@ -81,7 +81,7 @@ func TestCZMQOversizedMessage(t *testing.T) {
 	expectClosed(t, c, 2*time.Second)
 	d := dealer(t, e.l.Addr())
 	send(t, d, moriMsg(t, "P", "127.0.0.1:8602", ModeRead))
-	waitFor(t, time.Second, "registration", func() bool { return e.reg.Get("http://127.0.0.1:8602") != nil })
+	waitFor(t, 5*time.Second, "registration", func() bool { return e.reg.Get("http://127.0.0.1:8602") != nil })
 	if e.processed(t) != 1 {
 		t.Fatalf("processed %v messages, want only the small one", e.processed(t))
 	}
@@ -101,12 +101,12 @@ func TestCZMQIdentityHandover(t *testing.T) {
 	if _, err := old.Write(reg("127.0.0.1:8610")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Second, "first registration", func() bool { return e.reg.Get("http://127.0.0.1:8610") != nil })
+	waitFor(t, 5*time.Second, "first registration", func() bool { return e.reg.Get("http://127.0.0.1:8610") != nil })
 	c := rawPeer(t, e.l.Addr(), ready)
 	if _, err := c.Write(reg("127.0.0.1:8611")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Second, "registration by the same identity", func() bool { return e.reg.Get("http://127.0.0.1:8611") != nil })
+	waitFor(t, 5*time.Second, "registration by the same identity", func() bool { return e.reg.Get("http://127.0.0.1:8611") != nil })
 }
 
 // TestCZMQCloseWithPeersConnected: Close wakes the socket's goroutine at
@@ -123,7 +123,7 @@ func TestCZMQCloseWithPeersConnected(t *testing.T) {
 	idle := rawPeer(t, l.Addr(), dealerReady) // connected, silent
 	d := dealer(t, l.Addr())
 	send(t, d, moriMsg(t, "P", "127.0.0.1:8620", ModeRead))
-	waitFor(t, time.Second, "registration", func() bool { return reg.Get("http://127.0.0.1:8620") != nil })
+	waitFor(t, 5*time.Second, "registration", func() bool { return reg.Get("http://127.0.0.1:8620") != nil })
 	t0 := time.Now()
 	if err := l.Close(); err != nil {
 		t.Fatal(err)

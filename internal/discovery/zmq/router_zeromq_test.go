@@ -20,7 +20,7 @@ func TestGuardPingPong(t *testing.T) {
 	if _, err := c.Write(zmtpFrame(flagCommand, append([]byte{5}, "HELLO"...))); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Second, "command drop", func() bool { return e.dropped(t, ReasonCommand) == 1 })
+	waitFor(t, 5*time.Second, "command drop", func() bool { return e.dropped(t, ReasonCommand) == 1 })
 }
 
 func TestGuardRejectsHostilePeers(t *testing.T) {
@@ -68,13 +68,13 @@ func TestGuardRejectsHostilePeers(t *testing.T) {
 			_, _ = c.Write(tc.ready)
 			_, _ = c.Write(tc.then)
 			expectClosed(t, c, 2*time.Second)
-			waitFor(t, time.Second, "drop counted", func() bool { return e.dropped(t, tc.reason) == before+1 })
+			waitFor(t, 5*time.Second, "drop counted", func() bool { return e.dropped(t, tc.reason) == before+1 })
 		})
 	}
 	// The listener survived all of it.
 	d := dealer(t, addr)
 	send(t, d, moriMsg(t, "D", "127.0.0.1:8700", ModeRead))
-	waitFor(t, time.Second, "registration", func() bool { return e.reg.Get("http://127.0.0.1:8700") != nil })
+	waitFor(t, 5*time.Second, "registration", func() bool { return e.reg.Get("http://127.0.0.1:8700") != nil })
 }
 
 func TestGuardSilentPeerDoesNotBlockAccept(t *testing.T) {
@@ -94,18 +94,18 @@ func TestGuardSilentPeerDoesNotBlockAccept(t *testing.T) {
 	t1 := time.Now()
 	d := dealer(t, e.l.Addr()) // the ZMTP handshake happens in Dial
 	send(t, d, moriMsg(t, "D", "127.0.0.1:8800", ModeRead))
-	waitFor(t, time.Second, "registration past silent peers", func() bool { return e.reg.Get("http://127.0.0.1:8800") != nil })
-	if lat := time.Since(t1); lat > 100*time.Millisecond {
-		t.Fatalf("dial+registration took %v with silent peers connected", lat)
-	}
+	waitFor(t, 5*time.Second, "registration past silent peers", func() bool { return e.reg.Get("http://127.0.0.1:8800") != nil })
+	timingBound(t, "dial+registration with silent peers connected", time.Since(t1), 100*time.Millisecond)
 	// The silent peers are cut off at the handshake deadline.
 	for _, c := range silent {
 		expectClosed(t, c, 2*time.Second)
 	}
-	if waited := time.Since(t0); waited < handshake || waited > handshake+time.Second {
-		t.Fatalf("silent peers closed after %v, want about %v", waited, handshake)
+	waited := time.Since(t0)
+	if waited < handshake {
+		t.Fatalf("silent peers closed after %v, before the %v handshake deadline", waited, handshake)
 	}
-	waitFor(t, time.Second, "handshake drops", func() bool { return e.dropped(t, ReasonHandshake) == 3 })
+	timingBound(t, "closing the silent peers", waited, handshake+time.Second)
+	waitFor(t, 5*time.Second, "handshake drops", func() bool { return e.dropped(t, ReasonHandshake) == 3 })
 }
 
 func TestGuardMaxConnections(t *testing.T) {
@@ -118,7 +118,7 @@ func TestGuardMaxConnections(t *testing.T) {
 	}
 	defer c.Close()
 	expectClosed(t, c, 2*time.Second)
-	waitFor(t, time.Second, "drop counted", func() bool { return e.dropped(t, ReasonConnections) == 1 })
+	waitFor(t, 5*time.Second, "drop counted", func() bool { return e.dropped(t, ReasonConnections) == 1 })
 }
 
 // TestRawGoZeroMQCommandFrames documents bare go-zeromq: a PING reaches
@@ -133,7 +133,7 @@ func TestRawGoZeroMQCommandFrames(t *testing.T) {
 	if _, err := c.Write(zmtpFrame(0, moriMsg(t, "P", "127.0.0.1:8900", ModeRead))); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Second, "registration", func() bool { return e.reg.Get("http://127.0.0.1:8900") != nil })
+	waitFor(t, 5*time.Second, "registration", func() bool { return e.reg.Get("http://127.0.0.1:8900") != nil })
 	if e.dropped(t, ReasonCommand) != 1 {
 		t.Fatal("PING not dropped as a command")
 	}
