@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/test/internal/harness"
 )
 
 // Flow control end to end: two vllm-sim workers of capacity 2 each
@@ -109,8 +111,21 @@ func routerGauge(t *testing.T, r *router, prefix string) float64 {
 
 func startFlowFleet(t *testing.T, extra ...string) (*router, []*sim) {
 	t.Helper()
+	return startCountedFlowFleet(t, nil, extra...)
+}
+
+// startCountedFlowFleet is startFlowFleet with, when c is not nil, a
+// counting proxy in front of each sim (the router is given the proxies).
+func startCountedFlowFleet(t *testing.T, c *harness.InFlight, extra ...string) (*router, []*sim) {
+	t.Helper()
 	a, b := startSim(t, flowSimArgs...), startSim(t, flowSimArgs...)
-	args := append([]string{"--worker-urls", a.URL(), b.URL(), "--policy", "power_of_two", "--flow-control",
+	urls := []string{a.URL(), b.URL()}
+	if c != nil {
+		for i, u := range urls {
+			urls[i] = harness.CountingProxy(t, u, c)
+		}
+	}
+	args := append([]string{"--worker-urls", urls[0], urls[1], "--policy", "power_of_two", "--flow-control",
 		"--flow-worker-max-inflight", "2", "--flow-poll-interval-secs", "0.05", "--queue-size", "64"}, extra...)
 	r := startRouter(t, args...)
 	r.WaitReady(t, 10*time.Second)
@@ -126,29 +141,13 @@ func waitQueued(t *testing.T, r *router, n int) {
 }
 
 func TestFlowControlPriorityAndSaturation(t *testing.T) {
-	r, sims := startFlowFleet(t)
+	var upstream harness.InFlight
+	r, _ := startCountedFlowFleet(t, &upstream)
 	ctx := ctxT(t, 90*time.Second)
 	c := &flowClient{t: t, url: r.Base}
 
 	// 4 low requests fill the fleet, 8 more wait in the router, then two
 	// high ones (one by header, one by vLLM's priority field) arrive.
-	var stop sync.WaitGroup
-	maxSeen := 0
-	var mu sync.Mutex
-	sampling, cancelSampling := context.WithCancel(ctx)
-	stop.Go(func() {
-		for sampling.Err() == nil {
-			n := 0
-			for _, s := range sims {
-				st := s.Stats(t)
-				n += st.Running + st.Waiting
-			}
-			mu.Lock()
-			maxSeen = max(maxSeen, n)
-			mu.Unlock()
-			time.Sleep(10 * time.Millisecond)
-		}
-	})
 	for i := range 12 {
 		c.send(ctx, fmt.Sprintf("low%02d", i), "", "x-gateway-inference-objective", "low")
 	}
@@ -175,8 +174,6 @@ func TestFlowControlPriorityAndSaturation(t *testing.T) {
 	c.send(ctx, "high-body", `,"priority":-10`)
 	waitQueued(t, r, 10)
 	res := c.wait()
-	cancelSampling()
-	stop.Wait()
 
 	pos := map[string]int{}
 	for i, x := range res {
@@ -197,12 +194,11 @@ func TestFlowControlPriorityAndSaturation(t *testing.T) {
 	if lateLows < 6 {
 		t.Fatalf("only %d of the 12 low requests ended after both high ones: %v", lateLows, names(res))
 	}
-	// The router lets at most 4 through (2 workers × 2); the two sims are
-	// sampled one after the other, so a request ending on one while the
-	// next starts on the other may be counted twice (+1). Without flow
-	// control all 14 would be in the engines at once.
-	if maxSeen > 5 {
-		t.Fatalf("the engines held %d requests at once; the router limit is 4 (+1 sampling skew)", maxSeen)
+	// The router lets at most 4 through (2 workers × 2), counted by one
+	// counter in front of both workers. Without flow control all 14 would
+	// be in the engines at once.
+	if peak := upstream.Peak(); peak != 4 {
+		t.Fatalf("the workers held at most %d requests at once; the router limit is 4 and the fleet was full", peak)
 	}
 	if v := routerGauge(t, r, `vllm_router_flow_queue_wait_seconds_count{band="low"}`); v != 12 {
 		t.Fatalf("low band wait samples %v, want 12", v)
