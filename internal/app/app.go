@@ -470,29 +470,7 @@ func (a *app) buildServer(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("--decode-policy: %w", err)
 		}
-		eng, err := pd.New(pd.Options{
-			Registry:          a.reg,
-			PrefillPolicy:     pp,
-			DecodePolicy:      dp,
-			Connector:         cfg.KVConnector,
-			Client:            a.client,
-			APIKey:            cfg.APIKey,
-			ForwardClientAuth: cfg.ForwardClientAuthorization,
-			OutputLength:      cfg.DecodeOutputLength,
-			PrefillTimeout:    cfg.PrefillTimeout(),
-			KVWaitTimeout:     cfg.KVWaitTimeout(),
-			RequestTimeout:    cfg.RequestTimeout(),
-			StreamIdleTimeout: cfg.StreamIdleTimeout(),
-			MaxFailovers:      cfg.PDMaxFailovers,
-			SplitResponses:    cfg.PDSplitResponses,
-			Warmup:            cfg.PDWarmup,
-			Panic:             a.panic,
-			BypassThreshold:   cfg.PDUncachedTokenThreshold,
-			Profile:           cfg.Profile,
-			Metrics:           a.m,
-			Logger:            a.log,
-			Tracer:            a.tracer,
-		})
+		eng, err := pd.New(a.pdOptions(pp, dp))
 		if err != nil {
 			return err
 		}
@@ -724,8 +702,8 @@ func (a *app) run(ctx context.Context) error {
 		// upstream's passive health.
 		wg.Go(func() { a.health.Run(ctx) })
 	}
-	if a.igw != nil && len(a.cfg.WorkerURLs) > 0 {
-		wg.Go(func() { a.resolveStaticIGW(ctx, a.cfg.WorkerURLs) })
+	if ws := a.staticIGW(); a.igw != nil && len(ws) > 0 {
+		wg.Go(func() { a.resolveStaticIGW(ctx, ws) })
 	}
 	if a.kube != nil {
 		wg.Go(func() {

@@ -18,24 +18,7 @@ func (c *Config) Validate() error {
 	mode := c.Mode()
 
 	if mode == ModeIGW {
-		// Multi-model fleets are regular-worker fleets for now.
-		igwUnsupported := []struct {
-			flag string
-			set  bool
-		}{
-			{"--vllm-pd-disaggregation", c.VLLMPDDisaggregation},
-			{"--prefill", len(c.Prefill) > 0},
-			{"--decode", len(c.Decode) > 0},
-			{"--vllm-discovery-address", c.VLLMDiscoveryAddress != ""},
-			{"--service-discovery", c.ServiceDiscovery},
-			{"--backend openai", c.Backend == BackendOpenAI},
-		}
-		for _, u := range igwUnsupported {
-			if u.set {
-				add(&Error{Kind: KindNotSupported, Field: u.flag, Reason: "with --enable-igw, whose model fleets are regular workers (--worker-urls, POST /workers); PD fleets per model are not implemented yet"})
-			}
-		}
-		c.checkURLs(add, "--worker-urls", c.WorkerURLs)
+		c.validateIGW(add)
 	}
 
 	// §1.3: checks the Rust binary makes while building RouterConfig.
@@ -463,4 +446,45 @@ func (c *Config) validateFlow(add func(*Error)) {
 			add(invalid(h.flag, `""`, "Must be a header name"))
 		}
 	}
+}
+
+// validateIGW checks the flags of --enable-igw: model fleets come from
+// --worker-urls (regular), --prefill/--decode (PD, the connector is
+// --kv-connector) and POST /workers. Panic routing and the PD warm-up would
+// cross models, so asking for them explicitly is refused.
+func (c *Config) validateIGW(add func(*Error)) {
+	reason := "with --enable-igw: not implemented yet for multi-model fleets (workers join through --worker-urls, --prefill/--decode and POST /workers)"
+	for _, u := range []struct {
+		flag string
+		set  bool
+	}{
+		{"--vllm-discovery-address", c.VLLMDiscoveryAddress != ""},
+		{"--service-discovery", c.ServiceDiscovery},
+		{"--backend openai", c.Backend == BackendOpenAI},
+	} {
+		if u.set {
+			add(&Error{Kind: KindNotSupported, Field: u.flag, Reason: reason})
+		}
+	}
+	for _, u := range []struct{ flag, why string }{
+		{"panic-routing", "panic routing picks among every registered worker, whatever its model"},
+		{"pd-warmup", "the warm-up pairs prefill and decode workers across models"},
+	} {
+		if c.IsSet(u.flag) && ((u.flag == "panic-routing" && c.PanicRouting) || (u.flag == "pd-warmup" && c.PDWarmup)) {
+			add(&Error{Kind: KindNotSupported, Field: "--" + u.flag, Reason: "with --enable-igw: " + u.why + " (it is off there; drop the flag)"})
+		}
+	}
+	if c.KVConnector == KVConnectorMoRIIO {
+		add(&Error{Kind: KindNotSupported, Field: "--kv-connector moriio", Reason: "with --enable-igw: MoRI-IO workers register over ZMQ discovery, which multi-model fleets do not use yet"})
+	}
+	c.checkURLs(add, "--worker-urls", c.WorkerURLs)
+	prefillURLs := make([]string, len(c.Prefill))
+	for i, p := range c.Prefill {
+		prefillURLs[i] = p.URL
+		if p.BootstrapPort != nil && (*p.BootstrapPort < 1 || *p.BootstrapPort > 65535) {
+			add(invalid("--prefill", p.URL+" "+strconv.Itoa(*p.BootstrapPort), "Port must be between 1 and 65535"))
+		}
+	}
+	c.checkURLs(add, "--prefill", prefillURLs)
+	c.checkURLs(add, "--decode", c.Decode)
 }

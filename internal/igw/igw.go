@@ -9,13 +9,20 @@
 // is one, and is a 400 listing the models otherwise. Within a fleet the
 // regular dispatcher applies (retries on another worker of the same model
 // before the first byte, breakers, timeouts).
+//
+// A model whose workers are prefill/decode workers is a PD model: it is
+// served by its own PD engine (built by Options.NewPD) whose policies only
+// see that model's workers. A PD model missing one role, or whose workers
+// of one role are all down, is a 503 saying which role.
 package igw
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -31,15 +38,40 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
+// Kind is how a model is served: by regular workers, or by a
+// prefill/decode fleet through the PD engine.
+type Kind string
+
+const (
+	KindRegular Kind = "regular"
+	KindPD      Kind = "pd"
+)
+
+// PDFleet is one PD model's dispatcher (a pd.Engine): Close stops its
+// background work.
+type PDFleet interface {
+	proxy.Dispatcher
+	Close()
+}
+
 // Options configures a Router.
 type Options struct {
 	Registry *worker.Registry
-	// DefaultPolicy is the policy of a model that names none (--policy).
+	// DefaultPolicy is the policy of a regular model that names none
+	// (--policy).
 	DefaultPolicy string
+	// PrefillPolicy and DecodePolicy are the policies of a PD model's roles
+	// when it names none (--prefill-policy, --decode-policy; a model's
+	// labels.policy sets both). Empty = DefaultPolicy.
+	PrefillPolicy, DecodePolicy string
 	// NewPolicy builds a policy instance (its owner closes it).
 	NewPolicy func(name string) (policy.Policy, error)
-	// Regular is the template of every fleet's dispatcher; Registry, Role
-	// and Policy are set per fleet.
+	// NewPD builds the PD dispatcher of one model from policies that only
+	// see that model's workers. Nil = PD models are answered 503.
+	NewPD func(model string, prefill, decode policy.Policy) (PDFleet, error)
+	// Regular is the template of every regular fleet's dispatcher;
+	// Registry, Role and Policy are set per fleet. Its Panic is ignored:
+	// panic routing would pick among every model's workers.
 	Regular proxy.RegularOptions
 	Logger  *slog.Logger
 	// Registerer receives the per-model metrics (nil = not exported).
@@ -48,26 +80,32 @@ type Options struct {
 
 // Router implements proxy.Dispatcher over per-model fleets.
 type Router struct {
-	o   Options
-	log *slog.Logger
+	o     Options
+	log   *slog.Logger
+	unsub func()
+	bg    sync.WaitGroup // closes of dropped PD fleets
 
 	mu       sync.Mutex
 	fleets   map[string]*fleet
 	policies map[string]string // model → policy asked for (labels.policy)
+	closed   bool
 
 	requests *prometheus.CounterVec // model (a registered one), outcome: routed|no_live_workers
 	rejected *prometheus.CounterVec // reason: unknown_model|bad_model|model_required
 }
 
 type fleet struct {
-	model  string
-	policy string
-	disp   *proxy.Regular
+	model string
+	kind  Kind
+	// policy is a regular fleet's policy; prefill and decode a PD fleet's.
+	policy, prefill, decode string
+	disp                    proxy.Dispatcher
+	pd                      PDFleet // nil for a regular fleet
 }
 
 var _ proxy.Dispatcher = (*Router)(nil)
 
-// New builds a Router.
+// New builds a Router. Call Close to stop it.
 func New(o Options) (*Router, error) {
 	if o.Registry == nil || o.NewPolicy == nil {
 		return nil, errors.New("igw: Registry and NewPolicy are required")
@@ -75,6 +113,9 @@ func New(o Options) (*Router, error) {
 	if o.DefaultPolicy == "" {
 		return nil, errors.New("igw: DefaultPolicy is required")
 	}
+	o.PrefillPolicy = cmp.Or(o.PrefillPolicy, o.DefaultPolicy)
+	o.DecodePolicy = cmp.Or(o.DecodePolicy, o.DefaultPolicy)
+	o.Regular.Panic = nil
 	rt := &Router{o: o, log: o.Logger, fleets: map[string]*fleet{}, policies: map[string]string{}}
 	if rt.log == nil {
 		rt.log = slog.New(slog.DiscardHandler)
@@ -94,7 +135,76 @@ func New(o Options) (*Router, error) {
 			}
 		}
 	}
+	rt.unsub = o.Registry.Subscribe(rt.onChange)
 	return rt, nil
+}
+
+// Close stops the router: every PD fleet's engine is closed.
+func (rt *Router) Close() {
+	rt.unsub()
+	rt.mu.Lock()
+	rt.closed = true
+	fs := make([]*fleet, 0, len(rt.fleets))
+	for _, f := range rt.fleets {
+		fs = append(fs, f)
+	}
+	rt.fleets = map[string]*fleet{}
+	rt.mu.Unlock()
+	for _, f := range fs {
+		if f.pd != nil {
+			f.pd.Close()
+		}
+	}
+	rt.bg.Wait()
+}
+
+// onChange forgets a model once its last worker left: its fleet (a PD
+// fleet's engine is closed), its labels.policy and its metric series, so
+// the next first worker of that model starts afresh. A PD model's engine
+// is built as soon as its first prefill/decode worker joins, so its
+// background work (Mooncake bootstrap queries) starts before the first
+// request.
+func (rt *Router) onChange(c worker.Change) {
+	if len(c.Removed) > 0 {
+		rt.forgetGone(c)
+	}
+	var pdModels []string
+	for _, w := range c.Added {
+		if w.Role != worker.RoleRegular && !slices.Contains(pdModels, w.ModelID) {
+			pdModels = append(pdModels, w.ModelID)
+		}
+	}
+	for _, m := range pdModels {
+		if _, err := rt.fleetFor(m, KindPD); err != nil {
+			rt.log.Error("cannot build the PD fleet of a model", "model", m, "err", err)
+		}
+	}
+}
+
+func (rt *Router) forgetGone(c worker.Change) {
+	left := map[string]bool{}
+	for _, w := range c.Snap.All {
+		left[w.ModelID] = true
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for _, w := range c.Removed {
+		m := w.ModelID
+		if left[m] {
+			continue
+		}
+		delete(rt.policies, m)
+		rt.requests.DeletePartialMatch(prometheus.Labels{"model": m})
+		f := rt.fleets[m]
+		if f == nil {
+			continue
+		}
+		delete(rt.fleets, m)
+		rt.log.Info("model fleet dropped: its last worker left", "model", m, "kind", string(f.kind))
+		if f.pd != nil && !rt.closed {
+			rt.bg.Go(f.pd.Close) // not on the registry's writer goroutine
+		}
+	}
 }
 
 // SetPolicy records the policy a model's fleet uses (a worker's
@@ -107,7 +217,7 @@ func (rt *Router) SetPolicy(model, name string) error {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	cur := rt.policies[model]
-	if f := rt.fleets[model]; f != nil {
+	if f := rt.fleets[model]; f != nil && f.kind == KindRegular {
 		cur = f.policy
 	}
 	if cur != "" && cur != name {
@@ -117,11 +227,16 @@ func (rt *Router) SetPolicy(model, name string) error {
 	return nil
 }
 
-// Policy returns the policy model routes with.
+// Policy returns the policy a regular model routes with (a PD model's
+// labels.policy, when one was named).
 func (rt *Router) Policy(model string) string {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	if f := rt.fleets[model]; f != nil {
+	return rt.policyLocked(model)
+}
+
+func (rt *Router) policyLocked(model string) string {
+	if f := rt.fleets[model]; f != nil && f.kind == KindRegular {
 		return f.policy
 	}
 	if p := rt.policies[model]; p != "" {
@@ -130,17 +245,45 @@ func (rt *Router) Policy(model string) string {
 	return rt.o.DefaultPolicy
 }
 
-// fleetFor returns model's fleet, creating it on first use.
-func (rt *Router) fleetFor(model string) (*fleet, error) {
+// pdPolicies returns the prefill and decode policies of a PD model.
+func (rt *Router) pdPoliciesLocked(model string) (string, string) {
+	if p := rt.policies[model]; p != "" {
+		return p, p
+	}
+	return rt.o.PrefillPolicy, rt.o.DecodePolicy
+}
+
+// fleetFor returns model's fleet of kind, creating it on first use (or
+// when the model changed kind).
+func (rt *Router) fleetFor(model string, kind Kind) (*fleet, error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	if f := rt.fleets[model]; f != nil {
+	if rt.closed {
+		return nil, errors.New("router is shutting down")
+	}
+	if f := rt.fleets[model]; f != nil && f.kind == kind {
 		return f, nil
 	}
-	name := rt.policies[model]
-	if name == "" {
-		name = rt.o.DefaultPolicy
+	var f *fleet
+	var err error
+	if kind == KindPD {
+		f, err = rt.newPDFleet(model)
+	} else {
+		f, err = rt.newRegularFleet(model)
 	}
+	if err != nil {
+		return nil, err
+	}
+	if old := rt.fleets[model]; old != nil && old.pd != nil {
+		rt.bg.Go(old.pd.Close)
+	}
+	rt.fleets[model] = f
+	rt.log.Info("model fleet created", "model", model, "kind", string(kind), "policy", f.policy, "prefill_policy", f.prefill, "decode_policy", f.decode)
+	return f, nil
+}
+
+func (rt *Router) newRegularFleet(model string) (*fleet, error) {
+	name := rt.policyLocked(model)
 	p, err := rt.o.NewPolicy(name)
 	if err != nil {
 		return nil, fmt.Errorf("model %q: policy %q: %w", model, name, err)
@@ -149,24 +292,98 @@ func (rt *Router) fleetFor(model string) (*fleet, error) {
 	ro.Registry = rt.o.Registry
 	ro.Role = worker.RoleRegular
 	ro.Policy = ForModel(p, model)
-	f := &fleet{model: model, policy: name, disp: proxy.NewRegular(ro)}
-	rt.fleets[model] = f
-	rt.log.Info("model fleet created", "model", model, "policy", name)
-	return f, nil
+	return &fleet{model: model, kind: KindRegular, policy: name, disp: proxy.NewRegular(ro)}, nil
+}
+
+func (rt *Router) newPDFleet(model string) (*fleet, error) {
+	if rt.o.NewPD == nil {
+		return nil, fmt.Errorf("model %q has prefill/decode workers but this router serves no PD fleets", model)
+	}
+	pn, dn := rt.pdPoliciesLocked(model)
+	pp, err := rt.o.NewPolicy(pn)
+	if err != nil {
+		return nil, fmt.Errorf("model %q: prefill policy %q: %w", model, pn, err)
+	}
+	dp, err := rt.o.NewPolicy(dn)
+	if err != nil {
+		return nil, fmt.Errorf("model %q: decode policy %q: %w", model, dn, err)
+	}
+	eng, err := rt.o.NewPD(model, ForModel(pp, model), ForModel(dp, model))
+	if err != nil {
+		return nil, fmt.Errorf("model %q: PD engine: %w", model, err)
+	}
+	return &fleet{model: model, kind: KindPD, prefill: pn, decode: dn, disp: eng, pd: eng}, nil
+}
+
+// ModelState counts one model's workers by role: registered, and live
+// (healthy and routable).
+type ModelState struct {
+	Regular, Prefill, Decode             int
+	LiveRegular, LivePrefill, LiveDecode int
+}
+
+// Kind is PD when the model has prefill or decode workers.
+func (s ModelState) Kind() Kind {
+	if s.Prefill+s.Decode > 0 {
+		return KindPD
+	}
+	return KindRegular
+}
+
+// Unavailable says why the model cannot be served now ("" = it can): a
+// regular model needs a live worker, a PD model a live worker of each role.
+func (s ModelState) Unavailable(model string) string {
+	if s.Kind() == KindRegular {
+		if s.LiveRegular == 0 {
+			return fmt.Sprintf("Model %q has no live workers (all its workers are unhealthy or being drained)", model)
+		}
+		return ""
+	}
+	switch {
+	case s.LivePrefill == 0 && s.LiveDecode == 0:
+		return fmt.Sprintf("Model %q has no live workers (prefill: %d registered, decode: %d registered, none healthy)", model, s.Prefill, s.Decode)
+	case s.Prefill == 0:
+		return fmt.Sprintf("Model %q has no prefill workers (%d decode registered): a PD model needs both roles", model, s.Decode)
+	case s.Decode == 0:
+		return fmt.Sprintf("Model %q has no decode workers (%d prefill registered): a PD model needs both roles", model, s.Prefill)
+	case s.LivePrefill == 0:
+		return fmt.Sprintf("Model %q has no live prefill workers (%d registered, all unhealthy or being drained)", model, s.Prefill)
+	case s.LiveDecode == 0:
+		return fmt.Sprintf("Model %q has no live decode workers (%d registered, all unhealthy or being drained)", model, s.Decode)
+	}
+	return ""
+}
+
+// States counts every model's workers.
+func States(snap *worker.Snapshot) map[string]ModelState {
+	out := map[string]ModelState{}
+	for _, w := range snap.All {
+		st := out[w.ModelID]
+		live := w.Healthy() && w.Routable()
+		n, l := &st.Regular, &st.LiveRegular
+		switch w.Role {
+		case worker.RolePrefill:
+			n, l = &st.Prefill, &st.LivePrefill
+		case worker.RoleDecode:
+			n, l = &st.Decode, &st.LiveDecode
+		}
+		*n++
+		if live {
+			*l++
+		}
+		out[w.ModelID] = st
+	}
+	return out
 }
 
 // Models returns the models with at least one registered worker, sorted,
-// and whether each has a live (healthy, routable) one.
+// and whether each can be served now.
 func Models(snap *worker.Snapshot) (all []string, live map[string]bool) {
-	live = map[string]bool{}
-	for _, w := range snap.Regular {
-		if _, ok := live[w.ModelID]; !ok {
-			live[w.ModelID] = false
-			all = append(all, w.ModelID)
-		}
-		if w.Healthy() && w.Routable() {
-			live[w.ModelID] = true
-		}
+	states := States(snap)
+	live = make(map[string]bool, len(states))
+	for m, st := range states {
+		all = append(all, m)
+		live[m] = st.Unavailable(m) == ""
 	}
 	slices.Sort(all)
 	return all, live
@@ -174,26 +391,42 @@ func Models(snap *worker.Snapshot) (all []string, live map[string]bool) {
 
 // ModelStatus is one model's entry in /workers.
 type ModelStatus struct {
-	Policy  string   `json:"policy"`
-	Total   int      `json:"total"`
-	Healthy int      `json:"healthy"`
-	Workers []string `json:"workers"`
+	Kind Kind `json:"kind"`
+	// Policy is a regular model's policy; PrefillPolicy and DecodePolicy a
+	// PD model's.
+	Policy        string   `json:"policy,omitempty"`
+	PrefillPolicy string   `json:"prefill_policy,omitempty"`
+	DecodePolicy  string   `json:"decode_policy,omitempty"`
+	Total         int      `json:"total"`
+	Healthy       int      `json:"healthy"`
+	Prefill       int      `json:"prefill,omitempty"`
+	Decode        int      `json:"decode,omitempty"`
+	Workers       []string `json:"workers"`
 }
 
 // Status groups the registry's workers by model.
 func (rt *Router) Status() map[string]ModelStatus {
-	out := map[string]ModelStatus{}
-	for _, w := range rt.o.Registry.Snapshot().Regular {
+	snap := rt.o.Registry.Snapshot()
+	states := States(snap)
+	out := make(map[string]ModelStatus, len(states))
+	for _, w := range snap.All {
 		st := out[w.ModelID]
-		st.Total++
-		if w.Healthy() && w.Routable() {
-			st.Healthy++
-		}
 		st.Workers = append(st.Workers, w.Key())
 		out[w.ModelID] = st
 	}
-	for m, st := range out {
-		st.Policy = rt.Policy(m)
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for m, s := range states {
+		st := out[m]
+		st.Kind = s.Kind()
+		st.Total = s.Regular + s.Prefill + s.Decode
+		st.Healthy = s.LiveRegular + s.LivePrefill + s.LiveDecode
+		st.Prefill, st.Decode = s.Prefill, s.Decode
+		if st.Kind == KindPD {
+			st.PrefillPolicy, st.DecodePolicy = rt.pdPoliciesLocked(m)
+		} else {
+			st.Policy = rt.policyLocked(m)
+		}
 		out[m] = st
 	}
 	return out
@@ -201,7 +434,8 @@ func (rt *Router) Status() map[string]ModelStatus {
 
 // Dispatch routes one generation request to its model's fleet.
 func (rt *Router) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call) {
-	all, live := Models(rt.o.Registry.Snapshot())
+	states := States(rt.o.Registry.Snapshot())
+	all := slices.Sorted(maps.Keys(states))
 	model, err := requestModel(c, all)
 	if err != nil {
 		reason := "bad_model"
@@ -212,21 +446,21 @@ func (rt *Router) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call
 		writeError(w, http.StatusBadRequest, err.Error(), "model")
 		return
 	}
-	isLive, known := live[model]
-	switch {
-	case !known:
+	st, known := states[model]
+	if !known {
 		rt.rejected.WithLabelValues("unknown_model").Inc()
 		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", model), "model")
 		return
-	case !isLive:
+	}
+	if why := st.Unavailable(model); why != "" {
 		rt.requests.WithLabelValues(model, "no_live_workers").Inc()
-		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("Model %q has no live workers (all its workers are unhealthy or being drained)", model), "model")
+		writeError(w, http.StatusServiceUnavailable, why, "model")
 		return
 	}
 	rt.requests.WithLabelValues(model, "routed").Inc()
-	f, err := rt.fleetFor(model)
+	f, err := rt.fleetFor(model, st.Kind())
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error(), "")
+		writeError(w, http.StatusServiceUnavailable, err.Error(), "model")
 		return
 	}
 	if c.Receipt != nil {

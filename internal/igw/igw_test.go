@@ -2,10 +2,12 @@ package igw
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -46,12 +48,14 @@ type env struct {
 	prom   *prometheus.Registry
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T) *env { return newEnvWith(t, nil) }
+
+func newEnvWith(t *testing.T, edit func(*Options)) *env {
 	e := &env{reg: worker.NewRegistry(worker.BreakerConfig{})}
 	tr := proxy.NewTransport(proxy.TransportOptions{})
 	t.Cleanup(tr.CloseIdleConnections)
 	e.prom = prometheus.NewRegistry()
-	rt, err := New(Options{
+	o := Options{
 		Registerer: e.prom,
 		Registry:   e.reg, DefaultPolicy: policy.NameRoundRobin,
 		NewPolicy: func(name string) (policy.Policy, error) {
@@ -62,7 +66,11 @@ func newEnv(t *testing.T) *env {
 			return p, err
 		},
 		Regular: proxy.RegularOptions{Client: &http.Client{Transport: tr}, Retry: proxy.RetryConfig{MaxAttempts: 2}, RequestTimeout: 10 * time.Second},
-	})
+	}
+	if edit != nil {
+		edit(&o)
+	}
+	rt, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,6 +79,7 @@ func newEnv(t *testing.T) *env {
 			_ = policy.Close(p)
 		}
 	})
+	t.Cleanup(rt.Close)
 	e.rt = rt
 	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
@@ -248,5 +257,155 @@ func TestForModelFilterCache(t *testing.T) {
 	}
 	if got := p.filter(policy.Candidates{Gen: 2, Workers: nil}); len(got) != 0 {
 		t.Fatalf("empty: %d", len(got))
+	}
+}
+
+// fakePD stands in for a model's pd.Engine: it answers with its model and
+// what its policies picked among the full candidate lists, so the test
+// sees that both only ever see the model's workers.
+type fakePD struct {
+	model  string
+	pp, dp policy.Policy
+	reg    *worker.Registry
+	closed atomic.Bool
+}
+
+func (f *fakePD) Dispatch(w http.ResponseWriter, _ *http.Request, _ *proxy.Call) {
+	snap := f.reg.Snapshot()
+	p, perr := f.pp.Pick(&policy.Request{}, policy.Candidates{Gen: snap.Gen, Workers: snap.Prefill})
+	d, derr := f.dp.Pick(&policy.Request{}, policy.Candidates{Gen: snap.Gen, Workers: snap.Decode})
+	if perr != nil || derr != nil {
+		http.Error(w, fmt.Sprint(perr, derr), 503)
+		return
+	}
+	_, _ = fmt.Fprintf(w, `{"pd":%q,"p":%q,"d":%q}`, f.model, p.Worker.ModelID, d.Worker.ModelID)
+}
+
+func (f *fakePD) Close() { f.closed.Store(true) }
+
+func (e *env) addRole(t *testing.T, url, model string, role worker.Role) *worker.Worker {
+	t.Helper()
+	ws, err := e.reg.Add(worker.Spec{URL: url, Role: role, DPRank: -1, ModelID: model})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ws[0]
+}
+
+func TestPDModelBesideRegular(t *testing.T) {
+	var mu sync.Mutex
+	engines := map[string][]*fakePD{}
+	e := newEnvWith(t, func(o *Options) {
+		o.PrefillPolicy, o.DecodePolicy = policy.NameRandom, policy.NameRoundRobin
+		o.NewPD = func(model string, pp, dp policy.Policy) (PDFleet, error) {
+			f := &fakePD{model: model, pp: pp, dp: dp, reg: o.Registry}
+			mu.Lock()
+			engines[model] = append(engines[model], f)
+			mu.Unlock()
+			return f, nil
+		}
+	})
+	engine := func(m string) (*fakePD, int) {
+		mu.Lock()
+		defer mu.Unlock()
+		n := len(engines[m])
+		if n == 0 {
+			return nil, 0
+		}
+		return engines[m][n-1], n
+	}
+	reg := newWorker(t, "r")
+	e.add(t, reg.URL, "chat")
+	// Two PD models, so a policy that saw every prefill/decode would pick
+	// the other model's workers half of the time.
+	e.addRole(t, "http://127.0.0.1:1", "big", worker.RolePrefill)
+	e.addRole(t, "http://127.0.0.1:2", "big", worker.RoleDecode)
+	e.addRole(t, "http://127.0.0.1:3", "other", worker.RolePrefill)
+	od := e.addRole(t, "http://127.0.0.1:4", "other", worker.RoleDecode)
+	if f, n := engine("big"); n != 1 || f == nil {
+		t.Fatalf("the PD engine of big was not built when its workers joined: %d", n)
+	}
+
+	for range 4 {
+		if st, body := e.post(t, `{"model":"big","prompt":"x"}`); st != 200 || body != `{"pd":"big","p":"big","d":"big"}` {
+			t.Fatalf("big: %d %s", st, body)
+		}
+		if st, body := e.post(t, `{"model":"other","prompt":"x"}`); st != 200 || body != `{"pd":"other","p":"other","d":"other"}` {
+			t.Fatalf("other: %d %s", st, body)
+		}
+	}
+	if st, body := e.post(t, `{"model":"chat","prompt":"x"}`); st != 200 || !strings.Contains(body, `"r"`) {
+		t.Fatalf("regular model: %d %s", st, body)
+	}
+	if _, n := engine("big"); n != 1 {
+		t.Fatalf("engines of big: %d, want one reused", n)
+	}
+
+	st := e.rt.Status()
+	if b := st["big"]; b.Kind != KindPD || b.PrefillPolicy != policy.NameRandom || b.DecodePolicy != policy.NameRoundRobin ||
+		b.Prefill != 1 || b.Decode != 1 || b.Total != 2 || b.Policy != "" {
+		t.Fatalf("status of big: %+v", b)
+	}
+	if c := st["chat"]; c.Kind != KindRegular || c.Policy != policy.NameRoundRobin || c.Total != 1 {
+		t.Fatalf("status of chat: %+v", c)
+	}
+
+	// One role missing or down: a 503 saying which.
+	e.addRole(t, "http://127.0.0.1:5", "half", worker.RolePrefill)
+	od.SetHealthy(false)
+	for _, tc := range []struct{ model, want string }{
+		{"half", `Model \"half\" has no decode workers (1 prefill registered): a PD model needs both roles`},
+		{"other", `Model \"other\" has no live decode workers (1 registered, all unhealthy or being drained)`},
+	} {
+		if st, body := e.post(t, `{"model":"`+tc.model+`","prompt":"x"}`); st != 503 || !strings.Contains(body, tc.want) {
+			t.Fatalf("%s: %d %s, want 503 with %s", tc.model, st, body, tc.want)
+		}
+	}
+
+	// big's last worker leaves: its engine is closed and the model is gone.
+	f, _ := engine("big")
+	e.reg.RemoveWhere(func(w *worker.Worker) bool { return w.ModelID == "big" })
+	deadline := time.Now().Add(10 * time.Second)
+	for !f.closed.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("the PD engine of a model with no workers left was not closed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if st, body := e.post(t, `{"model":"big","prompt":"x"}`); st != 404 {
+		t.Fatalf("big after its workers left: %d %s", st, body)
+	}
+	e.rt.Close()
+	if f, _ := engine("other"); !f.closed.Load() {
+		t.Fatal("Close left a PD engine running")
+	}
+}
+
+func TestPDModelWithoutEngine(t *testing.T) {
+	e := newEnv(t)
+	e.addRole(t, "http://127.0.0.1:1", "big", worker.RolePrefill)
+	e.addRole(t, "http://127.0.0.1:2", "big", worker.RoleDecode)
+	if st, body := e.post(t, `{"model":"big","prompt":"x"}`); st != 503 || !strings.Contains(body, "serves no PD fleets") {
+		t.Fatalf("%d %s", st, body)
+	}
+}
+
+func TestModelStateUnavailable(t *testing.T) {
+	for _, tc := range []struct {
+		st   ModelState
+		want string
+	}{
+		{ModelState{Regular: 2, LiveRegular: 1}, ""},
+		{ModelState{Regular: 2}, `Model "m" has no live workers (all its workers are unhealthy or being drained)`},
+		{ModelState{Prefill: 1, Decode: 2, LivePrefill: 1, LiveDecode: 1}, ""},
+		{ModelState{Prefill: 1, Decode: 2}, `Model "m" has no live workers (prefill: 1 registered, decode: 2 registered, none healthy)`},
+		{ModelState{Decode: 2, LiveDecode: 2}, `Model "m" has no prefill workers (2 decode registered): a PD model needs both roles`},
+		{ModelState{Prefill: 3, LivePrefill: 1}, `Model "m" has no decode workers (3 prefill registered): a PD model needs both roles`},
+		{ModelState{Prefill: 3, Decode: 1, LiveDecode: 1}, `Model "m" has no live prefill workers (3 registered, all unhealthy or being drained)`},
+		{ModelState{Prefill: 3, Decode: 1, LivePrefill: 1}, `Model "m" has no live decode workers (1 registered, all unhealthy or being drained)`},
+	} {
+		if got := tc.st.Unavailable("m"); got != tc.want {
+			t.Errorf("%+v: %q, want %q", tc.st, got, tc.want)
+		}
 	}
 }
