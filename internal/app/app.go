@@ -489,20 +489,9 @@ func (a *app) buildServer(ctx context.Context) error {
 		sopts.Profile = eng.ServeProfile
 		sopts.Policies = map[string]string{"policy": cfg.Policy, "prefill": cfg.EffectivePrefillPolicy(), "decode": cfg.EffectiveDecodePolicy()}
 		if cfg.VLLMDiscoveryAddress != "" {
-			l, err := zmq.New(zmq.Options{
-				Address:   cfg.VLLMDiscoveryAddress,
-				Registry:  a.reg,
-				Metrics:   a.m,
-				Logger:    a.log,
-				TTL:       cfg.DiscoveryTTL(),
-				Connector: cfg.KVConnector,
-			})
-			if err != nil {
-				return fmt.Errorf("--vllm-discovery-address %s: %w", cfg.VLLMDiscoveryAddress, err)
+			if err := a.buildZMQ(&sopts, nil); err != nil {
+				return err
 			}
-			a.zmq = l
-			a.closers = append(a.closers, func() { _ = l.Close() })
-			sopts.DiscoveryStatus = func() any { return l.Status() }
 		}
 	} else {
 		p, err := a.newPolicy(cfg.Policy)

@@ -42,6 +42,15 @@ func (a *app) buildIGW(sopts *server.Options, ropts proxy.RegularOptions) error 
 	}
 	a.igw = rt
 	a.closers = append(a.closers, rt.Close)
+	if cfg.VLLMDiscoveryAddress != "" {
+		// Registrations carry no model: each instance's /v1/models names it.
+		mc := newModelCache(a.discoverModel, a.log)
+		a.closers = append(a.closers, mc.Close)
+		a.reg.Subscribe(mc.onRegistryChange)
+		if err := a.buildZMQ(sopts, mc.Model); err != nil {
+			return err
+		}
+	}
 	sopts.Mode = server.ModeRegular
 	sopts.Generate = rt
 	sopts.AddWorkerSpec = a.adminAddIGW

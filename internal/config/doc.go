@@ -66,10 +66,10 @@
 //     per occurrence); a repeated scalar flag keeps the last value (clap
 //     errors).
 //   - --enable-igw runs the multi-model router with regular and PD fleets
-//     (--worker-urls, --prefill/--decode, POST /workers); with discovery
-//     flags, --backend openai, --kv-connector moriio, or an explicit
+//     (--worker-urls, --prefill/--decode, --vllm-discovery-address, POST
+//     /workers); with --service-discovery, --backend openai, or an explicit
 //     --panic-routing/--pd-warmup it is refused by Validate ("not supported:
-//     --vllm-discovery-address (with --enable-igw: ...)").
+//     --service-discovery (with --enable-igw: ...)").
 //   - --prometheus-host must be an IP address (Rust binds 0.0.0.0 for any
 //     other string); selector items without '=' are errors (Rust drops them).
 //   - --otel-sampling-ratio outside [0,1] is a validation error (Rust only

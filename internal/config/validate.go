@@ -449,16 +449,15 @@ func (c *Config) validateFlow(add func(*Error)) {
 }
 
 // validateIGW checks the flags of --enable-igw: model fleets come from
-// --worker-urls (regular), --prefill/--decode (PD, the connector is
-// --kv-connector) and POST /workers. Panic routing and the PD warm-up would
+// --worker-urls (regular), --prefill/--decode and --vllm-discovery-address
+// (PD, the connector is --kv-connector) and POST /workers. Panic routing and the PD warm-up would
 // cross models, so asking for them explicitly is refused.
 func (c *Config) validateIGW(add func(*Error)) {
-	reason := "with --enable-igw: not implemented yet for multi-model fleets (workers join through --worker-urls, --prefill/--decode and POST /workers)"
+	reason := "with --enable-igw: not implemented yet for multi-model fleets (workers join through --worker-urls, --prefill/--decode, POST /workers and --vllm-discovery-address)"
 	for _, u := range []struct {
 		flag string
 		set  bool
 	}{
-		{"--vllm-discovery-address", c.VLLMDiscoveryAddress != ""},
 		{"--service-discovery", c.ServiceDiscovery},
 		{"--backend openai", c.Backend == BackendOpenAI},
 	} {
@@ -474,8 +473,8 @@ func (c *Config) validateIGW(add func(*Error)) {
 			add(&Error{Kind: KindNotSupported, Field: "--" + u.flag, Reason: "with --enable-igw: " + u.why + " (it is off there; drop the flag)"})
 		}
 	}
-	if c.KVConnector == KVConnectorMoRIIO {
-		add(&Error{Kind: KindNotSupported, Field: "--kv-connector moriio", Reason: "with --enable-igw: MoRI-IO workers register over ZMQ discovery, which multi-model fleets do not use yet"})
+	if c.KVConnector == KVConnectorMoRIIO && c.VLLMDiscoveryAddress == "" {
+		add(incompatible("with --enable-igw, --kv-connector moriio needs --vllm-discovery-address: MoRI-IO workers register over ZMQ discovery"))
 	}
 	c.checkURLs(add, "--worker-urls", c.WorkerURLs)
 	prefillURLs := make([]string, len(c.Prefill))
