@@ -601,6 +601,7 @@ func (a *app) buildKube(sopts *server.Options) error {
 		PrefillSelector:  cfg.PrefillSelectorMap(),
 		DecodeSelector:   cfg.DecodeSelectorMap(),
 		PD:               cfg.Mode() == config.ModeVLLMPD,
+		Models:           cfg.Mode() == config.ModeIGW,
 		Port:             int(cfg.ServiceDiscoveryPort),
 		DPSizeAnnotation: cfg.DPSizeAnnotation,
 		DefaultDPSize:    cfg.IntraNodeDataParallelSize,

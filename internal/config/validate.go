@@ -450,19 +450,20 @@ func (c *Config) validateFlow(add func(*Error)) {
 
 // validateIGW checks the flags of --enable-igw: model fleets come from
 // --worker-urls (regular), --prefill/--decode and --vllm-discovery-address
-// (PD, the connector is --kv-connector) and POST /workers. Panic routing and the PD warm-up would
+// (PD, the connector is --kv-connector), --service-discovery (every
+// selector) and POST /workers. Panic routing and the PD warm-up would
 // cross models, so asking for them explicitly is refused.
 func (c *Config) validateIGW(add func(*Error)) {
-	reason := "with --enable-igw: not implemented yet for multi-model fleets (workers join through --worker-urls, --prefill/--decode, POST /workers and --vllm-discovery-address)"
-	for _, u := range []struct {
-		flag string
-		set  bool
-	}{
-		{"--service-discovery", c.ServiceDiscovery},
-		{"--backend openai", c.Backend == BackendOpenAI},
-	} {
-		if u.set {
-			add(&Error{Kind: KindNotSupported, Field: u.flag, Reason: reason})
+	if c.Backend == BackendOpenAI {
+		add(&Error{Kind: KindNotSupported, Field: "--backend openai", Reason: "with --enable-igw: not implemented yet for multi-model fleets " +
+			"(workers join through --worker-urls, --prefill/--decode, POST /workers, --vllm-discovery-address and --service-discovery)"})
+	}
+	if c.ServiceDiscovery {
+		if c.ServiceDiscoveryPort == 0 {
+			add(invalid("--service-discovery-port", "0", "Port must be > 0"))
+		}
+		if len(c.SelectorMap()) == 0 && len(c.PrefillSelectorMap()) == 0 && len(c.DecodeSelectorMap()) == 0 {
+			add(failed("--enable-igw with service discovery requires a non-empty --selector, --prefill-selector or --decode-selector"))
 		}
 	}
 	for _, u := range []struct{ flag, why string }{

@@ -91,12 +91,14 @@ func TestValidate(t *testing.T) {
 			"invalid value for --prefill: http://p:1 0 - Port must be between 1 and 65535",
 			"invalid value for --decode: d:1 - URL must start with http:// or https://",
 		}},
-		{name: "igw refusals", args: []string{"--enable-igw", "--kv-connector", "moriio", "--panic-routing", "--pd-warmup=true", "--service-discovery", "--selector", "a=b"}, want: []string{
-			"not supported: --service-discovery (with --enable-igw: not implemented yet for multi-model fleets (workers join through --worker-urls, --prefill/--decode, POST /workers and --vllm-discovery-address))",
+		{name: "igw refusals", args: []string{"--enable-igw", "--kv-connector", "moriio", "--panic-routing", "--pd-warmup=true", "--service-discovery", "--backend", "openai"}, want: []string{
+			"not supported: --backend openai (with --enable-igw: not implemented yet for multi-model fleets (workers join through --worker-urls, --prefill/--decode, POST /workers, --vllm-discovery-address and --service-discovery))",
+			"validation failed: --enable-igw with service discovery requires a non-empty --selector, --prefill-selector or --decode-selector",
 			"not supported: --panic-routing (with --enable-igw: panic routing picks among every registered worker, whatever its model (it is off there; drop the flag))",
 			"not supported: --pd-warmup (with --enable-igw: the warm-up pairs prefill and decode workers across models (it is off there; drop the flag))",
 			"incompatible configuration: with --enable-igw, --kv-connector moriio needs --vllm-discovery-address: MoRI-IO workers register over ZMQ discovery",
 		}},
+		{name: "igw with Kubernetes discovery", args: []string{"--enable-igw", "--service-discovery", "--selector", "app=vllm", "--prefill-selector", "app=p", "--decode-selector", "app=d"}, want: nil},
 		{name: "igw with ZMQ discovery", args: []string{"--enable-igw", "--kv-connector", "moriio", "--vllm-discovery-address", "127.0.0.1:5555"}, want: nil},
 		{name: "igw explicit off is fine", args: []string{"--enable-igw", "--panic-routing=false", "--pd-warmup=false"}, want: nil},
 

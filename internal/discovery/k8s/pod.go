@@ -26,6 +26,7 @@ const (
 	reasonBadIP       = "bad_ip"      // pod IP that makes no valid URL
 	reasonReplaced    = "replaced"    // IP, role, DP size or bootstrap port changed
 	reasonConflict    = "conflict"    // another instance holds the worker key
+	reasonNoModel     = "no_model"    // multi-model mode: the pod names no model
 )
 
 // podView is what one informer last saw of one pod; nil means the pod is
@@ -40,6 +41,8 @@ type podView struct {
 	dpSize        int
 	bootstrapPort int    // prefill only; 0 = connector default
 	kvEventsPort  int    // KV event publisher port; 0 = the router's --kv-events-port
+	model         string // multi-model mode: the model the pod names
+	noModel       bool   // multi-model mode and the pod names none
 	warn          string // annotation problems, logged once per value
 }
 
@@ -56,6 +59,8 @@ func (v *podView) ineligible() string {
 		return reasonNoIP
 	case v.url == "":
 		return reasonBadIP
+	case v.noModel:
+		return reasonNoModel
 	}
 	return ""
 }
@@ -139,15 +144,30 @@ func (s *Source) viewOf(pod *corev1.Pod, role worker.Role) *podView {
 			v.kvEventsPort = n
 		}
 	}
+	if s.opts.Models {
+		v.model = podModel(pod)
+		if v.noModel = v.model == ""; v.noModel {
+			warns = append(warns, fmt.Sprintf("pod names no model (annotation or label %s); it is not routed", ModelAnnotation))
+		}
+	}
 	v.warn = strings.Join(warns, "; ")
 	return v
+}
+
+// podModel is the model a pod names: its ModelAnnotation, else its label
+// of that name.
+func podModel(pod *corev1.Pod) string {
+	if m := strings.TrimSpace(pod.Annotations[ModelAnnotation]); m != "" {
+		return m
+	}
+	return strings.TrimSpace(pod.Labels[ModelAnnotation])
 }
 
 // specs are the registry entries of an eligible view: one per DP rank.
 func (v *podView) specs(instance string) []worker.Spec {
 	spec := worker.Spec{
 		URL: v.url, Role: v.role, DPRank: -1, TPSize: 1,
-		Source: worker.SourceK8s, Instance: instance,
+		Source: worker.SourceK8s, Instance: instance, ModelID: v.model,
 	}
 	if v.role == worker.RolePrefill {
 		spec.BootstrapPort = v.bootstrapPort
@@ -214,6 +234,9 @@ func (s *Source) reconcileLocked(st *podState) {
 		}
 	}
 	attrs := []any{"pod", st.key, "role", role.String(), "url", v.url, "dp_size", v.dpSize}
+	if v.model != "" {
+		attrs = append(attrs, "model", v.model)
+	}
 	if role == worker.RolePrefill && v.bootstrapPort > 0 {
 		attrs = append(attrs, "bootstrap_port", v.bootstrapPort)
 	}
