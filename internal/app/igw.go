@@ -33,6 +33,7 @@ func (a *app) buildIGW(sopts *server.Options, ropts proxy.RegularOptions) error 
 		DecodePolicy:  cfg.EffectiveDecodePolicy(),
 		NewPolicy:     a.newPolicy,
 		NewPD:         a.newModelPD,
+		Models:        modelSettings(cfg.Models),
 		Regular:       ropts,
 		Logger:        a.log,
 		Registerer:    a.m.Registry,
@@ -57,6 +58,15 @@ func (a *app) buildIGW(sopts *server.Options, ropts proxy.RegularOptions) error 
 	sopts.ModelsStatus = func() any { return rt.Status() }
 	sopts.Policies = map[string]string{"policy": cfg.Policy, "prefill": cfg.EffectivePrefillPolicy(), "decode": cfg.EffectiveDecodePolicy(), "mode": "igw"}
 	return nil
+}
+
+// modelSettings are the config file's models sections.
+func modelSettings(in map[string]config.ModelConfig) map[string]igw.ModelSettings {
+	out := make(map[string]igw.ModelSettings, len(in))
+	for m, c := range in {
+		out[m] = igw.ModelSettings{Policy: c.Policy, PrefillPolicy: c.PrefillPolicy, DecodePolicy: c.DecodePolicy, MaxConcurrent: c.MaxConcurrentRequests}
+	}
+	return out
 }
 
 // newModelPD is one PD model's engine. Panic routing and the pair warm-up

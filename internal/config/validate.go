@@ -20,6 +20,7 @@ func (c *Config) Validate() error {
 	if mode == ModeIGW {
 		c.validateIGW(add)
 	}
+	c.validateModels(add)
 
 	// §1.3: checks the Rust binary makes while building RouterConfig.
 	pdSourceMissing := false

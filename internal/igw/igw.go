@@ -29,6 +29,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -73,10 +74,37 @@ type Options struct {
 	// Registry, Role and Policy are set per fleet. Its Panic is ignored:
 	// panic routing would pick among every model's workers.
 	Regular proxy.RegularOptions
-	Logger  *slog.Logger
+	// Models are the configured per-model settings (the config file's
+	// models section).
+	Models map[string]ModelSettings
+	Logger *slog.Logger
 	// Registerer receives the per-model metrics (nil = not exported).
 	Registerer prometheus.Registerer
 }
+
+// ModelSettings are one model's configured settings. A configured policy
+// wins over labels.policy; MaxConcurrent > 0 bounds the model's requests
+// in flight (more are a 429).
+type ModelSettings struct {
+	Policy, PrefillPolicy, DecodePolicy string
+	MaxConcurrent                       int
+}
+
+// limiter bounds one model's requests in flight.
+type limiter struct {
+	max int64
+	n   atomic.Int64
+}
+
+func (l *limiter) acquire() bool {
+	if l.n.Add(1) > l.max {
+		l.n.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (l *limiter) release() { l.n.Add(-1) }
 
 // Router implements proxy.Dispatcher over per-model fleets.
 type Router struct {
@@ -90,8 +118,12 @@ type Router struct {
 	policies map[string]string // model → policy asked for (labels.policy)
 	closed   bool
 
-	requests *prometheus.CounterVec // model (a registered one), outcome: routed|no_live_workers
-	rejected *prometheus.CounterVec // reason: unknown_model|bad_model|model_required
+	limits map[string]*limiter // configured models with MaxConcurrent > 0; read-only
+
+	requests  *prometheus.CounterVec   // model (a registered one), outcome: routed|no_live_workers|limited
+	rejected  *prometheus.CounterVec   // reason: unknown_model|bad_model|model_required
+	duration  *prometheus.HistogramVec // model: routed requests, arrival to the end of the response
+	responses *prometheus.CounterVec   // model, code: status class of routed requests' responses
 }
 
 type fleet struct {
@@ -116,20 +148,34 @@ func New(o Options) (*Router, error) {
 	o.PrefillPolicy = cmp.Or(o.PrefillPolicy, o.DefaultPolicy)
 	o.DecodePolicy = cmp.Or(o.DecodePolicy, o.DefaultPolicy)
 	o.Regular.Panic = nil
-	rt := &Router{o: o, log: o.Logger, fleets: map[string]*fleet{}, policies: map[string]string{}}
+	rt := &Router{o: o, log: o.Logger, fleets: map[string]*fleet{}, policies: map[string]string{}, limits: map[string]*limiter{}}
+	for m, st := range o.Models {
+		if st.MaxConcurrent > 0 {
+			rt.limits[m] = &limiter{max: int64(st.MaxConcurrent)}
+		}
+	}
 	if rt.log == nil {
 		rt.log = slog.New(slog.DiscardHandler)
 	}
 	rt.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "vllm_router_model_requests_total",
-		Help: "--enable-igw: generation requests per served model, by outcome (routed to the model's fleet, or no_live_workers: 503).",
+		Help: "--enable-igw: generation requests per served model, by outcome (routed to the model's fleet; no_live_workers: 503; limited: 429, the model's max_concurrent_requests reached).",
 	}, []string{"model", "outcome"})
+	rt.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "vllm_router_model_request_duration_seconds",
+		Help:    "--enable-igw: routed generation requests per served model, from arrival to the end of the response (streams included).",
+		Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300},
+	}, []string{"model"})
+	rt.responses = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "vllm_router_model_responses_total",
+		Help: "--enable-igw: routed generation requests per served model, by the status class of their response (2xx, 4xx, 5xx).",
+	}, []string{"model", "code"})
 	rt.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "vllm_router_model_rejections_total",
 		Help: "--enable-igw: requests refused before a fleet was chosen, by reason (unknown_model: 404, bad_model, model_required: 400).",
 	}, []string{"reason"})
 	if o.Registerer != nil {
-		for _, c := range []prometheus.Collector{rt.requests, rt.rejected} {
+		for _, c := range []prometheus.Collector{rt.requests, rt.rejected, rt.duration, rt.responses} {
 			if err := o.Registerer.Register(c); err != nil {
 				return nil, err
 			}
@@ -195,6 +241,8 @@ func (rt *Router) forgetGone(c worker.Change) {
 		}
 		delete(rt.policies, m)
 		rt.requests.DeletePartialMatch(prometheus.Labels{"model": m})
+		rt.duration.DeletePartialMatch(prometheus.Labels{"model": m})
+		rt.responses.DeletePartialMatch(prometheus.Labels{"model": m})
 		f := rt.fleets[m]
 		if f == nil {
 			continue
@@ -213,6 +261,9 @@ func (rt *Router) forgetGone(c worker.Change) {
 func (rt *Router) SetPolicy(model, name string) error {
 	if !slices.Contains(policy.Names(), name) {
 		return fmt.Errorf("labels.policy %q is not a policy (valid: %s)", name, strings.Join(policy.Names(), ", "))
+	}
+	if cf := rt.o.Models[model]; cf.Policy != name && (cf.Policy != "" || cf.PrefillPolicy != "" || cf.DecodePolicy != "") {
+		return fmt.Errorf("model %q takes its policies from the config file (models section); labels.policy %q conflicts", model, name)
 	}
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
@@ -239,18 +290,13 @@ func (rt *Router) policyLocked(model string) string {
 	if f := rt.fleets[model]; f != nil && f.kind == KindRegular {
 		return f.policy
 	}
-	if p := rt.policies[model]; p != "" {
-		return p
-	}
-	return rt.o.DefaultPolicy
+	return cmp.Or(rt.o.Models[model].Policy, rt.policies[model], rt.o.DefaultPolicy)
 }
 
 // pdPolicies returns the prefill and decode policies of a PD model.
 func (rt *Router) pdPoliciesLocked(model string) (string, string) {
-	if p := rt.policies[model]; p != "" {
-		return p, p
-	}
-	return rt.o.PrefillPolicy, rt.o.DecodePolicy
+	cf, lp := rt.o.Models[model], rt.policies[model]
+	return cmp.Or(cf.PrefillPolicy, cf.Policy, lp, rt.o.PrefillPolicy), cmp.Or(cf.DecodePolicy, cf.Policy, lp, rt.o.DecodePolicy)
 }
 
 // fleetFor returns model's fleet of kind, creating it on first use (or
@@ -394,13 +440,17 @@ type ModelStatus struct {
 	Kind Kind `json:"kind"`
 	// Policy is a regular model's policy; PrefillPolicy and DecodePolicy a
 	// PD model's.
-	Policy        string   `json:"policy,omitempty"`
-	PrefillPolicy string   `json:"prefill_policy,omitempty"`
-	DecodePolicy  string   `json:"decode_policy,omitempty"`
-	Total         int      `json:"total"`
-	Healthy       int      `json:"healthy"`
-	Prefill       int      `json:"prefill,omitempty"`
-	Decode        int      `json:"decode,omitempty"`
+	Policy        string `json:"policy,omitempty"`
+	PrefillPolicy string `json:"prefill_policy,omitempty"`
+	DecodePolicy  string `json:"decode_policy,omitempty"`
+	Total         int    `json:"total"`
+	Healthy       int    `json:"healthy"`
+	Prefill       int    `json:"prefill,omitempty"`
+	Decode        int    `json:"decode,omitempty"`
+	// InFlight and MaxConcurrent are shown for a model with a configured
+	// max_concurrent_requests.
+	InFlight      int64    `json:"in_flight,omitempty"`
+	MaxConcurrent int      `json:"max_concurrent_requests,omitempty"`
 	Workers       []string `json:"workers"`
 }
 
@@ -422,6 +472,9 @@ func (rt *Router) Status() map[string]ModelStatus {
 		st.Total = s.Regular + s.Prefill + s.Decode
 		st.Healthy = s.LiveRegular + s.LivePrefill + s.LiveDecode
 		st.Prefill, st.Decode = s.Prefill, s.Decode
+		if l := rt.limits[m]; l != nil {
+			st.InFlight, st.MaxConcurrent = l.n.Load(), int(l.max)
+		}
 		if st.Kind == KindPD {
 			st.PrefillPolicy, st.DecodePolicy = rt.pdPoliciesLocked(m)
 		} else {
@@ -457,16 +510,65 @@ func (rt *Router) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call
 		writeError(w, http.StatusServiceUnavailable, why, "model")
 		return
 	}
-	rt.requests.WithLabelValues(model, "routed").Inc()
+	if l := rt.limits[model]; l != nil {
+		if !l.acquire() {
+			rt.requests.WithLabelValues(model, "limited").Inc()
+			writeError(w, http.StatusTooManyRequests, fmt.Sprintf("Model %q is at its limit of %d concurrent requests (max_concurrent_requests); retry later", model, l.max), "model")
+			return
+		}
+		defer l.release()
+	}
 	f, err := rt.fleetFor(model, st.Kind())
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error(), "model")
 		return
 	}
+	rt.requests.WithLabelValues(model, "routed").Inc()
 	if c.Receipt != nil {
 		defer func() { c.Receipt.Reason = "model " + model + "; " + c.Receipt.Reason }()
 	}
-	f.disp.Dispatch(w, r, c)
+	sw := &statusWriter{ResponseWriter: w}
+	f.disp.Dispatch(sw, r, c)
+	start := c.Start
+	if start.IsZero() {
+		start = time.Now()
+	}
+	rt.duration.WithLabelValues(model).Observe(time.Since(start).Seconds())
+	rt.responses.WithLabelValues(model, statusClass(sw.status)).Inc()
+}
+
+// statusWriter records the status of a response; Unwrap keeps flushing
+// and hijacking (http.ResponseController) working.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusWriter) Flush() { _ = http.NewResponseController(s.ResponseWriter).Flush() }
+
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// statusClass is "2xx", "4xx", ... ("none" when nothing was written: the
+// client went away first).
+func statusClass(code int) string {
+	if code < 100 || code > 599 {
+		return "none"
+	}
+	return strconv.Itoa(code/100) + "xx"
 }
 
 var errModelRequired = errors.New("model is required")

@@ -170,14 +170,22 @@ func TestRouteByModel(t *testing.T) {
 vllm_router_model_rejections_total{reason="bad_model"} 1
 vllm_router_model_rejections_total{reason="model_required"} 1
 vllm_router_model_rejections_total{reason="unknown_model"} 1
-# HELP vllm_router_model_requests_total --enable-igw: generation requests per served model, by outcome (routed to the model's fleet, or no_live_workers: 503).
+# HELP vllm_router_model_requests_total --enable-igw: generation requests per served model, by outcome (routed to the model's fleet; no_live_workers: 503; limited: 429, the model's max_concurrent_requests reached).
 # TYPE vllm_router_model_requests_total counter
 vllm_router_model_requests_total{model="model-a",outcome="routed"} 7
 vllm_router_model_requests_total{model="org/model-b",outcome="no_live_workers"} 1
 vllm_router_model_requests_total{model="org/model-b",outcome="routed"} 1
+# HELP vllm_router_model_responses_total --enable-igw: routed generation requests per served model, by the status class of their response (2xx, 4xx, 5xx).
+# TYPE vllm_router_model_responses_total counter
+vllm_router_model_responses_total{code="2xx",model="model-a"} 7
+vllm_router_model_responses_total{code="2xx",model="org/model-b"} 1
 `
-	if err := testutil.GatherAndCompare(e.prom, strings.NewReader(want)); err != nil {
+	if err := testutil.GatherAndCompare(e.prom, strings.NewReader(want), "vllm_router_model_requests_total",
+		"vllm_router_model_rejections_total", "vllm_router_model_responses_total"); err != nil {
 		t.Fatal(err)
+	}
+	if n := testutil.CollectAndCount(e.rt.duration, "vllm_router_model_request_duration_seconds"); n != 2 {
+		t.Fatalf("duration series: %d, want one per routed model", n)
 	}
 	// One model left: "model" may be omitted.
 	e.reg.Remove(bw.Key())
@@ -407,5 +415,90 @@ func TestModelStateUnavailable(t *testing.T) {
 		if got := tc.st.Unavailable("m"); got != tc.want {
 			t.Errorf("%+v: %q, want %q", tc.st, got, tc.want)
 		}
+	}
+}
+
+func TestModelSettingsAndLimit(t *testing.T) {
+	e := newEnvWith(t, func(o *Options) {
+		o.Models = map[string]ModelSettings{
+			"m": {Policy: policy.NameRandom, MaxConcurrent: 2},
+			"p": {PrefillPolicy: policy.NameRandom, DecodePolicy: policy.NameRoundRobin},
+		}
+	})
+	if err := e.rt.SetPolicy("m", policy.NameCacheAware); err == nil || !strings.Contains(err.Error(), "takes its policies from the config file") {
+		t.Fatalf("labels.policy against the config file: %v", err)
+	}
+	if err := e.rt.SetPolicy("m", policy.NameRandom); err != nil {
+		t.Fatalf("labels.policy equal to the config file's: %v", err)
+	}
+	if err := e.rt.SetPolicy("p", policy.NameRandom); err == nil {
+		t.Fatal("labels.policy accepted for a model whose config names its role policies")
+	}
+	if got := e.rt.Policy("m"); got != policy.NameRandom {
+		t.Fatalf("policy of m: %q", got)
+	}
+	e.rt.mu.Lock()
+	pp, dp := e.rt.pdPoliciesLocked("p")
+	e.rt.mu.Unlock()
+	if pp != policy.NameRandom || dp != policy.NameRoundRobin {
+		t.Fatalf("PD policies of p: %s, %s", pp, dp)
+	}
+
+	release := make(chan struct{})
+	var arrived atomic.Int32
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		_, _ = io.WriteString(w, `{"ok":true}`)
+	}))
+	t.Cleanup(slow.Close)
+	t.Cleanup(func() { close(release) })
+	e.add(t, slow.URL, "m")
+	other := newWorker(t, "o")
+	e.add(t, other.URL, "o")
+
+	type result struct {
+		st   int
+		body string
+	}
+	results := make(chan result, 2)
+	for range 2 {
+		go func() {
+			st, body := e.post(t, `{"model":"m","prompt":"x"}`)
+			results <- result{st, body}
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for arrived.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the two requests did not reach the worker")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if st, body := e.post(t, `{"model":"m","prompt":"x"}`); st != 429 || !strings.Contains(body, `Model \"m\" is at its limit of 2 concurrent requests`) ||
+		!strings.Contains(body, `"type":"RateLimitError"`) {
+		t.Fatalf("third request: %d %s", st, body)
+	}
+	if st, _ := e.post(t, `{"model":"o","prompt":"x"}`); st != 200 {
+		t.Fatalf("another model while m is full: %d", st)
+	}
+	if s := e.rt.Status()["m"]; s.InFlight != 2 || s.MaxConcurrent != 2 {
+		t.Fatalf("status of m: %+v", s)
+	}
+	release <- struct{}{}
+	release <- struct{}{}
+	for range 2 {
+		if r := <-results; r.st != 200 {
+			t.Fatalf("held request: %d %s", r.st, r.body)
+		}
+	}
+	if s := e.rt.Status()["m"]; s.InFlight != 0 {
+		t.Fatalf("in flight after the requests ended: %d", s.InFlight)
+	}
+	if got := testutil.ToFloat64(e.rt.requests.WithLabelValues("m", "limited")); got != 1 {
+		t.Fatalf("limited count %v", got)
 	}
 }
