@@ -151,3 +151,36 @@ func TestIGWPDModelBesideRegular(t *testing.T) {
 		t.Fatalf("removed model: %d %s", code, body)
 	}
 }
+
+// TestIGWPDMooncake: a Mooncake PD model added with POST /workers (the
+// prefill's bootstrap_port given) is served beside a regular model; the
+// model's engine queries the prefill's bootstrap server in the background.
+func TestIGWPDMooncake(t *testing.T) {
+	chat := startSim(t, "--role", "unified", "--model", "chat")
+	p := startSim(t, "--role", "prefill", "--kv-connector", "mooncake", "--bootstrap-port", "0", "--strict", "--model", "mc")
+	d := startSim(t, "--role", "decode", "--kv-connector", "mooncake", "--strict", "--model", "mc")
+	r := startRouter(t, "--enable-igw", "--kv-connector", "mooncake", "--worker-urls", chat.URL())
+	ctx := ctxT(t, 60*time.Second)
+	for _, body := range []string{
+		fmt.Sprintf(`{"url":%q,"worker_type":"prefill","bootstrap_port":%d}`, p.URL(), p.Info.BootstrapPort),
+		fmt.Sprintf(`{"url":%q,"worker_type":"decode","model_id":"mc"}`, d.URL()),
+	} {
+		if code, _, b := post(t, ctx, r.Base+"/workers", body); code != 200 {
+			t.Fatalf("POST /workers %s: %d %s", body, code, b)
+		}
+	}
+	waitFor(t, 15*time.Second, "mc served once the bootstrap query answered", func() bool {
+		code, _, _ := post(t, ctx, r.Base+"/v1/completions", `{"model":"mc","prompt":"warm up","max_tokens":2}`)
+		return code == 200
+	})
+	code, _, body := post(t, ctx, r.Base+"/v1/completions", `{"model":"mc","prompt":"the quick brown fox","max_tokens":4}`)
+	if code != 200 || completionText(t, body) == "" {
+		t.Fatalf("mc: %d %s", code, body)
+	}
+	if ps, ds := p.Stats(t), d.Stats(t); ps.Requests.PrefillLeg < 2 || ds.Requests.DecodeLeg < 2 || ds.Transfers.ProtocolViolations != 0 {
+		t.Fatalf("mc legs: prefill %d decode %d violations %d", ps.Requests.PrefillLeg, ds.Requests.DecodeLeg, ds.Transfers.ProtocolViolations)
+	}
+	if code, _, body := post(t, ctx, r.Base+"/v1/completions", `{"model":"chat","prompt":"x","max_tokens":2}`); code != 200 {
+		t.Fatalf("chat: %d %s", code, body)
+	}
+}
