@@ -164,6 +164,11 @@ func TestRouteByModel(t *testing.T) {
 	if st, _ := e.post(t, `{"model":"model-a","prompt":"x"}`); st != 200 {
 		t.Fatalf("model-a with b down: %d", st)
 	}
+	// The per-model response counters are recorded after the response
+	// was written: wait for the last one.
+	waitCond(t, "the last response counted", func() bool {
+		return testutil.ToFloat64(e.rt.responses.WithLabelValues("model-a", "2xx")) == 7
+	})
 	want := `
 # HELP vllm_router_model_rejections_total --enable-igw: requests refused before a fleet was chosen, by reason (unknown_model: 404, bad_model, model_required: 400).
 # TYPE vllm_router_model_rejections_total counter
@@ -373,13 +378,7 @@ func TestPDModelBesideRegular(t *testing.T) {
 	// big's last worker leaves: its engine is closed and the model is gone.
 	f, _ := engine("big")
 	e.reg.RemoveWhere(func(w *worker.Worker) bool { return w.ModelID == "big" })
-	deadline := time.Now().Add(10 * time.Second)
-	for !f.closed.Load() {
-		if time.Now().After(deadline) {
-			t.Fatal("the PD engine of a model with no workers left was not closed")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitCond(t, "the PD engine of a model with no workers left closed", f.closed.Load)
 	if st, body := e.post(t, `{"model":"big","prompt":"x"}`); st != 404 {
 		t.Fatalf("big after its workers left: %d %s", st, body)
 	}
@@ -471,13 +470,7 @@ func TestModelSettingsAndLimit(t *testing.T) {
 			results <- result{st, body}
 		}()
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for arrived.Load() < 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("the two requests did not reach the worker")
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	waitCond(t, "the two requests at the worker", func() bool { return arrived.Load() == 2 })
 	if st, body := e.post(t, `{"model":"m","prompt":"x"}`); st != 429 || !strings.Contains(body, `Model \"m\" is at its limit of 2 concurrent requests`) ||
 		!strings.Contains(body, `"type":"RateLimitError"`) {
 		t.Fatalf("third request: %d %s", st, body)
@@ -495,10 +488,21 @@ func TestModelSettingsAndLimit(t *testing.T) {
 			t.Fatalf("held request: %d %s", r.st, r.body)
 		}
 	}
-	if s := e.rt.Status()["m"]; s.InFlight != 0 {
-		t.Fatalf("in flight after the requests ended: %d", s.InFlight)
-	}
+	// The slots are released after the responses were written.
+	waitCond(t, "m's slots released", func() bool { return e.rt.Status()["m"].InFlight == 0 })
 	if got := testutil.ToFloat64(e.rt.requests.WithLabelValues("m", "limited")); got != 1 {
 		t.Fatalf("limited count %v", got)
+	}
+}
+
+// waitCond polls cond until it holds, for at most 10 s.
+func waitCond(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
 	}
 }

@@ -306,7 +306,18 @@ func TestSelectorAndNamespaceScoping(t *testing.T) {
 	e.expect("regular http://10.0.0.1:8000")
 
 	// Selectors and namespace are applied by the API server: every list
-	// and watch carries them.
+	// and watch carries them. The watch starts after the list, in the
+	// informer's goroutine: wait for it.
+	podActions := func() int {
+		n := 0
+		for _, a := range e.cs.Actions() {
+			if a.GetResource().Resource == "pods" {
+				n++
+			}
+		}
+		return n
+	}
+	waitFor(t, "a pod list and a pod watch", func() bool { return podActions() >= 2 })
 	var n int
 	for _, a := range e.cs.Actions() {
 		if a.GetResource().Resource != "pods" {
