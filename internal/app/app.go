@@ -178,7 +178,9 @@ type app struct {
 	history  *history.Store  // nil = --history-backend none
 	upstream *worker.Worker  // --backend openai: the upstream's registry entry
 	igw      *igw.Router     // --enable-igw
-	closers  []func()
+	// igwModels names discovered workers' models (--enable-igw with discovery)
+	igwModels *modelCache
+	closers   []func()
 }
 
 func build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*app, error) {
@@ -594,6 +596,10 @@ func (a *app) buildKube(sopts *server.Options) error {
 	if err != nil {
 		return fmt.Errorf("--service-discovery: %w", err)
 	}
+	var model func(string) (string, bool)
+	if a.igwModels != nil {
+		model = a.igwModels.Model
+	}
 	src, err := k8s.New(k8s.Options{
 		Clientset:        cs,
 		Namespace:        cfg.ServiceDiscoveryNamespace,
@@ -602,6 +608,7 @@ func (a *app) buildKube(sopts *server.Options) error {
 		DecodeSelector:   cfg.DecodeSelectorMap(),
 		PD:               cfg.Mode() == config.ModeVLLMPD,
 		Models:           cfg.Mode() == config.ModeIGW,
+		Model:            model,
 		Port:             int(cfg.ServiceDiscoveryPort),
 		DPSizeAnnotation: cfg.DPSizeAnnotation,
 		DefaultDPSize:    cfg.IntraNodeDataParallelSize,
@@ -613,6 +620,9 @@ func (a *app) buildKube(sopts *server.Options) error {
 		return fmt.Errorf("--service-discovery: %w", err)
 	}
 	a.kube = src
+	if a.igwModels != nil {
+		a.igwModels.OnKnown(src.Refresh)
+	}
 	if zs := sopts.DiscoveryStatus; zs != nil {
 		sopts.DiscoveryStatus = func() any { return map[string]any{"zmq": zs(), "kubernetes": src.Status()} }
 	} else {

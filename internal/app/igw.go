@@ -43,12 +43,16 @@ func (a *app) buildIGW(sopts *server.Options, ropts proxy.RegularOptions) error 
 	}
 	a.igw = rt
 	a.closers = append(a.closers, rt.Close)
-	if cfg.VLLMDiscoveryAddress != "" {
-		// Registrations carry no model: each instance's /v1/models names it.
+	if cfg.VLLMDiscoveryAddress != "" || cfg.ServiceDiscovery {
+		// ZMQ registrations (and pods without the vllm.ai/model
+		// annotation) name no model: each worker's /v1/models does.
 		mc := newModelCache(a.discoverModel, a.log)
 		a.closers = append(a.closers, mc.Close)
 		a.reg.Subscribe(mc.onRegistryChange)
-		if err := a.buildZMQ(sopts, mc.Model); err != nil {
+		a.igwModels = mc
+	}
+	if cfg.VLLMDiscoveryAddress != "" {
+		if err := a.buildZMQ(sopts, a.igwModels.Model); err != nil {
 			return err
 		}
 	}

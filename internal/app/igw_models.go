@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 
 	"github.com/switchyard-llm/switchyard/internal/worker"
@@ -12,12 +13,13 @@ import (
 // from more new instances at once wait for their next heartbeat.
 const maxModelLookups = 32
 
-// modelCache tells discovery which model an instance serves
-// (--enable-igw): the first id of its /v1/models, asked once in the
-// background and remembered until the instance leaves the registry. A
-// lookup never blocks the caller: while it runs (or after it failed) the
-// answer is "not known yet", and the instance's next registration asks
-// again.
+// modelCache tells discovery which model a worker at host:port serves
+// (--enable-igw; ZMQ registrations carry none, nor do pods without the
+// vllm.ai/model annotation): the first id of its /v1/models, asked once in
+// the background and remembered until no worker at that address is left in
+// the registry. A lookup never blocks the caller: while it runs (or after
+// it failed) the answer is "not known yet", and the worker's next
+// registration (or pod event, or OnKnown callback) asks again.
 type modelCache struct {
 	ask    func(ctx context.Context, base string) (string, error)
 	log    *slog.Logger
@@ -26,6 +28,7 @@ type modelCache struct {
 	wg     sync.WaitGroup
 
 	mu      sync.Mutex
+	onKnown []func()          // called (without mu) when a lookup answered
 	known   map[string]string // host:port → model
 	pending map[string]bool
 	warned  map[string]bool
@@ -52,21 +55,35 @@ func (c *modelCache) Model(addr string) (string, bool) {
 	return "", false
 }
 
+// OnKnown adds fn, called whenever a lookup named a model (Kubernetes
+// discovery re-evaluates its waiting pods then).
+func (c *modelCache) OnKnown(fn func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.onKnown = append(c.onKnown, fn)
+}
+
 func (c *modelCache) lookup(addr string) {
 	m, err := c.ask(c.ctx, "http://"+addr)
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	delete(c.pending, addr)
 	if err != nil {
 		if !c.warned[addr] && c.ctx.Err() == nil {
 			c.warned[addr] = true
-			c.log.Warn("--enable-igw: a discovered instance cannot tell its model yet; its next registration asks again", "http_address", addr, "err", err)
+			c.log.Warn("--enable-igw: a discovered worker cannot tell its model yet; it is asked again at its next registration or pod event",
+				"address", addr, "err", err)
 		}
+		c.mu.Unlock()
 		return
 	}
 	delete(c.warned, addr)
 	c.known[addr] = m
-	c.log.Info("--enable-igw: discovered instance serves its model", "http_address", addr, "model", m)
+	fns := slices.Clone(c.onKnown)
+	c.mu.Unlock()
+	c.log.Info("--enable-igw: discovered worker serves its model", "address", addr, "model", m)
+	for _, fn := range fns {
+		fn()
+	}
 }
 
 // onRegistryChange forgets the model of an instance none of whose workers
@@ -78,13 +95,13 @@ func (c *modelCache) onRegistryChange(ch worker.Change) {
 	}
 	left := map[string]bool{}
 	for _, w := range ch.Snap.All {
-		left[w.Instance] = true
+		left[w.HostPort()] = true
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, w := range ch.Removed {
-		if !left[w.Instance] {
-			delete(c.known, w.Instance)
+		if hp := w.HostPort(); !left[hp] {
+			delete(c.known, hp)
 		}
 	}
 }

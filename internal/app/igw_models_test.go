@@ -40,6 +40,8 @@ func TestModelCache(t *testing.T) {
 		return "model-of-" + base, nil
 	}, slog.New(slog.DiscardHandler))
 	defer c.Close()
+	var known atomic.Int32
+	c.OnKnown(func() { known.Add(1) })
 
 	if _, ok := c.Model("a:1"); ok {
 		t.Fatal("a model known before it was asked for")
@@ -62,6 +64,7 @@ func TestModelCache(t *testing.T) {
 	if calls.Load() != 2 {
 		t.Fatalf("lookups: %d, want 2 (one failed, one answered)", calls.Load())
 	}
+	waitUntil(t, "OnKnown called for the answer", func() bool { return known.Load() == 1 })
 
 	// The instance leaves: its model is forgotten.
 	w := worker.New(worker.Spec{URL: "http://a:1", Instance: "a:1", DPRank: -1}, worker.BreakerConfig{})

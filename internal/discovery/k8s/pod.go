@@ -17,16 +17,17 @@ import (
 
 // Removal reasons (the vllm_router_discovery_workers_removed_total label).
 const (
-	reasonDeleted     = "deleted"     // pod deleted (or its tombstone seen)
-	reasonUnselected  = "unselected"  // labels no longer match the selector
-	reasonTerminating = "terminating" // deletionTimestamp set
-	reasonNotRunning  = "not_running" // phase other than Running
-	reasonNotReady    = "not_ready"   // Ready condition not True
-	reasonNoIP        = "no_ip"       // no pod IP
-	reasonBadIP       = "bad_ip"      // pod IP that makes no valid URL
-	reasonReplaced    = "replaced"    // IP, role, DP size or bootstrap port changed
-	reasonConflict    = "conflict"    // another instance holds the worker key
-	reasonNoModel     = "no_model"    // multi-model mode: the pod names no model
+	reasonDeleted      = "deleted"       // pod deleted (or its tombstone seen)
+	reasonUnselected   = "unselected"    // labels no longer match the selector
+	reasonTerminating  = "terminating"   // deletionTimestamp set
+	reasonNotRunning   = "not_running"   // phase other than Running
+	reasonNotReady     = "not_ready"     // Ready condition not True
+	reasonNoIP         = "no_ip"         // no pod IP
+	reasonBadIP        = "bad_ip"        // pod IP that makes no valid URL
+	reasonReplaced     = "replaced"      // IP, role, DP size or bootstrap port changed
+	reasonConflict     = "conflict"      // another instance holds the worker key
+	reasonNoModel      = "no_model"      // multi-model mode: the pod names no model
+	reasonModelPending = "model_pending" // multi-model mode: the pod's model is being asked for
 )
 
 // podView is what one informer last saw of one pod; nil means the pod is
@@ -43,6 +44,7 @@ type podView struct {
 	kvEventsPort  int    // KV event publisher port; 0 = the router's --kv-events-port
 	model         string // multi-model mode: the model the pod names
 	noModel       bool   // multi-model mode and the pod names none
+	modelPending  bool   // multi-model mode: Options.Model has not named it yet
 	warn          string // annotation problems, logged once per value
 }
 
@@ -59,6 +61,8 @@ func (v *podView) ineligible() string {
 		return reasonNoIP
 	case v.url == "":
 		return reasonBadIP
+	case v.modelPending:
+		return reasonModelPending
 	case v.noModel:
 		return reasonNoModel
 	}
@@ -146,12 +150,23 @@ func (s *Source) viewOf(pod *corev1.Pod, role worker.Role) *podView {
 	}
 	if s.opts.Models {
 		v.model = podModel(pod)
-		if v.noModel = v.model == ""; v.noModel {
+		switch {
+		case v.model != "":
+		case s.opts.Model != nil && v.url != "":
+			v.model, _ = s.opts.Model(hostPort(v.url))
+			v.modelPending = v.model == ""
+		default:
+			v.noModel = true
 			warns = append(warns, fmt.Sprintf("pod names no model (annotation or label %s); it is not routed", ModelAnnotation))
 		}
 	}
 	v.warn = strings.Join(warns, "; ")
 	return v
+}
+
+// hostPort is the host:port of a worker base URL.
+func hostPort(url string) string {
+	return strings.TrimPrefix(strings.TrimPrefix(url, "http://"), "https://")
 }
 
 // podModel is the model a pod names: its ModelAnnotation, else its label

@@ -87,6 +87,12 @@ type Options struct {
 	// may all be set (a pod several select is a prefill, else a decode,
 	// else regular). PD is ignored.
 	Models bool
+	// Model, in multi-model mode, names the model of a pod that names none
+	// (the caller asks the pod's /v1/models in the background); it gets the
+	// pod's host:port and must not block. While it answers false the pod is
+	// not routed (model_pending); call Refresh when it may answer. Nil =
+	// such a pod is not routed (no_model).
+	Model func(hostPort string) (model string, ok bool)
 	// Port is the workers' HTTP port (--service-discovery-port).
 	Port int
 	// BootstrapPortAnnotation names the prefill pods' Mooncake bootstrap
@@ -301,6 +307,7 @@ func (s *Source) Run(ctx context.Context) error {
 			return nil
 		case <-s.kick:
 			s.retryConflicts()
+			s.retryPendingModels()
 		}
 	}
 }
@@ -400,6 +407,34 @@ func (s *Source) onRegistryChange(c worker.Change) {
 	select {
 	case s.kick <- struct{}{}:
 	default:
+	}
+}
+
+// Refresh re-evaluates the pods whose model was not known yet
+// (Options.Model). It never blocks.
+func (s *Source) Refresh() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Source) retryPendingModels() {
+	if s.opts.Model == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range slices.Sorted(maps.Keys(s.pods)) {
+		st := s.pods[k]
+		v, _ := st.current()
+		if v == nil || !v.modelPending {
+			continue
+		}
+		if m, ok := s.opts.Model(hostPort(v.url)); ok {
+			v.model, v.modelPending = m, false
+			s.reconcileLocked(st)
+		}
 	}
 }
 

@@ -823,3 +823,33 @@ func TestMultiModelPods(t *testing.T) {
 		t.Fatalf("multi-model without selectors: %v", err)
 	}
 }
+
+// TestMultiModelPodsAskModel: a pod naming no model waits (model_pending)
+// for Options.Model, and joins with that model on Refresh.
+func TestMultiModelPodsAskModel(t *testing.T) {
+	var mu sync.Mutex
+	known := map[string]string{}
+	var asked []string
+	e := start(t, nil, Options{Namespace: ns, Models: true, Selector: regularSel, Model: func(hp string) (string, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, hp)
+		m, ok := known[hp]
+		return m, ok
+	}},
+		pod("r0", regularSel, "10.0.0.1", true),
+		pod("r1", regularSel, "10.0.0.2", true, ModelAnnotation, "named"),
+	)
+	e.expect("regular http://10.0.0.2:8000")
+	mu.Lock()
+	if !slices.Contains(asked, "10.0.0.1:8000") || slices.Contains(asked, "10.0.0.2:8000") {
+		t.Errorf("asked %v: want only the pod naming no model", asked)
+	}
+	known["10.0.0.1:8000"] = "from-v1-models"
+	mu.Unlock()
+	e.src.Refresh()
+	e.expect("regular http://10.0.0.1:8000", "regular http://10.0.0.2:8000")
+	if w := e.reg.Get("http://10.0.0.1:8000"); w.ModelID != "from-v1-models" {
+		t.Fatalf("model %q", w.ModelID)
+	}
+}
