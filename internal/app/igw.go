@@ -58,6 +58,7 @@ func (a *app) buildIGW(sopts *server.Options, ropts proxy.RegularOptions) error 
 	}
 	sopts.Mode = server.ModeRegular
 	sopts.Generate = rt
+	sopts.Passthrough = http.HandlerFunc(rt.ServePassthrough)
 	sopts.AddWorkerSpec = a.adminAddIGW
 	sopts.ModelsStatus = func() any { return rt.Status() }
 	sopts.Policies = map[string]string{"policy": cfg.Policy, "prefill": cfg.EffectivePrefillPolicy(), "decode": cfg.EffectiveDecodePolicy(), "mode": "igw"}

@@ -17,10 +17,12 @@
 package igw
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -36,6 +38,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/openai"
 	"github.com/switchyard-llm/switchyard/internal/policy"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
@@ -133,6 +136,10 @@ type fleet struct {
 	policy, prefill, decode string
 	disp                    proxy.Dispatcher
 	pd                      PDFleet // nil for a regular fleet
+	// pass serves the non-generation routes: the regular dispatcher, or
+	// for a PD fleet one over its prefill workers (which serve plain
+	// requests like any vLLM).
+	pass *proxy.Regular
 }
 
 var _ proxy.Dispatcher = (*Router)(nil)
@@ -338,7 +345,8 @@ func (rt *Router) newRegularFleet(model string) (*fleet, error) {
 	ro.Registry = rt.o.Registry
 	ro.Role = worker.RoleRegular
 	ro.Policy = ForModel(p, model)
-	return &fleet{model: model, kind: KindRegular, policy: name, disp: proxy.NewRegular(ro)}, nil
+	reg := proxy.NewRegular(ro)
+	return &fleet{model: model, kind: KindRegular, policy: name, disp: reg, pass: reg}, nil
 }
 
 func (rt *Router) newPDFleet(model string) (*fleet, error) {
@@ -354,11 +362,16 @@ func (rt *Router) newPDFleet(model string) (*fleet, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model %q: decode policy %q: %w", model, dn, err)
 	}
-	eng, err := rt.o.NewPD(model, ForModel(pp, model), ForModel(dp, model))
+	mpp := ForModel(pp, model)
+	eng, err := rt.o.NewPD(model, mpp, ForModel(dp, model))
 	if err != nil {
 		return nil, fmt.Errorf("model %q: PD engine: %w", model, err)
 	}
-	return &fleet{model: model, kind: KindPD, prefill: pn, decode: dn, disp: eng, pd: eng}, nil
+	ro := rt.o.Regular
+	ro.Registry = rt.o.Registry
+	ro.Role = worker.RolePrefill
+	ro.Policy = mpp
+	return &fleet{model: model, kind: KindPD, prefill: pn, decode: dn, disp: eng, pd: eng, pass: proxy.NewRegular(ro)}, nil
 }
 
 // ModelState counts one model's workers by role: registered, and live
@@ -487,27 +500,8 @@ func (rt *Router) Status() map[string]ModelStatus {
 
 // Dispatch routes one generation request to its model's fleet.
 func (rt *Router) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call) {
-	states := States(rt.o.Registry.Snapshot())
-	all := slices.Sorted(maps.Keys(states))
-	model, err := requestModel(c, all)
-	if err != nil {
-		reason := "bad_model"
-		if errors.Is(err, errModelRequired) {
-			reason = "model_required"
-		}
-		rt.rejected.WithLabelValues(reason).Inc()
-		writeError(w, http.StatusBadRequest, err.Error(), "model")
-		return
-	}
-	st, known := states[model]
-	if !known {
-		rt.rejected.WithLabelValues("unknown_model").Inc()
-		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", model), "model")
-		return
-	}
-	if why := st.Unavailable(model); why != "" {
-		rt.requests.WithLabelValues(model, "no_live_workers").Inc()
-		writeError(w, http.StatusServiceUnavailable, why, "model")
+	model, st, ok := rt.route(w, c.Obj.Get("model"), true)
+	if !ok {
 		return
 	}
 	if l := rt.limits[model]; l != nil {
@@ -571,11 +565,76 @@ func statusClass(code int) string {
 	return strconv.Itoa(code/100) + "xx"
 }
 
+// route picks the model a request names (v: its body's "model", nil when
+// absent) and answers the request itself (ok false) when that model
+// cannot be served.
+func (rt *Router) route(w http.ResponseWriter, v []byte, generation bool) (model string, st ModelState, ok bool) {
+	states := States(rt.o.Registry.Snapshot())
+	all := slices.Sorted(maps.Keys(states))
+	model, err := requestModel(v, all)
+	if err != nil {
+		reason := "bad_model"
+		if errors.Is(err, errModelRequired) {
+			reason = "model_required"
+		}
+		rt.rejected.WithLabelValues(reason).Inc()
+		writeError(w, http.StatusBadRequest, err.Error(), "model")
+		return "", st, false
+	}
+	st, known := states[model]
+	if !known {
+		rt.rejected.WithLabelValues("unknown_model").Inc()
+		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", model), "model")
+		return "", st, false
+	}
+	if why := st.Unavailable(model); why != "" {
+		if generation {
+			rt.requests.WithLabelValues(model, "no_live_workers").Inc()
+		}
+		writeError(w, http.StatusServiceUnavailable, why, "model")
+		return "", st, false
+	}
+	return model, st, true
+}
+
+// ServePassthrough serves the non-generation routes (/tokenize,
+// /detokenize and any other path) on the fleet of the model a JSON body
+// names; a request naming none (no JSON body, no "model") goes to the
+// only model, else it is a 400 listing the models. A PD model's requests
+// go to its prefill workers.
+func (rt *Router) ServePassthrough(w http.ResponseWriter, r *http.Request) {
+	var v []byte
+	if r.Body != nil && r.Body != http.NoBody {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			status := http.StatusBadRequest
+			if _, tooBig := errors.AsType[*http.MaxBytesError](err); tooBig {
+				status = http.StatusRequestEntityTooLarge
+			}
+			writeError(w, status, "cannot read the request body: "+err.Error(), "")
+			return
+		}
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+		if obj, err := rawjson.Parse(b); err == nil {
+			v = obj.Get("model")
+		}
+	}
+	model, st, ok := rt.route(w, v, false)
+	if !ok {
+		return
+	}
+	f, err := rt.fleetFor(model, st.Kind())
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error(), "model")
+		return
+	}
+	f.pass.ServePassthrough(w, r)
+}
+
 var errModelRequired = errors.New("model is required")
 
-// requestModel reads the body's "model".
-func requestModel(c *proxy.Call, models []string) (string, error) {
-	v := c.Obj.Get("model")
+// requestModel reads a body's "model" (v, nil when absent).
+func requestModel(v []byte, models []string) (string, error) {
 	if v == nil || string(v) == "null" {
 		if len(models) == 1 {
 			return models[0], nil

@@ -82,6 +82,10 @@ func newEnvWith(t *testing.T, edit func(*Options)) *env {
 	t.Cleanup(rt.Close)
 	e.rt = rt
 	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/completions" {
+			rt.ServePassthrough(w, r)
+			return
+		}
 		b, _ := io.ReadAll(r.Body)
 		obj, err := rawjson.Parse(b)
 		if err != nil {
@@ -103,7 +107,11 @@ func (e *env) add(t *testing.T, url, model string) *worker.Worker {
 }
 
 func (e *env) post(t *testing.T, body string) (int, string) {
-	resp, err := http.Post(e.srv.URL+"/v1/completions", "application/json", strings.NewReader(body))
+	return e.postTo(t, "/v1/completions", body)
+}
+
+func (e *env) postTo(t *testing.T, path, body string) (int, string) {
+	resp, err := http.Post(e.srv.URL+path, "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -504,5 +512,58 @@ func waitCond(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// TestPassthroughByModel: /tokenize and other non-generation paths go to
+// the fleet of the model the body names (a PD model's prefill workers),
+// with the body forwarded unchanged.
+func TestPassthroughByModel(t *testing.T) {
+	e := newEnvWith(t, func(o *Options) {
+		o.NewPD = func(model string, pp, dp policy.Policy) (PDFleet, error) {
+			return &fakePD{model: model, pp: pp, dp: dp, reg: o.Registry}, nil
+		}
+	})
+	var gotBody atomic.Value
+	echo := func(name string) *modelWorker {
+		mw := &modelWorker{}
+		mw.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mw.hits.Add(1)
+			b, _ := io.ReadAll(r.Body)
+			gotBody.Store(r.URL.Path + " " + string(b))
+			_, _ = io.WriteString(w, `{"served_by":"`+name+`"}`)
+		}))
+		t.Cleanup(mw.Close)
+		return mw
+	}
+	a, p, d := echo("a"), echo("p"), echo("d")
+	e.add(t, a.URL, "chat")
+	e.addRole(t, p.URL, "big", worker.RolePrefill)
+	e.addRole(t, d.URL, "big", worker.RoleDecode)
+
+	for _, tc := range []struct {
+		path, body string
+		status     int
+		want       string
+	}{
+		{"/tokenize", `{"model":"chat", "prompt":"hi"}`, 200, `"a"`},
+		{"/tokenize", `{"model":"big","prompt":"hi"}`, 200, `"p"`},
+		{"/v1/score", `{"model":"big","text_1":"x"}`, 200, `"p"`},
+		{"/tokenize", `{"prompt":"hi"}`, 400, "several models (big, chat)"},
+		{"/tokenize", `not json`, 400, "model is required"},
+		{"/tokenize", `{"model":"nope"}`, 404, "The model `nope` does not exist."},
+	} {
+		st, body := e.postTo(t, tc.path, tc.body)
+		if st != tc.status || !strings.Contains(body, tc.want) {
+			t.Errorf("%s %s: %d %s, want %d with %s", tc.path, tc.body, st, body, tc.status, tc.want)
+		}
+		if st == 200 {
+			if got := gotBody.Load(); got != tc.path+" "+tc.body {
+				t.Errorf("the worker got %q, want the body unchanged", got)
+			}
+		}
+	}
+	if d.hits.Load() != 0 {
+		t.Fatalf("a PD model's passthrough reached its decode worker %d times", d.hits.Load())
 	}
 }

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -19,9 +20,9 @@ import (
 // bad input is a clear 4xx, and a PD model missing a role is a 503 saying
 // which while the others keep serving.
 func TestIGWPDModelBesideRegular(t *testing.T) {
-	chat := startSim(t, "--role", "unified", "--model", "chat")
-	p := startSim(t, "--role", "prefill", "--kv-connector", "nixl", "--strict", "--model", "big")
-	d := startSim(t, "--role", "decode", "--kv-connector", "nixl", "--strict", "--model", "big")
+	chat := startSim(t, "--role", "unified", "--model", "chat", "--max-model-len", "4096")
+	p := startSim(t, "--role", "prefill", "--kv-connector", "nixl", "--strict", "--model", "big", "--max-model-len", "8192")
+	d := startSim(t, "--role", "decode", "--kv-connector", "nixl", "--strict", "--model", "big", "--max-model-len", "16384")
 	r := startRouter(t, "--enable-igw", "--kv-connector", "nixl", "--policy", "round_robin",
 		"--worker-urls", chat.URL(), "--prefill", p.URL(), "--decode", d.URL(),
 		"--health-check-interval-secs", "1", "--health-failure-threshold", "1", "--retry-initial-backoff-ms", "5")
@@ -62,6 +63,25 @@ func TestIGWPDModelBesideRegular(t *testing.T) {
 	}
 	if cs := chat.Stats(t); cs.Requests.Completions != 3 || cs.Requests.PrefillLeg+cs.Requests.DecodeLeg != 0 {
 		t.Fatalf("chat served %+v, want 3 plain completions", cs.Requests)
+	}
+
+	// /tokenize goes to the named model's fleet (a PD model's prefill);
+	// the sims tell themselves apart by max_model_len.
+	for _, tc := range []struct {
+		model string
+		want  int
+	}{{"chat", 4096}, {"big", 8192}} {
+		var tok struct {
+			Count       int `json:"count"`
+			MaxModelLen int `json:"max_model_len"`
+		}
+		code, _, body := post(t, ctx, r.Base+"/tokenize", fmt.Sprintf(`{"model":%q,"prompt":"a b c"}`, tc.model))
+		if code != 200 || json.Unmarshal(body, &tok) != nil || tok.Count != 3 || tok.MaxModelLen != tc.want {
+			t.Fatalf("/tokenize %s: %d %s, want max_model_len %d", tc.model, code, body, tc.want)
+		}
+	}
+	if code, _, body := post(t, ctx, r.Base+"/tokenize", `{"prompt":"a b c"}`); code != 400 || !strings.Contains(string(body), "several models (big, chat)") {
+		t.Fatalf("/tokenize without a model: %d %s", code, body)
 	}
 
 	// A second PD model at runtime: prefill with its model_id, decode
