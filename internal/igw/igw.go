@@ -19,7 +19,6 @@ package igw
 import (
 	"bytes"
 	"cmp"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -27,7 +26,6 @@ import (
 	"maps"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,7 +33,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/switchyard-llm/switchyard/internal/openai"
 	"github.com/switchyard-llm/switchyard/internal/policy"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
 	"github.com/switchyard-llm/switchyard/internal/rawjson"
@@ -374,130 +371,6 @@ func (rt *Router) newPDFleet(model string) (*fleet, error) {
 	return &fleet{model: model, kind: KindPD, prefill: pn, decode: dn, disp: eng, pd: eng, pass: proxy.NewRegular(ro)}, nil
 }
 
-// ModelState counts one model's workers by role: registered, and live
-// (healthy and routable).
-type ModelState struct {
-	Regular, Prefill, Decode             int
-	LiveRegular, LivePrefill, LiveDecode int
-}
-
-// Kind is PD when the model has prefill or decode workers.
-func (s ModelState) Kind() Kind {
-	if s.Prefill+s.Decode > 0 {
-		return KindPD
-	}
-	return KindRegular
-}
-
-// Unavailable says why the model cannot be served now ("" = it can): a
-// regular model needs a live worker, a PD model a live worker of each role.
-func (s ModelState) Unavailable(model string) string {
-	if s.Kind() == KindRegular {
-		if s.LiveRegular == 0 {
-			return fmt.Sprintf("Model %q has no live workers (all its workers are unhealthy or being drained)", model)
-		}
-		return ""
-	}
-	switch {
-	case s.LivePrefill == 0 && s.LiveDecode == 0:
-		return fmt.Sprintf("Model %q has no live workers (prefill: %d registered, decode: %d registered, none healthy)", model, s.Prefill, s.Decode)
-	case s.Prefill == 0:
-		return fmt.Sprintf("Model %q has no prefill workers (%d decode registered): a PD model needs both roles", model, s.Decode)
-	case s.Decode == 0:
-		return fmt.Sprintf("Model %q has no decode workers (%d prefill registered): a PD model needs both roles", model, s.Prefill)
-	case s.LivePrefill == 0:
-		return fmt.Sprintf("Model %q has no live prefill workers (%d registered, all unhealthy or being drained)", model, s.Prefill)
-	case s.LiveDecode == 0:
-		return fmt.Sprintf("Model %q has no live decode workers (%d registered, all unhealthy or being drained)", model, s.Decode)
-	}
-	return ""
-}
-
-// States counts every model's workers.
-func States(snap *worker.Snapshot) map[string]ModelState {
-	out := map[string]ModelState{}
-	for _, w := range snap.All {
-		st := out[w.ModelID]
-		live := w.Healthy() && w.Routable()
-		n, l := &st.Regular, &st.LiveRegular
-		switch w.Role {
-		case worker.RolePrefill:
-			n, l = &st.Prefill, &st.LivePrefill
-		case worker.RoleDecode:
-			n, l = &st.Decode, &st.LiveDecode
-		}
-		*n++
-		if live {
-			*l++
-		}
-		out[w.ModelID] = st
-	}
-	return out
-}
-
-// Models returns the models with at least one registered worker, sorted,
-// and whether each can be served now.
-func Models(snap *worker.Snapshot) (all []string, live map[string]bool) {
-	states := States(snap)
-	live = make(map[string]bool, len(states))
-	for m, st := range states {
-		all = append(all, m)
-		live[m] = st.Unavailable(m) == ""
-	}
-	slices.Sort(all)
-	return all, live
-}
-
-// ModelStatus is one model's entry in /workers.
-type ModelStatus struct {
-	Kind Kind `json:"kind"`
-	// Policy is a regular model's policy; PrefillPolicy and DecodePolicy a
-	// PD model's.
-	Policy        string `json:"policy,omitempty"`
-	PrefillPolicy string `json:"prefill_policy,omitempty"`
-	DecodePolicy  string `json:"decode_policy,omitempty"`
-	Total         int    `json:"total"`
-	Healthy       int    `json:"healthy"`
-	Prefill       int    `json:"prefill,omitempty"`
-	Decode        int    `json:"decode,omitempty"`
-	// InFlight and MaxConcurrent are shown for a model with a configured
-	// max_concurrent_requests.
-	InFlight      int64    `json:"in_flight,omitempty"`
-	MaxConcurrent int      `json:"max_concurrent_requests,omitempty"`
-	Workers       []string `json:"workers"`
-}
-
-// Status groups the registry's workers by model.
-func (rt *Router) Status() map[string]ModelStatus {
-	snap := rt.o.Registry.Snapshot()
-	states := States(snap)
-	out := make(map[string]ModelStatus, len(states))
-	for _, w := range snap.All {
-		st := out[w.ModelID]
-		st.Workers = append(st.Workers, w.Key())
-		out[w.ModelID] = st
-	}
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	for m, s := range states {
-		st := out[m]
-		st.Kind = s.Kind()
-		st.Total = s.Regular + s.Prefill + s.Decode
-		st.Healthy = s.LiveRegular + s.LivePrefill + s.LiveDecode
-		st.Prefill, st.Decode = s.Prefill, s.Decode
-		if l := rt.limits[m]; l != nil {
-			st.InFlight, st.MaxConcurrent = l.n.Load(), int(l.max)
-		}
-		if st.Kind == KindPD {
-			st.PrefillPolicy, st.DecodePolicy = rt.pdPoliciesLocked(m)
-		} else {
-			st.Policy = rt.policyLocked(m)
-		}
-		out[m] = st
-	}
-	return out
-}
-
 // Dispatch routes one generation request to its model's fleet.
 func (rt *Router) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call) {
 	model, st, ok := rt.route(w, c.Obj.Get("model"), true)
@@ -529,40 +402,6 @@ func (rt *Router) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call
 	}
 	rt.duration.WithLabelValues(model).Observe(time.Since(start).Seconds())
 	rt.responses.WithLabelValues(model, statusClass(sw.status)).Inc()
-}
-
-// statusWriter records the status of a response; Unwrap keeps flushing
-// and hijacking (http.ResponseController) working.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (s *statusWriter) WriteHeader(code int) {
-	if s.status == 0 {
-		s.status = code
-	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *statusWriter) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
-	return s.ResponseWriter.Write(b)
-}
-
-func (s *statusWriter) Flush() { _ = http.NewResponseController(s.ResponseWriter).Flush() }
-
-func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
-
-// statusClass is "2xx", "4xx", ... ("none" when nothing was written: the
-// client went away first).
-func statusClass(code int) string {
-	if code < 100 || code > 599 {
-		return "none"
-	}
-	return strconv.Itoa(code/100) + "xx"
 }
 
 // route picks the model a request names (v: its body's "model", nil when
@@ -630,89 +469,3 @@ func (rt *Router) ServePassthrough(w http.ResponseWriter, r *http.Request) {
 	}
 	f.pass.ServePassthrough(w, r)
 }
-
-var errModelRequired = errors.New("model is required")
-
-// requestModel reads a body's "model" (v, nil when absent).
-func requestModel(v []byte, models []string) (string, error) {
-	if v == nil || string(v) == "null" {
-		if len(models) == 1 {
-			return models[0], nil
-		}
-		if len(models) == 0 {
-			return "", fmt.Errorf("%w (no model is being served yet)", errModelRequired)
-		}
-		return "", fmt.Errorf("%w: this router serves several models (%s)", errModelRequired, strings.Join(models, ", "))
-	}
-	var s string
-	if v[0] != '"' || json.Unmarshal(v, &s) != nil {
-		return "", fmt.Errorf("model must be a string, got %s", truncate(string(v), 64))
-	}
-	return s, nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
-
-// writeError writes vLLM's error body with param set.
-func writeError(w http.ResponseWriter, status int, msg, param string) {
-	var p *string
-	if param != "" {
-		p = &param
-	}
-	b, _ := json.Marshal(openai.ErrorBody{Error: openai.ErrorDetail{Message: msg, Type: openai.TypeFor(status), Param: p, Code: status}})
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-	w.WriteHeader(status)
-	_, _ = w.Write(b)
-}
-
-// ForModel wraps a policy so it only ever sees the candidates serving
-// model. The subset is cached per registry generation, so a policy that
-// caches per generation (hash rings) sees a stable set.
-func ForModel(inner policy.Policy, model string) policy.Policy {
-	return &modelPolicy{inner: inner, model: model}
-}
-
-type modelPolicy struct {
-	inner policy.Policy
-	model string
-	cache atomic.Pointer[subset]
-}
-
-type subset struct {
-	gen uint64
-	src []*worker.Worker // the slice it was computed from
-	ws  []*worker.Worker
-}
-
-func (p *modelPolicy) Name() string { return p.inner.Name() }
-
-func (p *modelPolicy) Pick(req *policy.Request, c policy.Candidates) (policy.Choice, error) {
-	return p.inner.Pick(req, policy.Candidates{Gen: c.Gen, Workers: p.filter(c)})
-}
-
-func (p *modelPolicy) filter(c policy.Candidates) []*worker.Worker {
-	if s := p.cache.Load(); s != nil && s.gen == c.Gen && len(s.src) == len(c.Workers) &&
-		(len(s.src) == 0 || &s.src[0] == &c.Workers[0]) {
-		return s.ws
-	}
-	ws := make([]*worker.Worker, 0, len(c.Workers))
-	for _, w := range c.Workers {
-		if w.ModelID == p.model {
-			ws = append(ws, w)
-		}
-	}
-	p.cache.Store(&subset{gen: c.Gen, src: c.Workers, ws: ws})
-	return ws
-}
-
-// Close closes the inner policy.
-func (p *modelPolicy) Close() error { return policy.Close(p.inner) }
-
-// RemoveWorker forwards to the inner policy.
-func (p *modelPolicy) RemoveWorker(key string) { policy.RemoveWorker(p.inner, key) }
