@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"path"
+	"strings"
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/config"
@@ -207,41 +209,65 @@ func (a *app) addModelWorker(w igwWorker, model string, src worker.Source, dp in
 const maxModelsBody = 1 << 20
 
 // discoverModel asks a worker which model it serves: the first id of its
-// /v1/models (vLLM lists the served model first, then LoRA adapters).
+// /v1/models (vLLM lists the served model first, then LoRA adapters), else
+// (vllm-router's source for a POST /workers without model_id) the
+// model_id of its /get_server_info, or the last path segment of its
+// model_path.
 func (a *app) discoverModel(ctx context.Context, base string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	err := a.getWorkerJSON(ctx, base+"/v1/models", &list)
+	if err == nil && len(list.Data) > 0 && list.Data[0].ID != "" {
+		return list.Data[0].ID, nil
+	}
+	if err == nil {
+		err = fmt.Errorf("GET %s/v1/models: no model listed", base)
+	}
+	var info struct {
+		ModelID   string `json:"model_id"`
+		ModelPath string `json:"model_path"`
+	}
+	if ierr := a.getWorkerJSON(ctx, base+"/get_server_info", &info); ierr == nil {
+		if m := strings.TrimSpace(info.ModelID); m != "" {
+			return m, nil
+		}
+		if seg := path.Base(strings.TrimRight(strings.TrimSpace(info.ModelPath), "/")); seg != "" && seg != "." && seg != "/" {
+			return seg, nil
+		}
+	}
+	return "", err
+}
+
+// getWorkerJSON GETs url (with the upstream API key) into v.
+func (a *app) getWorkerJSON(ctx context.Context, url string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return "", err
+		return err
 	}
 	if a.cfg.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+a.cfg.APIKey)
 	}
 	resp, err := a.client.Do(req)
 	if err != nil {
-		return "", fmt.Errorf("GET %s/v1/models: %w", base, err)
+		return fmt.Errorf("GET %s: %w", url, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxModelsBody))
 	if err != nil {
-		return "", fmt.Errorf("GET %s/v1/models: %w", base, err)
+		return fmt.Errorf("GET %s: %w", url, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("GET %s/v1/models: status %d", base, resp.StatusCode)
+		return fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
 	}
-	var list struct {
-		Data []struct {
-			ID string `json:"id"`
-		} `json:"data"`
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("GET %s: %w", url, err)
 	}
-	if err := json.Unmarshal(b, &list); err != nil {
-		return "", fmt.Errorf("GET %s/v1/models: %w", base, err)
-	}
-	if len(list.Data) == 0 || list.Data[0].ID == "" {
-		return "", fmt.Errorf("GET %s/v1/models: no model listed", base)
-	}
-	return list.Data[0].ID, nil
+	return nil
 }
 
 // staticIGW lists the static workers of --enable-igw: --worker-urls
