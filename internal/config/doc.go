@@ -79,5 +79,7 @@
 //     unless a role-specific size overrides it).
 //   - Validate reports every problem, not only the first, and names flags
 //     rather than Rust struct fields.
-//   - A config file exists at all (Rust has none, REFERENCE §1.7).
+//   - A config file exists at all (Rust has none, REFERENCE §1.7). Its
+//     "models" mapping (ModelConfig: per-model policies and
+//     max_concurrent_requests, --enable-igw only) has no flag.
 package config
