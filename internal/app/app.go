@@ -178,7 +178,9 @@ type app struct {
 	history  *history.Store  // nil = --history-backend none
 	upstream *worker.Worker  // --backend openai: the upstream's registry entry
 	igw      *igw.Router     // --enable-igw
-	closers  []func()
+	// igwModels names discovered workers' models (--enable-igw with discovery)
+	igwModels *modelCache
+	closers   []func()
 }
 
 func build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*app, error) {
@@ -470,29 +472,7 @@ func (a *app) buildServer(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("--decode-policy: %w", err)
 		}
-		eng, err := pd.New(pd.Options{
-			Registry:          a.reg,
-			PrefillPolicy:     pp,
-			DecodePolicy:      dp,
-			Connector:         cfg.KVConnector,
-			Client:            a.client,
-			APIKey:            cfg.APIKey,
-			ForwardClientAuth: cfg.ForwardClientAuthorization,
-			OutputLength:      cfg.DecodeOutputLength,
-			PrefillTimeout:    cfg.PrefillTimeout(),
-			KVWaitTimeout:     cfg.KVWaitTimeout(),
-			RequestTimeout:    cfg.RequestTimeout(),
-			StreamIdleTimeout: cfg.StreamIdleTimeout(),
-			MaxFailovers:      cfg.PDMaxFailovers,
-			SplitResponses:    cfg.PDSplitResponses,
-			Warmup:            cfg.PDWarmup,
-			Panic:             a.panic,
-			BypassThreshold:   cfg.PDUncachedTokenThreshold,
-			Profile:           cfg.Profile,
-			Metrics:           a.m,
-			Logger:            a.log,
-			Tracer:            a.tracer,
-		})
+		eng, err := pd.New(a.pdOptions(pp, dp))
 		if err != nil {
 			return err
 		}
@@ -511,20 +491,9 @@ func (a *app) buildServer(ctx context.Context) error {
 		sopts.Profile = eng.ServeProfile
 		sopts.Policies = map[string]string{"policy": cfg.Policy, "prefill": cfg.EffectivePrefillPolicy(), "decode": cfg.EffectiveDecodePolicy()}
 		if cfg.VLLMDiscoveryAddress != "" {
-			l, err := zmq.New(zmq.Options{
-				Address:   cfg.VLLMDiscoveryAddress,
-				Registry:  a.reg,
-				Metrics:   a.m,
-				Logger:    a.log,
-				TTL:       cfg.DiscoveryTTL(),
-				Connector: cfg.KVConnector,
-			})
-			if err != nil {
-				return fmt.Errorf("--vllm-discovery-address %s: %w", cfg.VLLMDiscoveryAddress, err)
+			if err := a.buildZMQ(&sopts, nil); err != nil {
+				return err
 			}
-			a.zmq = l
-			a.closers = append(a.closers, func() { _ = l.Close() })
-			sopts.DiscoveryStatus = func() any { return l.Status() }
 		}
 	} else {
 		p, err := a.newPolicy(cfg.Policy)
@@ -627,6 +596,10 @@ func (a *app) buildKube(sopts *server.Options) error {
 	if err != nil {
 		return fmt.Errorf("--service-discovery: %w", err)
 	}
+	var model func(string) (string, bool)
+	if a.igwModels != nil {
+		model = a.igwModels.Model
+	}
 	src, err := k8s.New(k8s.Options{
 		Clientset:        cs,
 		Namespace:        cfg.ServiceDiscoveryNamespace,
@@ -634,6 +607,8 @@ func (a *app) buildKube(sopts *server.Options) error {
 		PrefillSelector:  cfg.PrefillSelectorMap(),
 		DecodeSelector:   cfg.DecodeSelectorMap(),
 		PD:               cfg.Mode() == config.ModeVLLMPD,
+		Models:           cfg.Mode() == config.ModeIGW,
+		Model:            model,
 		Port:             int(cfg.ServiceDiscoveryPort),
 		DPSizeAnnotation: cfg.DPSizeAnnotation,
 		DefaultDPSize:    cfg.IntraNodeDataParallelSize,
@@ -645,6 +620,9 @@ func (a *app) buildKube(sopts *server.Options) error {
 		return fmt.Errorf("--service-discovery: %w", err)
 	}
 	a.kube = src
+	if a.igwModels != nil {
+		a.igwModels.OnKnown(src.Refresh)
+	}
 	if zs := sopts.DiscoveryStatus; zs != nil {
 		sopts.DiscoveryStatus = func() any { return map[string]any{"zmq": zs(), "kubernetes": src.Status()} }
 	} else {
@@ -724,8 +702,8 @@ func (a *app) run(ctx context.Context) error {
 		// upstream's passive health.
 		wg.Go(func() { a.health.Run(ctx) })
 	}
-	if a.igw != nil && len(a.cfg.WorkerURLs) > 0 {
-		wg.Go(func() { a.resolveStaticIGW(ctx, a.cfg.WorkerURLs) })
+	if ws := a.staticIGW(); a.igw != nil && len(ws) > 0 {
+		wg.Go(func() { a.resolveStaticIGW(ctx, ws) })
 	}
 	if a.kube != nil {
 		wg.Go(func() {

@@ -6,9 +6,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"path"
+	"strings"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/config"
 	"github.com/switchyard-llm/switchyard/internal/igw"
+	"github.com/switchyard-llm/switchyard/internal/pd"
+	"github.com/switchyard-llm/switchyard/internal/policy"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
 	"github.com/switchyard-llm/switchyard/internal/server"
 	"github.com/switchyard-llm/switchyard/internal/worker"
@@ -16,14 +21,21 @@ import (
 
 // --enable-igw: several models behind one router. Every worker carries its
 // model id (given in POST /workers, else read from the worker's
-// /v1/models); the igw.Router sends each request to its model's fleet.
+// /v1/models); the igw.Router sends each request to its model's fleet: a
+// regular fleet, or a PD fleet (prefill/decode workers) served by its own
+// PD engine.
 
 // buildIGW sets the server up for --enable-igw.
 func (a *app) buildIGW(sopts *server.Options, ropts proxy.RegularOptions) error {
+	cfg := a.cfg
 	rt, err := igw.New(igw.Options{
 		Registry:      a.reg,
-		DefaultPolicy: a.cfg.Policy,
+		DefaultPolicy: cfg.Policy,
+		PrefillPolicy: cfg.EffectivePrefillPolicy(),
+		DecodePolicy:  cfg.EffectiveDecodePolicy(),
 		NewPolicy:     a.newPolicy,
+		NewPD:         a.newModelPD,
+		Models:        modelSettings(cfg.Models),
 		Regular:       ropts,
 		Logger:        a.log,
 		Registerer:    a.m.Registry,
@@ -32,20 +44,91 @@ func (a *app) buildIGW(sopts *server.Options, ropts proxy.RegularOptions) error 
 		return err
 	}
 	a.igw = rt
+	a.closers = append(a.closers, rt.Close)
+	if cfg.VLLMDiscoveryAddress != "" || cfg.ServiceDiscovery {
+		// ZMQ registrations (and pods without the vllm.ai/model
+		// annotation) name no model: each worker's /v1/models does.
+		mc := newModelCache(a.discoverModel, a.log)
+		a.closers = append(a.closers, mc.Close)
+		a.reg.Subscribe(mc.onRegistryChange)
+		a.igwModels = mc
+	}
+	if cfg.VLLMDiscoveryAddress != "" {
+		if err := a.buildZMQ(sopts, a.igwModels.Model); err != nil {
+			return err
+		}
+	}
 	sopts.Mode = server.ModeRegular
 	sopts.Generate = rt
+	sopts.Passthrough = http.HandlerFunc(rt.ServePassthrough)
 	sopts.AddWorkerSpec = a.adminAddIGW
 	sopts.ModelsStatus = func() any { return rt.Status() }
-	sopts.Policies = map[string]string{"policy": a.cfg.Policy, "mode": "igw"}
+	sopts.Policies = map[string]string{"policy": cfg.Policy, "prefill": cfg.EffectivePrefillPolicy(), "decode": cfg.EffectiveDecodePolicy(), "mode": "igw"}
+	return nil
+}
+
+// modelSettings are the config file's models sections.
+func modelSettings(in map[string]config.ModelConfig) map[string]igw.ModelSettings {
+	out := make(map[string]igw.ModelSettings, len(in))
+	for m, c := range in {
+		out[m] = igw.ModelSettings{Policy: c.Policy, PrefillPolicy: c.PrefillPolicy, DecodePolicy: c.DecodePolicy, MaxConcurrent: c.MaxConcurrentRequests}
+	}
+	return out
+}
+
+// newModelPD is one PD model's engine. Panic routing and the pair warm-up
+// are off: both look at every registered prefill/decode worker, whatever
+// its model (config.Validate refuses asking for them).
+func (a *app) newModelPD(model string, pp, dp policy.Policy) (igw.PDFleet, error) {
+	o := a.pdOptions(pp, dp)
+	o.Panic = nil
+	o.Warmup = false
+	o.Logger = a.log.With("model", model)
+	return pd.New(o)
+}
+
+// igwWorker is one worker to register under --enable-igw.
+type igwWorker struct {
+	raw       string // as given (URL, maybe URL@rank)
+	role      worker.Role
+	bootstrap *int // prefill only
+}
+
+// dpSize is the data-parallel size of a worker of role from the flags.
+func (a *app) dpSize(role worker.Role) int {
+	switch role {
+	case worker.RolePrefill:
+		return a.cfg.PrefillDPSize()
+	case worker.RoleDecode:
+		return a.cfg.DecodeDPSize()
+	}
+	return max(a.cfg.IntraNodeDataParallelSize, 1)
+}
+
+// checkIGWWorker refuses what a worker of role cannot be under the
+// configured KV connector.
+func (a *app) checkIGWWorker(w igwWorker) error {
+	if w.bootstrap != nil {
+		if w.role != worker.RolePrefill {
+			return fmt.Errorf("bootstrap_port is only for prefill workers (worker_type %q)", w.role)
+		}
+		if p := *w.bootstrap; p < 1 || p > 65535 {
+			return fmt.Errorf("bootstrap_port %d: must be between 1 and 65535", p)
+		}
+	}
+	if w.role != worker.RoleRegular && a.cfg.KVConnector == config.KVConnectorMoRIIO {
+		return fmt.Errorf("worker_type %q: MoRI-IO prefill/decode workers register over ZMQ discovery; they cannot be added by URL", w.role)
+	}
 	return nil
 }
 
 // adminAddIGW is POST /workers (and /add_worker) under --enable-igw.
 func (a *app) adminAddIGW(ctx context.Context, req server.AddWorkerRequest) ([]*worker.Worker, error) {
-	if req.Role != worker.RoleRegular {
-		return nil, fmt.Errorf("worker_type %q: --enable-igw serves regular workers only; PD fleets per model are not implemented yet", req.Role)
+	iw := igwWorker{raw: req.URL, role: req.Role, bootstrap: req.BootstrapPort}
+	if err := a.checkIGWWorker(iw); err != nil {
+		return nil, err
 	}
-	base, rank, err := worker.NormalizeURL(req.URL)
+	base, _, err := worker.NormalizeURL(req.URL)
 	if err != nil {
 		return nil, err
 	}
@@ -55,16 +138,19 @@ func (a *app) adminAddIGW(ctx context.Context, req server.AddWorkerRequest) ([]*
 			return nil, fmt.Errorf("model_id not given and the worker cannot tell its model: %w", err)
 		}
 	}
+	if err := a.checkModelKind(base, model, req.Role); err != nil {
+		return nil, err
+	}
 	if p := req.Labels["policy"]; p != "" {
 		if err := a.igw.SetPolicy(model, p); err != nil {
 			return nil, err
 		}
 	}
-	dp := max(a.cfg.IntraNodeDataParallelSize, 1)
+	dp := a.dpSize(req.Role)
 	if req.DPSize > 0 {
 		dp = req.DPSize
 	}
-	ws, err := a.addModelWorker(base, rank, model, worker.SourceAdmin, dp)
+	ws, err := a.addModelWorker(iw, model, worker.SourceAdmin, dp)
 	if err != nil {
 		return nil, err
 	}
@@ -79,16 +165,38 @@ func (a *app) adminAddIGW(ctx context.Context, req server.AddWorkerRequest) ([]*
 	return ws, nil
 }
 
-// addModelWorker registers base (rank, or dp ranks) as a worker of model.
-// One URL serves one model: a URL already registered for another model is
-// refused.
-func (a *app) addModelWorker(base string, rank int, model string, src worker.Source, dp int) ([]*worker.Worker, error) {
+// checkModelKind refuses a worker that would make its URL serve two
+// models, or mix regular and prefill/decode workers in one model's fleet.
+func (a *app) checkModelKind(base, model string, role worker.Role) error {
+	pd := role != worker.RoleRegular
 	for _, w := range a.reg.Snapshot().All {
 		if w.URL == base && w.ModelID != model {
-			return nil, fmt.Errorf("worker %s already serves model %q; one URL cannot serve model %q too", base, w.ModelID, model)
+			return fmt.Errorf("worker %s already serves model %q; one URL cannot serve model %q too", base, w.ModelID, model)
+		}
+		if w.ModelID == model && (w.Role != worker.RoleRegular) != pd {
+			kind := "regular workers"
+			if !pd {
+				kind = "a prefill/decode fleet"
+			}
+			return fmt.Errorf("model %q is served by %s; a %s worker cannot join it (a model is either a regular or a PD fleet)", model, kind, role)
 		}
 	}
-	spec := worker.Spec{URL: base, Role: worker.RoleRegular, DPRank: -1, Source: src, ModelID: model}
+	return nil
+}
+
+// addModelWorker registers w (its rank, or dp ranks) as a worker of model.
+func (a *app) addModelWorker(w igwWorker, model string, src worker.Source, dp int) ([]*worker.Worker, error) {
+	base, rank, err := worker.NormalizeURL(w.raw)
+	if err != nil {
+		return nil, err
+	}
+	if err := a.checkModelKind(base, model, w.role); err != nil {
+		return nil, err
+	}
+	spec := worker.Spec{URL: base, Role: w.role, DPRank: -1, Source: src, ModelID: model}
+	if w.bootstrap != nil {
+		spec.BootstrapPort = *w.bootstrap
+	}
 	specs := worker.ExpandDP(spec, dp)
 	if rank >= 0 {
 		spec.DPRank, spec.DPSize = rank, max(dp, rank+1)
@@ -101,57 +209,97 @@ func (a *app) addModelWorker(base string, rank int, model string, src worker.Sou
 const maxModelsBody = 1 << 20
 
 // discoverModel asks a worker which model it serves: the first id of its
-// /v1/models (vLLM lists the served model first, then LoRA adapters).
+// /v1/models (vLLM lists the served model first, then LoRA adapters), else
+// (vllm-router's source for a POST /workers without model_id) the
+// model_id of its /get_server_info, or the last path segment of its
+// model_path.
 func (a *app) discoverModel(ctx context.Context, base string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	err := a.getWorkerJSON(ctx, base+"/v1/models", &list)
+	if err == nil && len(list.Data) > 0 && list.Data[0].ID != "" {
+		return list.Data[0].ID, nil
+	}
+	if err == nil {
+		err = fmt.Errorf("GET %s/v1/models: no model listed", base)
+	}
+	var info struct {
+		ModelID   string `json:"model_id"`
+		ModelPath string `json:"model_path"`
+	}
+	if ierr := a.getWorkerJSON(ctx, base+"/get_server_info", &info); ierr == nil {
+		if m := strings.TrimSpace(info.ModelID); m != "" {
+			return m, nil
+		}
+		if seg := path.Base(strings.TrimRight(strings.TrimSpace(info.ModelPath), "/")); seg != "" && seg != "." && seg != "/" {
+			return seg, nil
+		}
+	}
+	return "", err
+}
+
+// getWorkerJSON GETs url (with the upstream API key) into v.
+func (a *app) getWorkerJSON(ctx context.Context, url string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return "", err
+		return err
 	}
 	if a.cfg.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+a.cfg.APIKey)
 	}
 	resp, err := a.client.Do(req)
 	if err != nil {
-		return "", fmt.Errorf("GET %s/v1/models: %w", base, err)
+		return fmt.Errorf("GET %s: %w", url, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxModelsBody))
 	if err != nil {
-		return "", fmt.Errorf("GET %s/v1/models: %w", base, err)
+		return fmt.Errorf("GET %s: %w", url, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("GET %s/v1/models: status %d", base, resp.StatusCode)
+		return fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
 	}
-	var list struct {
-		Data []struct {
-			ID string `json:"id"`
-		} `json:"data"`
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("GET %s: %w", url, err)
 	}
-	if err := json.Unmarshal(b, &list); err != nil {
-		return "", fmt.Errorf("GET %s/v1/models: %w", base, err)
-	}
-	if len(list.Data) == 0 || list.Data[0].ID == "" {
-		return "", fmt.Errorf("GET %s/v1/models: no model listed", base)
-	}
-	return list.Data[0].ID, nil
+	return nil
 }
 
-// resolveStaticIGW registers the --worker-urls of --enable-igw as their
+// staticIGW lists the static workers of --enable-igw: --worker-urls
+// (regular), --prefill and --decode.
+func (a *app) staticIGW() []igwWorker {
+	var out []igwWorker
+	for _, u := range a.cfg.WorkerURLs {
+		out = append(out, igwWorker{raw: u, role: worker.RoleRegular})
+	}
+	for _, p := range a.cfg.Prefill {
+		out = append(out, igwWorker{raw: p.URL, role: worker.RolePrefill, bootstrap: p.BootstrapPort})
+	}
+	for _, u := range a.cfg.Decode {
+		out = append(out, igwWorker{raw: u, role: worker.RoleDecode})
+	}
+	return out
+}
+
+// resolveStaticIGW registers the static workers of --enable-igw as their
 // models become known: each URL's /v1/models is asked every second until
 // it answers (the worker may still be loading its model), then the worker
 // joins its model's fleet. It returns when every URL is registered or ctx
 // ends.
-func (a *app) resolveStaticIGW(ctx context.Context, urls []string) {
-	pending := append([]string(nil), urls...)
+func (a *app) resolveStaticIGW(ctx context.Context, ws []igwWorker) {
+	pending := append([]igwWorker(nil), ws...)
 	warned := map[string]bool{}
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
 		left := pending[:0]
-		for _, raw := range pending {
-			base, rank, err := worker.NormalizeURL(raw)
+		for _, w := range pending {
+			base, _, err := worker.NormalizeURL(w.raw)
 			if err != nil { // Validate checked it
 				continue
 			}
@@ -160,18 +308,18 @@ func (a *app) resolveStaticIGW(ctx context.Context, urls []string) {
 				if ctx.Err() != nil {
 					return
 				}
-				if !warned[raw] {
-					a.log.Warn("--enable-igw: waiting for the worker to list its model", "url", raw, "err", err)
-					warned[raw] = true
+				if !warned[w.raw] {
+					a.log.Warn("--enable-igw: waiting for the worker to list its model", "url", w.raw, "role", w.role.String(), "err", err)
+					warned[w.raw] = true
 				}
-				left = append(left, raw)
+				left = append(left, w)
 				continue
 			}
-			if _, err := a.addModelWorker(base, rank, model, worker.SourceStatic, max(a.cfg.IntraNodeDataParallelSize, 1)); err != nil && !worker.IsExists(err) {
-				a.log.Error("--enable-igw: cannot register worker", "url", raw, "model", model, "err", err)
+			if _, err := a.addModelWorker(w, model, worker.SourceStatic, a.dpSize(w.role)); err != nil && !worker.IsExists(err) {
+				a.log.Error("--enable-igw: cannot register worker", "url", w.raw, "role", w.role.String(), "model", model, "err", err)
 				continue
 			}
-			a.log.Info("--enable-igw: worker joined its model's fleet", "url", raw, "model", model)
+			a.log.Info("--enable-igw: worker joined its model's fleet", "url", w.raw, "role", w.role.String(), "model", model)
 		}
 		pending = left
 		if len(pending) == 0 {

@@ -232,6 +232,10 @@ type Config struct {
 	FlowMaxKVUsage        float64  `json:"flow_max_kv_usage"`        // 0 = not used
 	FlowPollIntervalSecs  float64  `json:"flow_poll_interval_secs"`
 
+	// Models are the config file's per-model sections (--enable-igw);
+	// no flag sets them.
+	Models map[string]ModelConfig `json:"models"`
+
 	// ConfigFile is --config; it cannot be set from inside a config file.
 	ConfigFile string `json:"-"`
 

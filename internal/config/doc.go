@@ -65,9 +65,11 @@
 //   - --decode takes several values like the other list flags (Rust: one
 //     per occurrence); a repeated scalar flag keeps the last value (clap
 //     errors).
-//   - --enable-igw runs the multi-model router with regular-worker fleets;
-//     with PD or discovery flags it is refused by Validate ("not supported:
-//     --vllm-pd-disaggregation (with --enable-igw, ...)").
+//   - --enable-igw runs the multi-model router with regular and PD fleets
+//     (--worker-urls, --prefill/--decode, --vllm-discovery-address, POST
+//     /workers); with --service-discovery, --backend openai, or an explicit
+//     --panic-routing/--pd-warmup it is refused by Validate ("not supported:
+//     --service-discovery (with --enable-igw: ...)").
 //   - --prometheus-host must be an IP address (Rust binds 0.0.0.0 for any
 //     other string); selector items without '=' are errors (Rust drops them).
 //   - --otel-sampling-ratio outside [0,1] is a validation error (Rust only
@@ -77,5 +79,7 @@
 //     unless a role-specific size overrides it).
 //   - Validate reports every problem, not only the first, and names flags
 //     rather than Rust struct fields.
-//   - A config file exists at all (Rust has none, REFERENCE §1.7).
+//   - A config file exists at all (Rust has none, REFERENCE §1.7). Its
+//     "models" mapping (ModelConfig: per-model policies and
+//     max_concurrent_requests, --enable-igw only) has no flag.
 package config

@@ -18,25 +18,9 @@ func (c *Config) Validate() error {
 	mode := c.Mode()
 
 	if mode == ModeIGW {
-		// Multi-model fleets are regular-worker fleets for now.
-		igwUnsupported := []struct {
-			flag string
-			set  bool
-		}{
-			{"--vllm-pd-disaggregation", c.VLLMPDDisaggregation},
-			{"--prefill", len(c.Prefill) > 0},
-			{"--decode", len(c.Decode) > 0},
-			{"--vllm-discovery-address", c.VLLMDiscoveryAddress != ""},
-			{"--service-discovery", c.ServiceDiscovery},
-			{"--backend openai", c.Backend == BackendOpenAI},
-		}
-		for _, u := range igwUnsupported {
-			if u.set {
-				add(&Error{Kind: KindNotSupported, Field: u.flag, Reason: "with --enable-igw, whose model fleets are regular workers (--worker-urls, POST /workers); PD fleets per model are not implemented yet"})
-			}
-		}
-		c.checkURLs(add, "--worker-urls", c.WorkerURLs)
+		c.validateIGW(add)
 	}
+	c.validateModels(add)
 
 	// §1.3: checks the Rust binary makes while building RouterConfig.
 	pdSourceMissing := false
@@ -463,4 +447,45 @@ func (c *Config) validateFlow(add func(*Error)) {
 			add(invalid(h.flag, `""`, "Must be a header name"))
 		}
 	}
+}
+
+// validateIGW checks the flags of --enable-igw: model fleets come from
+// --worker-urls (regular), --prefill/--decode and --vllm-discovery-address
+// (PD, the connector is --kv-connector), --service-discovery (every
+// selector) and POST /workers. Panic routing and the PD warm-up would
+// cross models, so asking for them explicitly is refused.
+func (c *Config) validateIGW(add func(*Error)) {
+	if c.Backend == BackendOpenAI {
+		add(&Error{Kind: KindNotSupported, Field: "--backend openai", Reason: "with --enable-igw: not implemented yet for multi-model fleets " +
+			"(workers join through --worker-urls, --prefill/--decode, POST /workers, --vllm-discovery-address and --service-discovery)"})
+	}
+	if c.ServiceDiscovery {
+		if c.ServiceDiscoveryPort == 0 {
+			add(invalid("--service-discovery-port", "0", "Port must be > 0"))
+		}
+		if len(c.SelectorMap()) == 0 && len(c.PrefillSelectorMap()) == 0 && len(c.DecodeSelectorMap()) == 0 {
+			add(failed("--enable-igw with service discovery requires a non-empty --selector, --prefill-selector or --decode-selector"))
+		}
+	}
+	for _, u := range []struct{ flag, why string }{
+		{"panic-routing", "panic routing picks among every registered worker, whatever its model"},
+		{"pd-warmup", "the warm-up pairs prefill and decode workers across models"},
+	} {
+		if c.IsSet(u.flag) && ((u.flag == "panic-routing" && c.PanicRouting) || (u.flag == "pd-warmup" && c.PDWarmup)) {
+			add(&Error{Kind: KindNotSupported, Field: "--" + u.flag, Reason: "with --enable-igw: " + u.why + " (it is off there; drop the flag)"})
+		}
+	}
+	if c.KVConnector == KVConnectorMoRIIO && c.VLLMDiscoveryAddress == "" {
+		add(incompatible("with --enable-igw, --kv-connector moriio needs --vllm-discovery-address: MoRI-IO workers register over ZMQ discovery"))
+	}
+	c.checkURLs(add, "--worker-urls", c.WorkerURLs)
+	prefillURLs := make([]string, len(c.Prefill))
+	for i, p := range c.Prefill {
+		prefillURLs[i] = p.URL
+		if p.BootstrapPort != nil && (*p.BootstrapPort < 1 || *p.BootstrapPort > 65535) {
+			add(invalid("--prefill", p.URL+" "+strconv.Itoa(*p.BootstrapPort), "Port must be between 1 and 65535"))
+		}
+	}
+	c.checkURLs(add, "--prefill", prefillURLs)
+	c.checkURLs(add, "--decode", c.Decode)
 }

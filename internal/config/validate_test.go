@@ -84,13 +84,23 @@ func TestValidate(t *testing.T) {
 		}},
 		{name: "igw", args: with(w, "--enable-igw"), want: nil},
 		{name: "igw without workers", args: []string{"--enable-igw"}, want: nil},
-		{name: "igw skips compatibility", args: []string{"--enable-igw", "--kv-connector", "moriio", "--policy", "power_of_two"}, want: nil},
+		{name: "igw skips compatibility", args: []string{"--enable-igw", "--kv-connector", "nixl", "--policy", "power_of_two"}, want: nil},
 		{name: "igw bad url", args: []string{"--enable-igw", "--worker-urls", "h:1"}, want: []string{"invalid value for --worker-urls: h:1 - URL must start with http:// or https://"}},
-		{name: "igw with PD", args: []string{"--enable-igw", "--vllm-pd-disaggregation", "--prefill", "http://p:1", "--decode", "http://d:1"}, want: []string{
-			"not supported: --vllm-pd-disaggregation (with --enable-igw, whose model fleets are regular workers (--worker-urls, POST /workers); PD fleets per model are not implemented yet)",
-			"not supported: --prefill (with --enable-igw, whose model fleets are regular workers (--worker-urls, POST /workers); PD fleets per model are not implemented yet)",
-			"not supported: --decode (with --enable-igw, whose model fleets are regular workers (--worker-urls, POST /workers); PD fleets per model are not implemented yet)",
+		{name: "igw with PD", args: []string{"--enable-igw", "--vllm-pd-disaggregation", "--prefill", "http://p:1", "9000", "--decode", "http://d:1", "--worker-urls", "http://r:1"}, want: nil},
+		{name: "igw PD bad input", args: []string{"--enable-igw", "--prefill", "http://p:1", "0", "--decode", "d:1"}, want: []string{
+			"invalid value for --prefill: http://p:1 0 - Port must be between 1 and 65535",
+			"invalid value for --decode: d:1 - URL must start with http:// or https://",
 		}},
+		{name: "igw refusals", args: []string{"--enable-igw", "--kv-connector", "moriio", "--panic-routing", "--pd-warmup=true", "--service-discovery", "--backend", "openai"}, want: []string{
+			"not supported: --backend openai (with --enable-igw: not implemented yet for multi-model fleets (workers join through --worker-urls, --prefill/--decode, POST /workers, --vllm-discovery-address and --service-discovery))",
+			"validation failed: --enable-igw with service discovery requires a non-empty --selector, --prefill-selector or --decode-selector",
+			"not supported: --panic-routing (with --enable-igw: panic routing picks among every registered worker, whatever its model (it is off there; drop the flag))",
+			"not supported: --pd-warmup (with --enable-igw: the warm-up pairs prefill and decode workers across models (it is off there; drop the flag))",
+			"incompatible configuration: with --enable-igw, --kv-connector moriio needs --vllm-discovery-address: MoRI-IO workers register over ZMQ discovery",
+		}},
+		{name: "igw with Kubernetes discovery", args: []string{"--enable-igw", "--service-discovery", "--selector", "app=vllm", "--prefill-selector", "app=p", "--decode-selector", "app=d"}, want: nil},
+		{name: "igw with ZMQ discovery", args: []string{"--enable-igw", "--kv-connector", "moriio", "--vllm-discovery-address", "127.0.0.1:5555"}, want: nil},
+		{name: "igw explicit off is fine", args: []string{"--enable-igw", "--panic-routing=false", "--pd-warmup=false"}, want: nil},
 
 		// Rule 1: mode.
 		{name: "empty url", args: []string{"--worker-urls", ""}, want: []string{`invalid value for --worker-urls: "" - URL cannot be empty`}},

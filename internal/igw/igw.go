@@ -9,65 +9,139 @@
 // is one, and is a 400 listing the models otherwise. Within a fleet the
 // regular dispatcher applies (retries on another worker of the same model
 // before the first byte, breakers, timeouts).
+//
+// A model whose workers are prefill/decode workers is a PD model: it is
+// served by its own PD engine (built by Options.NewPD) whose policies only
+// see that model's workers. A PD model missing one role, or whose workers
+// of one role are all down, is a 503 saying which role.
 package igw
 
 import (
-	"encoding/json"
+	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/switchyard-llm/switchyard/internal/openai"
 	"github.com/switchyard-llm/switchyard/internal/policy"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
+
+// Kind is how a model is served: by regular workers, or by a
+// prefill/decode fleet through the PD engine.
+type Kind string
+
+const (
+	KindRegular Kind = "regular"
+	KindPD      Kind = "pd"
+)
+
+// PDFleet is one PD model's dispatcher (a pd.Engine): Close stops its
+// background work.
+type PDFleet interface {
+	proxy.Dispatcher
+	Close()
+}
 
 // Options configures a Router.
 type Options struct {
 	Registry *worker.Registry
-	// DefaultPolicy is the policy of a model that names none (--policy).
+	// DefaultPolicy is the policy of a regular model that names none
+	// (--policy).
 	DefaultPolicy string
+	// PrefillPolicy and DecodePolicy are the policies of a PD model's roles
+	// when it names none (--prefill-policy, --decode-policy; a model's
+	// labels.policy sets both). Empty = DefaultPolicy.
+	PrefillPolicy, DecodePolicy string
 	// NewPolicy builds a policy instance (its owner closes it).
 	NewPolicy func(name string) (policy.Policy, error)
-	// Regular is the template of every fleet's dispatcher; Registry, Role
-	// and Policy are set per fleet.
+	// NewPD builds the PD dispatcher of one model from policies that only
+	// see that model's workers. Nil = PD models are answered 503.
+	NewPD func(model string, prefill, decode policy.Policy) (PDFleet, error)
+	// Regular is the template of every regular fleet's dispatcher;
+	// Registry, Role and Policy are set per fleet. Its Panic is ignored:
+	// panic routing would pick among every model's workers.
 	Regular proxy.RegularOptions
-	Logger  *slog.Logger
+	// Models are the configured per-model settings (the config file's
+	// models section).
+	Models map[string]ModelSettings
+	Logger *slog.Logger
 	// Registerer receives the per-model metrics (nil = not exported).
 	Registerer prometheus.Registerer
 }
 
+// ModelSettings are one model's configured settings. A configured policy
+// wins over labels.policy; MaxConcurrent > 0 bounds the model's requests
+// in flight (more are a 429).
+type ModelSettings struct {
+	Policy, PrefillPolicy, DecodePolicy string
+	MaxConcurrent                       int
+}
+
+// limiter bounds one model's requests in flight.
+type limiter struct {
+	max int64
+	n   atomic.Int64
+}
+
+func (l *limiter) acquire() bool {
+	if l.n.Add(1) > l.max {
+		l.n.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (l *limiter) release() { l.n.Add(-1) }
+
 // Router implements proxy.Dispatcher over per-model fleets.
 type Router struct {
-	o   Options
-	log *slog.Logger
+	o     Options
+	log   *slog.Logger
+	unsub func()
+	bg    sync.WaitGroup // closes of dropped PD fleets
 
 	mu       sync.Mutex
 	fleets   map[string]*fleet
 	policies map[string]string // model → policy asked for (labels.policy)
+	closed   bool
 
-	requests *prometheus.CounterVec // model (a registered one), outcome: routed|no_live_workers
-	rejected *prometheus.CounterVec // reason: unknown_model|bad_model|model_required
+	limits map[string]*limiter // configured models with MaxConcurrent > 0; read-only
+
+	requests  *prometheus.CounterVec   // model (a registered one), outcome: routed|no_live_workers|limited
+	rejected  *prometheus.CounterVec   // reason: unknown_model|bad_model|model_required
+	duration  *prometheus.HistogramVec // model: routed requests, arrival to the end of the response
+	responses *prometheus.CounterVec   // model, code: status class of routed requests' responses
 }
 
 type fleet struct {
-	model  string
-	policy string
-	disp   *proxy.Regular
+	model string
+	kind  Kind
+	// policy is a regular fleet's policy; prefill and decode a PD fleet's.
+	policy, prefill, decode string
+	disp                    proxy.Dispatcher
+	pd                      PDFleet // nil for a regular fleet
+	// pass serves the non-generation routes: the regular dispatcher, or
+	// for a PD fleet one over its prefill workers (which serve plain
+	// requests like any vLLM).
+	pass *proxy.Regular
 }
 
 var _ proxy.Dispatcher = (*Router)(nil)
 
-// New builds a Router.
+// New builds a Router. Call Close to stop it.
 func New(o Options) (*Router, error) {
 	if o.Registry == nil || o.NewPolicy == nil {
 		return nil, errors.New("igw: Registry and NewPolicy are required")
@@ -75,26 +149,114 @@ func New(o Options) (*Router, error) {
 	if o.DefaultPolicy == "" {
 		return nil, errors.New("igw: DefaultPolicy is required")
 	}
-	rt := &Router{o: o, log: o.Logger, fleets: map[string]*fleet{}, policies: map[string]string{}}
+	o.PrefillPolicy = cmp.Or(o.PrefillPolicy, o.DefaultPolicy)
+	o.DecodePolicy = cmp.Or(o.DecodePolicy, o.DefaultPolicy)
+	o.Regular.Panic = nil
+	rt := &Router{o: o, log: o.Logger, fleets: map[string]*fleet{}, policies: map[string]string{}, limits: map[string]*limiter{}}
+	for m, st := range o.Models {
+		if st.MaxConcurrent > 0 {
+			rt.limits[m] = &limiter{max: int64(st.MaxConcurrent)}
+		}
+	}
 	if rt.log == nil {
 		rt.log = slog.New(slog.DiscardHandler)
 	}
 	rt.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "vllm_router_model_requests_total",
-		Help: "--enable-igw: generation requests per served model, by outcome (routed to the model's fleet, or no_live_workers: 503).",
+		Help: "--enable-igw: generation requests per served model, by outcome (routed to the model's fleet; no_live_workers: 503; limited: 429, the model's max_concurrent_requests reached).",
 	}, []string{"model", "outcome"})
+	rt.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "vllm_router_model_request_duration_seconds",
+		Help:    "--enable-igw: routed generation requests per served model, from arrival to the end of the response (streams included).",
+		Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300},
+	}, []string{"model"})
+	rt.responses = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "vllm_router_model_responses_total",
+		Help: "--enable-igw: routed generation requests per served model, by the status class of their response (2xx, 4xx, 5xx).",
+	}, []string{"model", "code"})
 	rt.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "vllm_router_model_rejections_total",
 		Help: "--enable-igw: requests refused before a fleet was chosen, by reason (unknown_model: 404, bad_model, model_required: 400).",
 	}, []string{"reason"})
 	if o.Registerer != nil {
-		for _, c := range []prometheus.Collector{rt.requests, rt.rejected} {
+		for _, c := range []prometheus.Collector{rt.requests, rt.rejected, rt.duration, rt.responses} {
 			if err := o.Registerer.Register(c); err != nil {
 				return nil, err
 			}
 		}
 	}
+	rt.unsub = o.Registry.Subscribe(rt.onChange)
 	return rt, nil
+}
+
+// Close stops the router: every PD fleet's engine is closed.
+func (rt *Router) Close() {
+	rt.unsub()
+	rt.mu.Lock()
+	rt.closed = true
+	fs := make([]*fleet, 0, len(rt.fleets))
+	for _, f := range rt.fleets {
+		fs = append(fs, f)
+	}
+	rt.fleets = map[string]*fleet{}
+	rt.mu.Unlock()
+	for _, f := range fs {
+		if f.pd != nil {
+			f.pd.Close()
+		}
+	}
+	rt.bg.Wait()
+}
+
+// onChange forgets a model once its last worker left: its fleet (a PD
+// fleet's engine is closed), its labels.policy and its metric series, so
+// the next first worker of that model starts afresh. A PD model's engine
+// is built as soon as its first prefill/decode worker joins, so its
+// background work (Mooncake bootstrap queries) starts before the first
+// request.
+func (rt *Router) onChange(c worker.Change) {
+	if len(c.Removed) > 0 {
+		rt.forgetGone(c)
+	}
+	var pdModels []string
+	for _, w := range c.Added {
+		if w.Role != worker.RoleRegular && !slices.Contains(pdModels, w.ModelID) {
+			pdModels = append(pdModels, w.ModelID)
+		}
+	}
+	for _, m := range pdModels {
+		if _, err := rt.fleetFor(m, KindPD); err != nil {
+			rt.log.Error("cannot build the PD fleet of a model", "model", m, "err", err)
+		}
+	}
+}
+
+func (rt *Router) forgetGone(c worker.Change) {
+	left := map[string]bool{}
+	for _, w := range c.Snap.All {
+		left[w.ModelID] = true
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for _, w := range c.Removed {
+		m := w.ModelID
+		if left[m] {
+			continue
+		}
+		delete(rt.policies, m)
+		rt.requests.DeletePartialMatch(prometheus.Labels{"model": m})
+		rt.duration.DeletePartialMatch(prometheus.Labels{"model": m})
+		rt.responses.DeletePartialMatch(prometheus.Labels{"model": m})
+		f := rt.fleets[m]
+		if f == nil {
+			continue
+		}
+		delete(rt.fleets, m)
+		rt.log.Info("model fleet dropped: its last worker left", "model", m, "kind", string(f.kind))
+		if f.pd != nil && !rt.closed {
+			rt.bg.Go(f.pd.Close) // not on the registry's writer goroutine
+		}
+	}
 }
 
 // SetPolicy records the policy a model's fleet uses (a worker's
@@ -104,10 +266,13 @@ func (rt *Router) SetPolicy(model, name string) error {
 	if !slices.Contains(policy.Names(), name) {
 		return fmt.Errorf("labels.policy %q is not a policy (valid: %s)", name, strings.Join(policy.Names(), ", "))
 	}
+	if cf := rt.o.Models[model]; cf.Policy != name && (cf.Policy != "" || cf.PrefillPolicy != "" || cf.DecodePolicy != "") {
+		return fmt.Errorf("model %q takes its policies from the config file (models section); labels.policy %q conflicts", model, name)
+	}
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	cur := rt.policies[model]
-	if f := rt.fleets[model]; f != nil {
+	if f := rt.fleets[model]; f != nil && f.kind == KindRegular {
 		cur = f.policy
 	}
 	if cur != "" && cur != name {
@@ -117,30 +282,58 @@ func (rt *Router) SetPolicy(model, name string) error {
 	return nil
 }
 
-// Policy returns the policy model routes with.
+// Policy returns the policy a regular model routes with (a PD model's
+// labels.policy, when one was named).
 func (rt *Router) Policy(model string) string {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	if f := rt.fleets[model]; f != nil {
-		return f.policy
-	}
-	if p := rt.policies[model]; p != "" {
-		return p
-	}
-	return rt.o.DefaultPolicy
+	return rt.policyLocked(model)
 }
 
-// fleetFor returns model's fleet, creating it on first use.
-func (rt *Router) fleetFor(model string) (*fleet, error) {
+func (rt *Router) policyLocked(model string) string {
+	if f := rt.fleets[model]; f != nil && f.kind == KindRegular {
+		return f.policy
+	}
+	return cmp.Or(rt.o.Models[model].Policy, rt.policies[model], rt.o.DefaultPolicy)
+}
+
+// pdPolicies returns the prefill and decode policies of a PD model.
+func (rt *Router) pdPoliciesLocked(model string) (string, string) {
+	cf, lp := rt.o.Models[model], rt.policies[model]
+	return cmp.Or(cf.PrefillPolicy, cf.Policy, lp, rt.o.PrefillPolicy), cmp.Or(cf.DecodePolicy, cf.Policy, lp, rt.o.DecodePolicy)
+}
+
+// fleetFor returns model's fleet of kind, creating it on first use (or
+// when the model changed kind).
+func (rt *Router) fleetFor(model string, kind Kind) (*fleet, error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	if f := rt.fleets[model]; f != nil {
+	if rt.closed {
+		return nil, errors.New("router is shutting down")
+	}
+	if f := rt.fleets[model]; f != nil && f.kind == kind {
 		return f, nil
 	}
-	name := rt.policies[model]
-	if name == "" {
-		name = rt.o.DefaultPolicy
+	var f *fleet
+	var err error
+	if kind == KindPD {
+		f, err = rt.newPDFleet(model)
+	} else {
+		f, err = rt.newRegularFleet(model)
 	}
+	if err != nil {
+		return nil, err
+	}
+	if old := rt.fleets[model]; old != nil && old.pd != nil {
+		rt.bg.Go(old.pd.Close)
+	}
+	rt.fleets[model] = f
+	rt.log.Info("model fleet created", "model", model, "kind", string(kind), "policy", f.policy, "prefill_policy", f.prefill, "decode_policy", f.decode)
+	return f, nil
+}
+
+func (rt *Router) newRegularFleet(model string) (*fleet, error) {
+	name := rt.policyLocked(model)
 	p, err := rt.o.NewPolicy(name)
 	if err != nil {
 		return nil, fmt.Errorf("model %q: policy %q: %w", model, name, err)
@@ -149,60 +342,75 @@ func (rt *Router) fleetFor(model string) (*fleet, error) {
 	ro.Registry = rt.o.Registry
 	ro.Role = worker.RoleRegular
 	ro.Policy = ForModel(p, model)
-	f := &fleet{model: model, policy: name, disp: proxy.NewRegular(ro)}
-	rt.fleets[model] = f
-	rt.log.Info("model fleet created", "model", model, "policy", name)
-	return f, nil
+	reg := proxy.NewRegular(ro)
+	return &fleet{model: model, kind: KindRegular, policy: name, disp: reg, pass: reg}, nil
 }
 
-// Models returns the models with at least one registered worker, sorted,
-// and whether each has a live (healthy, routable) one.
-func Models(snap *worker.Snapshot) (all []string, live map[string]bool) {
-	live = map[string]bool{}
-	for _, w := range snap.Regular {
-		if _, ok := live[w.ModelID]; !ok {
-			live[w.ModelID] = false
-			all = append(all, w.ModelID)
-		}
-		if w.Healthy() && w.Routable() {
-			live[w.ModelID] = true
-		}
+func (rt *Router) newPDFleet(model string) (*fleet, error) {
+	if rt.o.NewPD == nil {
+		return nil, fmt.Errorf("model %q has prefill/decode workers but this router serves no PD fleets", model)
 	}
-	slices.Sort(all)
-	return all, live
-}
-
-// ModelStatus is one model's entry in /workers.
-type ModelStatus struct {
-	Policy  string   `json:"policy"`
-	Total   int      `json:"total"`
-	Healthy int      `json:"healthy"`
-	Workers []string `json:"workers"`
-}
-
-// Status groups the registry's workers by model.
-func (rt *Router) Status() map[string]ModelStatus {
-	out := map[string]ModelStatus{}
-	for _, w := range rt.o.Registry.Snapshot().Regular {
-		st := out[w.ModelID]
-		st.Total++
-		if w.Healthy() && w.Routable() {
-			st.Healthy++
-		}
-		st.Workers = append(st.Workers, w.Key())
-		out[w.ModelID] = st
+	pn, dn := rt.pdPoliciesLocked(model)
+	pp, err := rt.o.NewPolicy(pn)
+	if err != nil {
+		return nil, fmt.Errorf("model %q: prefill policy %q: %w", model, pn, err)
 	}
-	for m, st := range out {
-		st.Policy = rt.Policy(m)
-		out[m] = st
+	dp, err := rt.o.NewPolicy(dn)
+	if err != nil {
+		return nil, fmt.Errorf("model %q: decode policy %q: %w", model, dn, err)
 	}
-	return out
+	mpp := ForModel(pp, model)
+	eng, err := rt.o.NewPD(model, mpp, ForModel(dp, model))
+	if err != nil {
+		return nil, fmt.Errorf("model %q: PD engine: %w", model, err)
+	}
+	ro := rt.o.Regular
+	ro.Registry = rt.o.Registry
+	ro.Role = worker.RolePrefill
+	ro.Policy = mpp
+	return &fleet{model: model, kind: KindPD, prefill: pn, decode: dn, disp: eng, pd: eng, pass: proxy.NewRegular(ro)}, nil
 }
 
 // Dispatch routes one generation request to its model's fleet.
 func (rt *Router) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call) {
-	all, live := Models(rt.o.Registry.Snapshot())
-	model, err := requestModel(c, all)
+	model, st, ok := rt.route(w, c.Obj.Get("model"), true)
+	if !ok {
+		return
+	}
+	if l := rt.limits[model]; l != nil {
+		if !l.acquire() {
+			rt.requests.WithLabelValues(model, "limited").Inc()
+			writeError(w, http.StatusTooManyRequests, fmt.Sprintf("Model %q is at its limit of %d concurrent requests (max_concurrent_requests); retry later", model, l.max), "model")
+			return
+		}
+		defer l.release()
+	}
+	f, err := rt.fleetFor(model, st.Kind())
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error(), "model")
+		return
+	}
+	rt.requests.WithLabelValues(model, "routed").Inc()
+	if c.Receipt != nil {
+		defer func() { c.Receipt.Reason = "model " + model + "; " + c.Receipt.Reason }()
+	}
+	sw := &statusWriter{ResponseWriter: w}
+	f.disp.Dispatch(sw, r, c)
+	start := c.Start
+	if start.IsZero() {
+		start = time.Now()
+	}
+	rt.duration.WithLabelValues(model).Observe(time.Since(start).Seconds())
+	rt.responses.WithLabelValues(model, statusClass(sw.status)).Inc()
+}
+
+// route picks the model a request names (v: its body's "model", nil when
+// absent) and answers the request itself (ok false) when that model
+// cannot be served.
+func (rt *Router) route(w http.ResponseWriter, v []byte, generation bool) (model string, st ModelState, ok bool) {
+	states := States(rt.o.Registry.Snapshot())
+	all := slices.Sorted(maps.Keys(states))
+	model, err := requestModel(v, all)
 	if err != nil {
 		reason := "bad_model"
 		if errors.Is(err, errModelRequired) {
@@ -210,114 +418,54 @@ func (rt *Router) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call
 		}
 		rt.rejected.WithLabelValues(reason).Inc()
 		writeError(w, http.StatusBadRequest, err.Error(), "model")
-		return
+		return "", st, false
 	}
-	isLive, known := live[model]
-	switch {
-	case !known:
+	st, known := states[model]
+	if !known {
 		rt.rejected.WithLabelValues("unknown_model").Inc()
 		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", model), "model")
-		return
-	case !isLive:
-		rt.requests.WithLabelValues(model, "no_live_workers").Inc()
-		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("Model %q has no live workers (all its workers are unhealthy or being drained)", model), "model")
+		return "", st, false
+	}
+	if why := st.Unavailable(model); why != "" {
+		if generation {
+			rt.requests.WithLabelValues(model, "no_live_workers").Inc()
+		}
+		writeError(w, http.StatusServiceUnavailable, why, "model")
+		return "", st, false
+	}
+	return model, st, true
+}
+
+// ServePassthrough serves the non-generation routes (/tokenize,
+// /detokenize and any other path) on the fleet of the model a JSON body
+// names; a request naming none (no JSON body, no "model") goes to the
+// only model, else it is a 400 listing the models. A PD model's requests
+// go to its prefill workers.
+func (rt *Router) ServePassthrough(w http.ResponseWriter, r *http.Request) {
+	var v []byte
+	if r.Body != nil && r.Body != http.NoBody {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			status := http.StatusBadRequest
+			if _, tooBig := errors.AsType[*http.MaxBytesError](err); tooBig {
+				status = http.StatusRequestEntityTooLarge
+			}
+			writeError(w, status, "cannot read the request body: "+err.Error(), "")
+			return
+		}
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+		if obj, err := rawjson.Parse(b); err == nil {
+			v = obj.Get("model")
+		}
+	}
+	model, st, ok := rt.route(w, v, false)
+	if !ok {
 		return
 	}
-	rt.requests.WithLabelValues(model, "routed").Inc()
-	f, err := rt.fleetFor(model)
+	f, err := rt.fleetFor(model, st.Kind())
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error(), "")
+		writeError(w, http.StatusServiceUnavailable, err.Error(), "model")
 		return
 	}
-	if c.Receipt != nil {
-		defer func() { c.Receipt.Reason = "model " + model + "; " + c.Receipt.Reason }()
-	}
-	f.disp.Dispatch(w, r, c)
+	f.pass.ServePassthrough(w, r)
 }
-
-var errModelRequired = errors.New("model is required")
-
-// requestModel reads the body's "model".
-func requestModel(c *proxy.Call, models []string) (string, error) {
-	v := c.Obj.Get("model")
-	if v == nil || string(v) == "null" {
-		if len(models) == 1 {
-			return models[0], nil
-		}
-		if len(models) == 0 {
-			return "", fmt.Errorf("%w (no model is being served yet)", errModelRequired)
-		}
-		return "", fmt.Errorf("%w: this router serves several models (%s)", errModelRequired, strings.Join(models, ", "))
-	}
-	var s string
-	if v[0] != '"' || json.Unmarshal(v, &s) != nil {
-		return "", fmt.Errorf("model must be a string, got %s", truncate(string(v), 64))
-	}
-	return s, nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
-
-// writeError writes vLLM's error body with param set.
-func writeError(w http.ResponseWriter, status int, msg, param string) {
-	var p *string
-	if param != "" {
-		p = &param
-	}
-	b, _ := json.Marshal(openai.ErrorBody{Error: openai.ErrorDetail{Message: msg, Type: openai.TypeFor(status), Param: p, Code: status}})
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
-	w.WriteHeader(status)
-	_, _ = w.Write(b)
-}
-
-// ForModel wraps a policy so it only ever sees the candidates serving
-// model. The subset is cached per registry generation, so a policy that
-// caches per generation (hash rings) sees a stable set.
-func ForModel(inner policy.Policy, model string) policy.Policy {
-	return &modelPolicy{inner: inner, model: model}
-}
-
-type modelPolicy struct {
-	inner policy.Policy
-	model string
-	cache atomic.Pointer[subset]
-}
-
-type subset struct {
-	gen uint64
-	src []*worker.Worker // the slice it was computed from
-	ws  []*worker.Worker
-}
-
-func (p *modelPolicy) Name() string { return p.inner.Name() }
-
-func (p *modelPolicy) Pick(req *policy.Request, c policy.Candidates) (policy.Choice, error) {
-	return p.inner.Pick(req, policy.Candidates{Gen: c.Gen, Workers: p.filter(c)})
-}
-
-func (p *modelPolicy) filter(c policy.Candidates) []*worker.Worker {
-	if s := p.cache.Load(); s != nil && s.gen == c.Gen && len(s.src) == len(c.Workers) &&
-		(len(s.src) == 0 || &s.src[0] == &c.Workers[0]) {
-		return s.ws
-	}
-	ws := make([]*worker.Worker, 0, len(c.Workers))
-	for _, w := range c.Workers {
-		if w.ModelID == p.model {
-			ws = append(ws, w)
-		}
-	}
-	p.cache.Store(&subset{gen: c.Gen, src: c.Workers, ws: ws})
-	return ws
-}
-
-// Close closes the inner policy.
-func (p *modelPolicy) Close() error { return policy.Close(p.inner) }
-
-// RemoveWorker forwards to the inner policy.
-func (p *modelPolicy) RemoveWorker(key string) { policy.RemoveWorker(p.inner, key) }

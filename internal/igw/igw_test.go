@@ -2,10 +2,12 @@ package igw
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -46,12 +48,14 @@ type env struct {
 	prom   *prometheus.Registry
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T) *env { return newEnvWith(t, nil) }
+
+func newEnvWith(t *testing.T, edit func(*Options)) *env {
 	e := &env{reg: worker.NewRegistry(worker.BreakerConfig{})}
 	tr := proxy.NewTransport(proxy.TransportOptions{})
 	t.Cleanup(tr.CloseIdleConnections)
 	e.prom = prometheus.NewRegistry()
-	rt, err := New(Options{
+	o := Options{
 		Registerer: e.prom,
 		Registry:   e.reg, DefaultPolicy: policy.NameRoundRobin,
 		NewPolicy: func(name string) (policy.Policy, error) {
@@ -62,7 +66,11 @@ func newEnv(t *testing.T) *env {
 			return p, err
 		},
 		Regular: proxy.RegularOptions{Client: &http.Client{Transport: tr}, Retry: proxy.RetryConfig{MaxAttempts: 2}, RequestTimeout: 10 * time.Second},
-	})
+	}
+	if edit != nil {
+		edit(&o)
+	}
+	rt, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,8 +79,13 @@ func newEnv(t *testing.T) *env {
 			_ = policy.Close(p)
 		}
 	})
+	t.Cleanup(rt.Close)
 	e.rt = rt
 	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/completions" {
+			rt.ServePassthrough(w, r)
+			return
+		}
 		b, _ := io.ReadAll(r.Body)
 		obj, err := rawjson.Parse(b)
 		if err != nil {
@@ -94,7 +107,11 @@ func (e *env) add(t *testing.T, url, model string) *worker.Worker {
 }
 
 func (e *env) post(t *testing.T, body string) (int, string) {
-	resp, err := http.Post(e.srv.URL+"/v1/completions", "application/json", strings.NewReader(body))
+	return e.postTo(t, "/v1/completions", body)
+}
+
+func (e *env) postTo(t *testing.T, path, body string) (int, string) {
+	resp, err := http.Post(e.srv.URL+path, "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,20 +172,33 @@ func TestRouteByModel(t *testing.T) {
 	if st, _ := e.post(t, `{"model":"model-a","prompt":"x"}`); st != 200 {
 		t.Fatalf("model-a with b down: %d", st)
 	}
+	// The per-model response counters are recorded after the response
+	// was written: wait for the last one.
+	waitCond(t, "the last response counted", func() bool {
+		return testutil.ToFloat64(e.rt.responses.WithLabelValues("model-a", "2xx")) == 7
+	})
 	want := `
 # HELP vllm_router_model_rejections_total --enable-igw: requests refused before a fleet was chosen, by reason (unknown_model: 404, bad_model, model_required: 400).
 # TYPE vllm_router_model_rejections_total counter
 vllm_router_model_rejections_total{reason="bad_model"} 1
 vllm_router_model_rejections_total{reason="model_required"} 1
 vllm_router_model_rejections_total{reason="unknown_model"} 1
-# HELP vllm_router_model_requests_total --enable-igw: generation requests per served model, by outcome (routed to the model's fleet, or no_live_workers: 503).
+# HELP vllm_router_model_requests_total --enable-igw: generation requests per served model, by outcome (routed to the model's fleet; no_live_workers: 503; limited: 429, the model's max_concurrent_requests reached).
 # TYPE vllm_router_model_requests_total counter
 vllm_router_model_requests_total{model="model-a",outcome="routed"} 7
 vllm_router_model_requests_total{model="org/model-b",outcome="no_live_workers"} 1
 vllm_router_model_requests_total{model="org/model-b",outcome="routed"} 1
+# HELP vllm_router_model_responses_total --enable-igw: routed generation requests per served model, by the status class of their response (2xx, 4xx, 5xx).
+# TYPE vllm_router_model_responses_total counter
+vllm_router_model_responses_total{code="2xx",model="model-a"} 7
+vllm_router_model_responses_total{code="2xx",model="org/model-b"} 1
 `
-	if err := testutil.GatherAndCompare(e.prom, strings.NewReader(want)); err != nil {
+	if err := testutil.GatherAndCompare(e.prom, strings.NewReader(want), "vllm_router_model_requests_total",
+		"vllm_router_model_rejections_total", "vllm_router_model_responses_total"); err != nil {
 		t.Fatal(err)
+	}
+	if n := testutil.CollectAndCount(e.rt.duration, "vllm_router_model_request_duration_seconds"); n != 2 {
+		t.Fatalf("duration series: %d, want one per routed model", n)
 	}
 	// One model left: "model" may be omitted.
 	e.reg.Remove(bw.Key())
@@ -248,5 +278,292 @@ func TestForModelFilterCache(t *testing.T) {
 	}
 	if got := p.filter(policy.Candidates{Gen: 2, Workers: nil}); len(got) != 0 {
 		t.Fatalf("empty: %d", len(got))
+	}
+}
+
+// fakePD stands in for a model's pd.Engine: it answers with its model and
+// what its policies picked among the full candidate lists, so the test
+// sees that both only ever see the model's workers.
+type fakePD struct {
+	model  string
+	pp, dp policy.Policy
+	reg    *worker.Registry
+	closed atomic.Bool
+}
+
+func (f *fakePD) Dispatch(w http.ResponseWriter, _ *http.Request, _ *proxy.Call) {
+	snap := f.reg.Snapshot()
+	p, perr := f.pp.Pick(&policy.Request{}, policy.Candidates{Gen: snap.Gen, Workers: snap.Prefill})
+	d, derr := f.dp.Pick(&policy.Request{}, policy.Candidates{Gen: snap.Gen, Workers: snap.Decode})
+	if perr != nil || derr != nil {
+		http.Error(w, fmt.Sprint(perr, derr), 503)
+		return
+	}
+	_, _ = fmt.Fprintf(w, `{"pd":%q,"p":%q,"d":%q}`, f.model, p.Worker.ModelID, d.Worker.ModelID)
+}
+
+func (f *fakePD) Close() { f.closed.Store(true) }
+
+func (e *env) addRole(t *testing.T, url, model string, role worker.Role) *worker.Worker {
+	t.Helper()
+	ws, err := e.reg.Add(worker.Spec{URL: url, Role: role, DPRank: -1, ModelID: model})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ws[0]
+}
+
+func TestPDModelBesideRegular(t *testing.T) {
+	var mu sync.Mutex
+	engines := map[string][]*fakePD{}
+	e := newEnvWith(t, func(o *Options) {
+		o.PrefillPolicy, o.DecodePolicy = policy.NameRandom, policy.NameRoundRobin
+		o.NewPD = func(model string, pp, dp policy.Policy) (PDFleet, error) {
+			f := &fakePD{model: model, pp: pp, dp: dp, reg: o.Registry}
+			mu.Lock()
+			engines[model] = append(engines[model], f)
+			mu.Unlock()
+			return f, nil
+		}
+	})
+	engine := func(m string) (*fakePD, int) {
+		mu.Lock()
+		defer mu.Unlock()
+		n := len(engines[m])
+		if n == 0 {
+			return nil, 0
+		}
+		return engines[m][n-1], n
+	}
+	reg := newWorker(t, "r")
+	e.add(t, reg.URL, "chat")
+	// Two PD models, so a policy that saw every prefill/decode would pick
+	// the other model's workers half of the time.
+	e.addRole(t, "http://127.0.0.1:1", "big", worker.RolePrefill)
+	e.addRole(t, "http://127.0.0.1:2", "big", worker.RoleDecode)
+	e.addRole(t, "http://127.0.0.1:3", "other", worker.RolePrefill)
+	od := e.addRole(t, "http://127.0.0.1:4", "other", worker.RoleDecode)
+	if f, n := engine("big"); n != 1 || f == nil {
+		t.Fatalf("the PD engine of big was not built when its workers joined: %d", n)
+	}
+
+	for range 4 {
+		if st, body := e.post(t, `{"model":"big","prompt":"x"}`); st != 200 || body != `{"pd":"big","p":"big","d":"big"}` {
+			t.Fatalf("big: %d %s", st, body)
+		}
+		if st, body := e.post(t, `{"model":"other","prompt":"x"}`); st != 200 || body != `{"pd":"other","p":"other","d":"other"}` {
+			t.Fatalf("other: %d %s", st, body)
+		}
+	}
+	if st, body := e.post(t, `{"model":"chat","prompt":"x"}`); st != 200 || !strings.Contains(body, `"r"`) {
+		t.Fatalf("regular model: %d %s", st, body)
+	}
+	if _, n := engine("big"); n != 1 {
+		t.Fatalf("engines of big: %d, want one reused", n)
+	}
+
+	st := e.rt.Status()
+	if b := st["big"]; b.Kind != KindPD || b.PrefillPolicy != policy.NameRandom || b.DecodePolicy != policy.NameRoundRobin ||
+		b.Prefill != 1 || b.Decode != 1 || b.Total != 2 || b.Policy != "" {
+		t.Fatalf("status of big: %+v", b)
+	}
+	if c := st["chat"]; c.Kind != KindRegular || c.Policy != policy.NameRoundRobin || c.Total != 1 {
+		t.Fatalf("status of chat: %+v", c)
+	}
+
+	// One role missing or down: a 503 saying which.
+	e.addRole(t, "http://127.0.0.1:5", "half", worker.RolePrefill)
+	od.SetHealthy(false)
+	for _, tc := range []struct{ model, want string }{
+		{"half", `Model \"half\" has no decode workers (1 prefill registered): a PD model needs both roles`},
+		{"other", `Model \"other\" has no live decode workers (1 registered, all unhealthy or being drained)`},
+	} {
+		if st, body := e.post(t, `{"model":"`+tc.model+`","prompt":"x"}`); st != 503 || !strings.Contains(body, tc.want) {
+			t.Fatalf("%s: %d %s, want 503 with %s", tc.model, st, body, tc.want)
+		}
+	}
+
+	// big's last worker leaves: its engine is closed and the model is gone.
+	f, _ := engine("big")
+	e.reg.RemoveWhere(func(w *worker.Worker) bool { return w.ModelID == "big" })
+	waitCond(t, "the PD engine of a model with no workers left closed", f.closed.Load)
+	if st, body := e.post(t, `{"model":"big","prompt":"x"}`); st != 404 {
+		t.Fatalf("big after its workers left: %d %s", st, body)
+	}
+	e.rt.Close()
+	if f, _ := engine("other"); !f.closed.Load() {
+		t.Fatal("Close left a PD engine running")
+	}
+}
+
+func TestPDModelWithoutEngine(t *testing.T) {
+	e := newEnv(t)
+	e.addRole(t, "http://127.0.0.1:1", "big", worker.RolePrefill)
+	e.addRole(t, "http://127.0.0.1:2", "big", worker.RoleDecode)
+	if st, body := e.post(t, `{"model":"big","prompt":"x"}`); st != 503 || !strings.Contains(body, "serves no PD fleets") {
+		t.Fatalf("%d %s", st, body)
+	}
+}
+
+func TestModelStateUnavailable(t *testing.T) {
+	for _, tc := range []struct {
+		st   ModelState
+		want string
+	}{
+		{ModelState{Regular: 2, LiveRegular: 1}, ""},
+		{ModelState{Regular: 2}, `Model "m" has no live workers (all its workers are unhealthy or being drained)`},
+		{ModelState{Prefill: 1, Decode: 2, LivePrefill: 1, LiveDecode: 1}, ""},
+		{ModelState{Prefill: 1, Decode: 2}, `Model "m" has no live workers (prefill: 1 registered, decode: 2 registered, none healthy)`},
+		{ModelState{Decode: 2, LiveDecode: 2}, `Model "m" has no prefill workers (2 decode registered): a PD model needs both roles`},
+		{ModelState{Prefill: 3, LivePrefill: 1}, `Model "m" has no decode workers (3 prefill registered): a PD model needs both roles`},
+		{ModelState{Prefill: 3, Decode: 1, LiveDecode: 1}, `Model "m" has no live prefill workers (3 registered, all unhealthy or being drained)`},
+		{ModelState{Prefill: 3, Decode: 1, LivePrefill: 1}, `Model "m" has no live decode workers (1 registered, all unhealthy or being drained)`},
+	} {
+		if got := tc.st.Unavailable("m"); got != tc.want {
+			t.Errorf("%+v: %q, want %q", tc.st, got, tc.want)
+		}
+	}
+}
+
+func TestModelSettingsAndLimit(t *testing.T) {
+	e := newEnvWith(t, func(o *Options) {
+		o.Models = map[string]ModelSettings{
+			"m": {Policy: policy.NameRandom, MaxConcurrent: 2},
+			"p": {PrefillPolicy: policy.NameRandom, DecodePolicy: policy.NameRoundRobin},
+		}
+	})
+	if err := e.rt.SetPolicy("m", policy.NameCacheAware); err == nil || !strings.Contains(err.Error(), "takes its policies from the config file") {
+		t.Fatalf("labels.policy against the config file: %v", err)
+	}
+	if err := e.rt.SetPolicy("m", policy.NameRandom); err != nil {
+		t.Fatalf("labels.policy equal to the config file's: %v", err)
+	}
+	if err := e.rt.SetPolicy("p", policy.NameRandom); err == nil {
+		t.Fatal("labels.policy accepted for a model whose config names its role policies")
+	}
+	if got := e.rt.Policy("m"); got != policy.NameRandom {
+		t.Fatalf("policy of m: %q", got)
+	}
+	e.rt.mu.Lock()
+	pp, dp := e.rt.pdPoliciesLocked("p")
+	e.rt.mu.Unlock()
+	if pp != policy.NameRandom || dp != policy.NameRoundRobin {
+		t.Fatalf("PD policies of p: %s, %s", pp, dp)
+	}
+
+	release := make(chan struct{})
+	var arrived atomic.Int32
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		_, _ = io.WriteString(w, `{"ok":true}`)
+	}))
+	t.Cleanup(slow.Close)
+	t.Cleanup(func() { close(release) })
+	e.add(t, slow.URL, "m")
+	other := newWorker(t, "o")
+	e.add(t, other.URL, "o")
+
+	type result struct {
+		st   int
+		body string
+	}
+	results := make(chan result, 2)
+	for range 2 {
+		go func() {
+			st, body := e.post(t, `{"model":"m","prompt":"x"}`)
+			results <- result{st, body}
+		}()
+	}
+	waitCond(t, "the two requests at the worker", func() bool { return arrived.Load() == 2 })
+	if st, body := e.post(t, `{"model":"m","prompt":"x"}`); st != 429 || !strings.Contains(body, `Model \"m\" is at its limit of 2 concurrent requests`) ||
+		!strings.Contains(body, `"type":"RateLimitError"`) {
+		t.Fatalf("third request: %d %s", st, body)
+	}
+	if st, _ := e.post(t, `{"model":"o","prompt":"x"}`); st != 200 {
+		t.Fatalf("another model while m is full: %d", st)
+	}
+	if s := e.rt.Status()["m"]; s.InFlight != 2 || s.MaxConcurrent != 2 {
+		t.Fatalf("status of m: %+v", s)
+	}
+	release <- struct{}{}
+	release <- struct{}{}
+	for range 2 {
+		if r := <-results; r.st != 200 {
+			t.Fatalf("held request: %d %s", r.st, r.body)
+		}
+	}
+	// The slots are released after the responses were written.
+	waitCond(t, "m's slots released", func() bool { return e.rt.Status()["m"].InFlight == 0 })
+	if got := testutil.ToFloat64(e.rt.requests.WithLabelValues("m", "limited")); got != 1 {
+		t.Fatalf("limited count %v", got)
+	}
+}
+
+// waitCond polls cond until it holds, for at most 10 s.
+func waitCond(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// TestPassthroughByModel: /tokenize and other non-generation paths go to
+// the fleet of the model the body names (a PD model's prefill workers),
+// with the body forwarded unchanged.
+func TestPassthroughByModel(t *testing.T) {
+	e := newEnvWith(t, func(o *Options) {
+		o.NewPD = func(model string, pp, dp policy.Policy) (PDFleet, error) {
+			return &fakePD{model: model, pp: pp, dp: dp, reg: o.Registry}, nil
+		}
+	})
+	var gotBody atomic.Value
+	echo := func(name string) *modelWorker {
+		mw := &modelWorker{}
+		mw.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mw.hits.Add(1)
+			b, _ := io.ReadAll(r.Body)
+			gotBody.Store(r.URL.Path + " " + string(b))
+			_, _ = io.WriteString(w, `{"served_by":"`+name+`"}`)
+		}))
+		t.Cleanup(mw.Close)
+		return mw
+	}
+	a, p, d := echo("a"), echo("p"), echo("d")
+	e.add(t, a.URL, "chat")
+	e.addRole(t, p.URL, "big", worker.RolePrefill)
+	e.addRole(t, d.URL, "big", worker.RoleDecode)
+
+	for _, tc := range []struct {
+		path, body string
+		status     int
+		want       string
+	}{
+		{"/tokenize", `{"model":"chat", "prompt":"hi"}`, 200, `"a"`},
+		{"/tokenize", `{"model":"big","prompt":"hi"}`, 200, `"p"`},
+		{"/v1/score", `{"model":"big","text_1":"x"}`, 200, `"p"`},
+		{"/tokenize", `{"prompt":"hi"}`, 400, "several models (big, chat)"},
+		{"/tokenize", `not json`, 400, "model is required"},
+		{"/tokenize", `{"model":"nope"}`, 404, "The model `nope` does not exist."},
+	} {
+		st, body := e.postTo(t, tc.path, tc.body)
+		if st != tc.status || !strings.Contains(body, tc.want) {
+			t.Errorf("%s %s: %d %s, want %d with %s", tc.path, tc.body, st, body, tc.status, tc.want)
+		}
+		if st == 200 {
+			if got := gotBody.Load(); got != tc.path+" "+tc.body {
+				t.Errorf("the worker got %q, want the body unchanged", got)
+			}
+		}
+	}
+	if d.hits.Load() != 0 {
+		t.Fatalf("a PD model's passthrough reached its decode worker %d times", d.hits.Load())
 	}
 }

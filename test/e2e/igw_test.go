@@ -119,7 +119,7 @@ func TestIGWMultiModel(t *testing.T) {
 		want string
 	}{
 		{fmt.Sprintf(`{"url":%q,"model_id":"x","worker_type":"router"}`, c1.URL()), "unknown worker role"},
-		{fmt.Sprintf(`{"url":%q,"model_id":"x","worker_type":"prefill"}`, c1.URL()), "PD fleets per model are not implemented yet"},
+		{fmt.Sprintf(`{"url":%q,"model_id":"mistral","worker_type":"prefill"}`, startSim(t, "--model", "mistral").URL()), `model \"mistral\" is served by regular workers`},
 		{`{"url":"http://127.0.0.1:1","model_id":5}`, "Invalid JSON body"},
 		{`{"url":`, "Invalid JSON body"},
 		{fmt.Sprintf(`{"url":%q,"model_id":"other"}`, a1.URL()), `already serves model \"llama\"`},

@@ -17,15 +17,17 @@ import (
 
 // Removal reasons (the vllm_router_discovery_workers_removed_total label).
 const (
-	reasonDeleted     = "deleted"     // pod deleted (or its tombstone seen)
-	reasonUnselected  = "unselected"  // labels no longer match the selector
-	reasonTerminating = "terminating" // deletionTimestamp set
-	reasonNotRunning  = "not_running" // phase other than Running
-	reasonNotReady    = "not_ready"   // Ready condition not True
-	reasonNoIP        = "no_ip"       // no pod IP
-	reasonBadIP       = "bad_ip"      // pod IP that makes no valid URL
-	reasonReplaced    = "replaced"    // IP, role, DP size or bootstrap port changed
-	reasonConflict    = "conflict"    // another instance holds the worker key
+	reasonDeleted      = "deleted"       // pod deleted (or its tombstone seen)
+	reasonUnselected   = "unselected"    // labels no longer match the selector
+	reasonTerminating  = "terminating"   // deletionTimestamp set
+	reasonNotRunning   = "not_running"   // phase other than Running
+	reasonNotReady     = "not_ready"     // Ready condition not True
+	reasonNoIP         = "no_ip"         // no pod IP
+	reasonBadIP        = "bad_ip"        // pod IP that makes no valid URL
+	reasonReplaced     = "replaced"      // IP, role, DP size or bootstrap port changed
+	reasonConflict     = "conflict"      // another instance holds the worker key
+	reasonNoModel      = "no_model"      // multi-model mode: the pod names no model
+	reasonModelPending = "model_pending" // multi-model mode: the pod's model is being asked for
 )
 
 // podView is what one informer last saw of one pod; nil means the pod is
@@ -40,6 +42,9 @@ type podView struct {
 	dpSize        int
 	bootstrapPort int    // prefill only; 0 = connector default
 	kvEventsPort  int    // KV event publisher port; 0 = the router's --kv-events-port
+	model         string // multi-model mode: the model the pod names
+	noModel       bool   // multi-model mode and the pod names none
+	modelPending  bool   // multi-model mode: Options.Model has not named it yet
 	warn          string // annotation problems, logged once per value
 }
 
@@ -56,6 +61,10 @@ func (v *podView) ineligible() string {
 		return reasonNoIP
 	case v.url == "":
 		return reasonBadIP
+	case v.modelPending:
+		return reasonModelPending
+	case v.noModel:
+		return reasonNoModel
 	}
 	return ""
 }
@@ -139,15 +148,41 @@ func (s *Source) viewOf(pod *corev1.Pod, role worker.Role) *podView {
 			v.kvEventsPort = n
 		}
 	}
+	if s.opts.Models {
+		v.model = podModel(pod)
+		switch {
+		case v.model != "":
+		case s.opts.Model != nil && v.url != "":
+			v.model, _ = s.opts.Model(hostPort(v.url))
+			v.modelPending = v.model == ""
+		default:
+			v.noModel = true
+			warns = append(warns, fmt.Sprintf("pod names no model (annotation or label %s); it is not routed", ModelAnnotation))
+		}
+	}
 	v.warn = strings.Join(warns, "; ")
 	return v
+}
+
+// hostPort is the host:port of a worker base URL.
+func hostPort(url string) string {
+	return strings.TrimPrefix(strings.TrimPrefix(url, "http://"), "https://")
+}
+
+// podModel is the model a pod names: its ModelAnnotation, else its label
+// of that name.
+func podModel(pod *corev1.Pod) string {
+	if m := strings.TrimSpace(pod.Annotations[ModelAnnotation]); m != "" {
+		return m
+	}
+	return strings.TrimSpace(pod.Labels[ModelAnnotation])
 }
 
 // specs are the registry entries of an eligible view: one per DP rank.
 func (v *podView) specs(instance string) []worker.Spec {
 	spec := worker.Spec{
 		URL: v.url, Role: v.role, DPRank: -1, TPSize: 1,
-		Source: worker.SourceK8s, Instance: instance,
+		Source: worker.SourceK8s, Instance: instance, ModelID: v.model,
 	}
 	if v.role == worker.RolePrefill {
 		spec.BootstrapPort = v.bootstrapPort
@@ -214,6 +249,9 @@ func (s *Source) reconcileLocked(st *podState) {
 		}
 	}
 	attrs := []any{"pod", st.key, "role", role.String(), "url", v.url, "dp_size", v.dpSize}
+	if v.model != "" {
+		attrs = append(attrs, "model", v.model)
+	}
 	if role == worker.RolePrefill && v.bootstrapPort > 0 {
 		attrs = append(attrs, "bootstrap_port", v.bootstrapPort)
 	}

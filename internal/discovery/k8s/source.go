@@ -47,6 +47,11 @@ const (
 	// publisher (vLLM --kv-events-config endpoint) for the kv_aware
 	// policy; without it the router's --kv-events-port applies.
 	KVEventsPortAnnotation = "vllm.ai/kv-events-port"
+	// ModelAnnotation names the model a pod serves (--enable-igw, with
+	// Options.Models); a label of the same name is read when the
+	// annotation is absent (label values cannot hold a "/", annotations
+	// can: "Qwen/Qwen3-8B").
+	ModelAnnotation = "vllm.ai/model"
 	// DefaultDPSizeAnnotation carries a pod's data-parallel size.
 	DefaultDPSizeAnnotation = "vllm.ai/dp-size"
 	// DefaultResync re-delivers every watched pod this often, which also
@@ -76,6 +81,18 @@ type Options struct {
 	DecodeSelector  map[string]string
 	// PD selects PD mode (prefill/decode selectors) over regular mode.
 	PD bool
+	// Models is the multi-model mode (--enable-igw): every pod names its
+	// model (ModelAnnotation) and its Workers carry it as ModelID; a pod
+	// naming none is not routed. The regular, prefill and decode selectors
+	// may all be set (a pod several select is a prefill, else a decode,
+	// else regular). PD is ignored.
+	Models bool
+	// Model, in multi-model mode, names the model of a pod that names none
+	// (the caller asks the pod's /v1/models in the background); it gets the
+	// pod's host:port and must not block. While it answers false the pod is
+	// not routed (model_pending); call Refresh when it may answer. Nil =
+	// such a pod is not routed (no_model).
+	Model func(hostPort string) (model string, ok bool)
 	// Port is the workers' HTTP port (--service-discovery-port).
 	Port int
 	// BootstrapPortAnnotation names the prefill pods' Mooncake bootstrap
@@ -168,7 +185,21 @@ func New(opts Options) (*Source, error) {
 		set  map[string]string
 	}
 	var sels []roleSel
-	if opts.PD {
+	switch {
+	case opts.Models:
+		if len(opts.Selector) == 0 && len(opts.PrefillSelector) == 0 && len(opts.DecodeSelector) == 0 {
+			errs = append(errs, errors.New("multi-model mode needs a non-empty selector, prefill selector or decode selector"))
+		}
+		for _, rs := range []roleSel{
+			{worker.RolePrefill, "prefill selector", opts.PrefillSelector},
+			{worker.RoleDecode, "decode selector", opts.DecodeSelector},
+			{worker.RoleRegular, "selector", opts.Selector},
+		} {
+			if len(rs.set) > 0 {
+				sels = append(sels, rs)
+			}
+		}
+	case opts.PD:
 		if len(opts.Selector) > 0 {
 			errs = append(errs, errors.New("PD mode uses the prefill and decode selectors, not the regular selector"))
 		}
@@ -181,7 +212,7 @@ func New(opts Options) (*Source, error) {
 		if len(opts.DecodeSelector) > 0 {
 			sels = append(sels, roleSel{worker.RoleDecode, "decode selector", opts.DecodeSelector})
 		}
-	} else {
+	default:
 		if len(opts.PrefillSelector) > 0 || len(opts.DecodeSelector) > 0 {
 			errs = append(errs, errors.New("prefill and decode selectors need PD mode"))
 		}
@@ -230,7 +261,7 @@ func New(opts Options) (*Source, error) {
 		}
 		s.watchers = append(s.watchers, w)
 	}
-	if opts.PD && len(sels) == 2 && maps.Equal(opts.PrefillSelector, opts.DecodeSelector) {
+	if (opts.PD || opts.Models) && len(opts.PrefillSelector) > 0 && maps.Equal(opts.PrefillSelector, opts.DecodeSelector) {
 		log.Warn("kubernetes discovery: the prefill and decode selectors are equal; every selected pod is a prefill")
 	}
 	return s, nil
@@ -276,6 +307,7 @@ func (s *Source) Run(ctx context.Context) error {
 			return nil
 		case <-s.kick:
 			s.retryConflicts()
+			s.retryPendingModels()
 		}
 	}
 }
@@ -375,6 +407,34 @@ func (s *Source) onRegistryChange(c worker.Change) {
 	select {
 	case s.kick <- struct{}{}:
 	default:
+	}
+}
+
+// Refresh re-evaluates the pods whose model was not known yet
+// (Options.Model). It never blocks.
+func (s *Source) Refresh() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Source) retryPendingModels() {
+	if s.opts.Model == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range slices.Sorted(maps.Keys(s.pods)) {
+		st := s.pods[k]
+		v, _ := st.current()
+		if v == nil || !v.modelPending {
+			continue
+		}
+		if m, ok := s.opts.Model(hostPort(v.url)); ok {
+			v.model, v.modelPending = m, false
+			s.reconcileLocked(st)
+		}
 	}
 }
 

@@ -306,7 +306,18 @@ func TestSelectorAndNamespaceScoping(t *testing.T) {
 	e.expect("regular http://10.0.0.1:8000")
 
 	// Selectors and namespace are applied by the API server: every list
-	// and watch carries them.
+	// and watch carries them. The watch starts after the list, in the
+	// informer's goroutine: wait for it.
+	podActions := func() int {
+		n := 0
+		for _, a := range e.cs.Actions() {
+			if a.GetResource().Resource == "pods" {
+				n++
+			}
+		}
+		return n
+	}
+	waitFor(t, "a pod list and a pod watch", func() bool { return podActions() >= 2 })
 	var n int
 	for _, a := range e.cs.Actions() {
 		if a.GetResource().Resource != "pods" {
@@ -762,5 +773,83 @@ func TestAdminRemovalRestored(t *testing.T) {
 	e.expect("regular http://10.0.0.1:8000")
 	if got := e.removed(reasonReplaced); got != 0 {
 		t.Fatalf("a restore counted as a replacement: %v", got)
+	}
+}
+
+// TestMultiModelPods: with Options.Models (--enable-igw) regular and
+// prefill/decode pods are watched together, every Worker carries its
+// pod's model (annotation, else label), a pod naming no model is not
+// routed until it names one, and a model change replaces the workers.
+func TestMultiModelPods(t *testing.T) {
+	labelled := map[string]string{"app": "vllm", ModelAnnotation: "phi-3"}
+	e := start(t, nil, Options{Namespace: ns, Models: true, Selector: regularSel, PrefillSelector: prefillSel, DecodeSelector: decodeSel},
+		pod("r0", regularSel, "10.0.0.1", true, ModelAnnotation, "Qwen/Qwen3-8B"),
+		pod("r1", labelled, "10.0.0.2", true),
+		pod("p0", prefillSel, "10.0.0.3", true, ModelAnnotation, "big", DefaultBootstrapPortAnnotation, "8998"),
+		pod("d0", decodeSel, "10.0.0.4", true, ModelAnnotation, "big"),
+		pod("x0", regularSel, "10.0.0.5", true),
+	)
+	e.expect("regular http://10.0.0.1:8000", "regular http://10.0.0.2:8000", "prefill http://10.0.0.3:8000", "decode http://10.0.0.4:8000")
+	for url, want := range map[string]string{
+		"http://10.0.0.1:8000": "Qwen/Qwen3-8B", "http://10.0.0.2:8000": "phi-3",
+		"http://10.0.0.3:8000": "big", "http://10.0.0.4:8000": "big",
+	} {
+		if w := e.reg.Get(url); w == nil || w.ModelID != want {
+			t.Fatalf("%s: model %q, want %q", url, w.ModelID, want)
+		}
+	}
+	if w := e.reg.Get("http://10.0.0.3:8000"); w.BootstrapPort != 8998 {
+		t.Fatalf("prefill bootstrap port %d", w.BootstrapPort)
+	}
+	// The pod without a model joins once it names one.
+	e.update(pod("x0", regularSel, "10.0.0.5", true, ModelAnnotation, "late"))
+	waitFor(t, "x0 registered with its model", func() bool {
+		w := e.reg.Get("http://10.0.0.5:8000")
+		return w != nil && w.ModelID == "late"
+	})
+	// A model change replaces the pod's workers; dropping the model
+	// removes them.
+	e.update(pod("r0", regularSel, "10.0.0.1", true, ModelAnnotation, "Qwen/Qwen3-32B"))
+	waitFor(t, "r0's new model", func() bool {
+		w := e.reg.Get("http://10.0.0.1:8000")
+		return w != nil && w.ModelID == "Qwen/Qwen3-32B"
+	})
+	e.update(pod("r0", regularSel, "10.0.0.1", true))
+	e.expect("regular http://10.0.0.2:8000", "prefill http://10.0.0.3:8000", "decode http://10.0.0.4:8000", "regular http://10.0.0.5:8000")
+	waitFor(t, "the removal counted", func() bool { return e.removed(reasonNoModel) == 1 })
+
+	if _, err := New(Options{Clientset: fake.NewClientset(), Registry: e.reg, Port: 80, Models: true}); err == nil ||
+		!strings.Contains(err.Error(), "multi-model mode needs a non-empty selector") {
+		t.Fatalf("multi-model without selectors: %v", err)
+	}
+}
+
+// TestMultiModelPodsAskModel: a pod naming no model waits (model_pending)
+// for Options.Model, and joins with that model on Refresh.
+func TestMultiModelPodsAskModel(t *testing.T) {
+	var mu sync.Mutex
+	known := map[string]string{}
+	var asked []string
+	e := start(t, nil, Options{Namespace: ns, Models: true, Selector: regularSel, Model: func(hp string) (string, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, hp)
+		m, ok := known[hp]
+		return m, ok
+	}},
+		pod("r0", regularSel, "10.0.0.1", true),
+		pod("r1", regularSel, "10.0.0.2", true, ModelAnnotation, "named"),
+	)
+	e.expect("regular http://10.0.0.2:8000")
+	mu.Lock()
+	if !slices.Contains(asked, "10.0.0.1:8000") || slices.Contains(asked, "10.0.0.2:8000") {
+		t.Errorf("asked %v: want only the pod naming no model", asked)
+	}
+	known["10.0.0.1:8000"] = "from-v1-models"
+	mu.Unlock()
+	e.src.Refresh()
+	e.expect("regular http://10.0.0.1:8000", "regular http://10.0.0.2:8000")
+	if w := e.reg.Get("http://10.0.0.1:8000"); w.ModelID != "from-v1-models" {
+		t.Fatalf("model %q", w.ModelID)
 	}
 }

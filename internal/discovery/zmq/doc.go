@@ -76,7 +76,8 @@
 //     missing_key, bad_type, bad_value, unknown_type, unknown_transfer_mode,
 //     bad_address, hello, oversized, frames, command, connector,
 //     too_many_instances, conflict (a static or admin worker owns the URL),
-//     handshake, connections, internal.
+//     handshake, connections, internal, model_pending (--enable-igw: the
+//     instance's model is still being asked for, Options.Model).
 //   - Registry changes are made under the discovery lock, so registry
 //     subscribers run under it too; FleetMode and Status are lock-free and
 //     safe to call from them.

@@ -411,6 +411,7 @@ func specsFor(r Registration) []worker.Spec {
 		ZMQ:          r.ZMQ,
 		TransferMode: r.TransferMode,
 		Format:       r.Format,
+		ModelID:      r.ModelID,
 	}, r.DPSize)
 }
 

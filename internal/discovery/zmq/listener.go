@@ -62,6 +62,12 @@ type Options struct {
 	HandshakeTimeout time.Duration
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
+	// Model, when set (--enable-igw), names the model the instance at an
+	// http_address serves; its Workers carry it as ModelID. It must not
+	// block: while it answers ok=false (the model is being asked for), the
+	// registration is dropped (model_pending) and the instance's next
+	// heartbeat tries again.
+	Model func(httpAddress string) (model string, ok bool)
 
 	// rawTCP bypasses the guarded transport (tests measure bare go-zeromq;
 	// ignored with -tags czmq).
@@ -282,6 +288,14 @@ func (l *Listener) handle(frames [][]byte, command bool) {
 	if reason, detail := l.checkConnector(r); reason != "" {
 		l.drop(reason, fmt.Sprintf("%s (http_address %q)", detail, r.HTTPAddress))
 		return
+	}
+	if l.opts.Model != nil {
+		m, ok := l.opts.Model(r.HTTPAddress)
+		if !ok {
+			l.drop(ReasonModelPending, fmt.Sprintf("http_address %q: waiting for the instance to name its model", r.HTTPAddress))
+			return
+		}
+		r.ModelID = m
 	}
 	switch out, reason := l.f.observe(r, identity, l.now()); out {
 	case outAdded, outReplaced:

@@ -586,3 +586,44 @@ func pingPong(t *testing.T, e *lenv) net.Conn {
 	}
 	return c
 }
+
+// TestListenerModel: with Options.Model (--enable-igw) a registration
+// whose model is not known yet is dropped (model_pending) and the next
+// heartbeat registers the instance's Workers with that model; a model
+// change is a replacement.
+func TestListenerModel(t *testing.T) {
+	var mu sync.Mutex
+	models := map[string]string{}
+	e := startListener(t, func(o *Options) {
+		o.Model = func(addr string) (string, bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			m, ok := models[addr]
+			return m, ok
+		}
+	})
+	msg := moriMsg(t, "P", "127.0.0.1:8400", ModeWrite)
+	e.l.handle([][]byte{[]byte("id"), msg}, false)
+	if e.dropped(t, ReasonModelPending) != 1 || len(e.reg.Snapshot().All) != 0 {
+		t.Fatal("a registration with an unknown model was not held back")
+	}
+	mu.Lock()
+	models["127.0.0.1:8400"] = "big"
+	mu.Unlock()
+	e.l.handle([][]byte{[]byte("id"), msg}, false)
+	w := e.reg.Get("http://127.0.0.1:8400")
+	if w == nil || w.ModelID != "big" || w.Role != worker.RolePrefill {
+		t.Fatalf("worker after the model became known: %+v", w)
+	}
+	e.l.handle([][]byte{[]byte("id"), msg}, false) // a heartbeat keeps the Worker
+	if e.reg.Get("http://127.0.0.1:8400") != w {
+		t.Fatal("a heartbeat replaced the worker")
+	}
+	mu.Lock()
+	models["127.0.0.1:8400"] = "small"
+	mu.Unlock()
+	e.l.handle([][]byte{[]byte("id"), msg}, false)
+	if w2 := e.reg.Get("http://127.0.0.1:8400"); w2 == nil || w2 == w || w2.ModelID != "small" {
+		t.Fatalf("model change not applied: %+v", w2)
+	}
+}

@@ -47,6 +47,7 @@ const (
 	ReasonHandshake           = "handshake"             // ZMTP handshake failed or timed out
 	ReasonConnections         = "connections"           // connection refused: too many open
 	ReasonInternal            = "internal"              // a bug: a handler panicked (recovered)
+	ReasonModelPending        = "model_pending"         // --enable-igw: the instance's model is not known yet
 )
 
 // Bounds on numbers a registration may carry; ExpandDP allocates dp_size
@@ -66,6 +67,9 @@ type Registration struct {
 	TPSize       int    // >= 1
 	TransferMode string // "READ", "WRITE", or "" when the message has none
 	Format       string // FormatP2PNCCL, FormatMoRIIONew or FormatMoRIIOOld
+	// ModelID is the model the instance serves (--enable-igw): not part of
+	// the message, set by the Listener from Options.Model.
+	ModelID string
 }
 
 // ParseError is why a message was dropped; Reason is a metric label.
