@@ -143,4 +143,3 @@ func TestSchedulingPolicyValidate(t *testing.T) {
 		t.Errorf("lifo: %v, want a scheduling-policy error", err)
 	}
 }
-
