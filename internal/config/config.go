@@ -231,6 +231,7 @@ type Config struct {
 	FlowMaxWaiting        float64  `json:"flow_max_waiting"`         // 0 = not used
 	FlowMaxKVUsage        float64  `json:"flow_max_kv_usage"`        // 0 = not used
 	FlowPollIntervalSecs  float64  `json:"flow_poll_interval_secs"`
+	FlowEnginePriority    bool     `json:"flow_engine_priority"` // add vLLM's "priority" from the band
 
 	// ConfigFile is --config; it cannot be set from inside a config file.
 	ConfigFile string `json:"-"`
