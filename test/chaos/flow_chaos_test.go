@@ -25,7 +25,7 @@ func TestAdmissionBurstPriorities(t *testing.T) {
 	s := scaleFor()
 	const maxConc, queue, highClients = 64, 32, 16
 	f := startRegularFleet(t, 1, []string{"--max-concurrent-requests", fmt.Sprint(maxConc), "--queue-size", fmt.Sprint(queue),
-		"--flow-control", "--flow-bands", "high=10:20", "low=-10:1"})
+		"--flow-control", "--flow-bands", "high=10:20", "low=-10:1", "--flow-default-band", "low"})
 	f.r.markBaseline(t)
 	g := startBandLoad(f.r.Base, s.deadline, s.dur, map[string]int{"high": highClients, "low": s.conc - highClients})
 
@@ -67,8 +67,13 @@ func TestAdmissionBurstPriorities(t *testing.T) {
 	if peak > maxConc {
 		t.Errorf("the worker saw %d requests at once, over --max-concurrent-requests %d", peak, maxConc)
 	}
-	all := lo
-	all.sent, all.ok, all.httpErr = lo.sent+hi.sent, lo.ok+hi.ok, lo.httpErr+hi.httpErr
+	all := counts{sent: lo.sent + hi.sent, ok: lo.ok + hi.ok, httpErr: lo.httpErr + hi.httpErr, sseErr: lo.sseErr + hi.sseErr,
+		hung: lo.hung + hi.hung, lost: lo.lost + hi.lost, status: map[int]int{}}
+	for _, c := range []counts{hi, lo} {
+		for st, n := range c.status {
+			all.status[st] += n
+		}
+	}
 	figures(t, fmt.Sprintf("flow control, %d high + %d low clients + %d bursts of 512 low over a limit of %d, queue %d", highClients, s.conc-highClients, bursts, maxConc, queue), all)
 	f.r.checkNoLeak(t, 15*time.Second)
 }

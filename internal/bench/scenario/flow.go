@@ -37,17 +37,20 @@ type FlowConfig struct {
 	// QueueInFlight is --flow-worker-max-inflight of the run that lets
 	// each engine queue (above MaxNumSeqs) for engine priority to order.
 	QueueInFlight int
-	InputWords    int           // prompt length (words = sim tokens)
-	OutputLen     int           // max_tokens (ignore_eos)
-	Overload      float64       // offered rate / measured capacity
-	HighShare     float64       // fraction of requests in the high band
-	HeavyRatio    float64       // heavy tenant's rate / light tenant's rate
-	Duration      time.Duration // of each overload run
-	Idle          time.Duration // of the idle (reference TTFT) run
-	IdleRate      float64       // requests/s of the idle run
-	QueueSize     int           // --queue-size of both routers
-	QueueTimout   time.Duration // --queue-timeout-secs of both routers
-	Seed          uint64
+	// Only, when set, keeps the runs with these names (comparisons
+	// repeated without the whole scenario).
+	Only        []string
+	InputWords  int           // prompt length (words = sim tokens)
+	OutputLen   int           // max_tokens (ignore_eos)
+	Overload    float64       // offered rate / measured capacity
+	HighShare   float64       // fraction of requests in the high band
+	HeavyRatio  float64       // heavy tenant's rate / light tenant's rate
+	Duration    time.Duration // of each overload run
+	Idle        time.Duration // of the idle (reference TTFT) run
+	IdleRate    float64       // requests/s of the idle run
+	QueueSize   int           // --queue-size of both routers
+	QueueTimout time.Duration // --queue-timeout-secs of both routers
+	Seed        uint64
 }
 
 // DefaultFlowConfig is the benchmark: 2× capacity for 60 s, 20 %
@@ -263,6 +266,9 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 		runs = slices.Insert(runs, 1,
 			flowRunSpec{"priority, flow control, engine priority", prioR, true, c.Headroom, c.enginePriorityFlags(false), prio, false, []string{"high", "low"}},
 			flowRunSpec{"priority, flow control without headroom, engines queue, engine priority", prio0R, true, 0, c.enginePriorityFlags(true), prio, false, []string{"high", "low"}})
+	}
+	if len(c.Only) > 0 {
+		runs = slices.DeleteFunc(runs, func(r flowRunSpec) bool { return !slices.Contains(c.Only, r.name) })
 	}
 	for _, run := range runs {
 		if _, err := e.budget(c.Duration+c.QueueTimout+time.Minute, c.Duration+c.QueueTimout+10*time.Second); err != nil {
@@ -600,6 +606,10 @@ func parseFlow(args []string, o *Options, stderr io.Writer) (FlowConfig, error) 
 	fs.IntVar(&c.Headroom, "headroom", c.Headroom, "switchyard --flow-headroom of the flow-control router")
 	fs.BoolVar(&c.EnginePriority, "engine-priority", c.EnginePriority, "vllm-sim --scheduling-policy priority, plus runs with switchyard --flow-engine-priority")
 	fs.IntVar(&c.QueueInFlight, "queue-inflight", c.QueueInFlight, "--flow-worker-max-inflight of the engine-priority run without headroom (engines queue above --max-num-seqs)")
+	fs.Func("only", "keep only the run with this name (repeatable), e.g. \"priority, flow control\"", func(s string) error {
+		c.Only = append(c.Only, s)
+		return nil
+	})
 	fs.Float64Var(&c.Overload, "overload", c.Overload, "offered rate / measured capacity")
 	fs.Float64Var(&c.HighShare, "high-share", c.HighShare, "fraction of requests in the high band")
 	fs.Float64Var(&c.HeavyRatio, "heavy-ratio", c.HeavyRatio, "heavy tenant rate / light tenant rate")
