@@ -194,8 +194,10 @@ func TestKVEventsFromRealEngine(t *testing.T) {
 		ev <-chan kvevents.BlockStored
 	}{{a, evA}, {b, evB}} {
 		warm := strings.Repeat("warm up the prefix cache of this engine before the test ", 4)
+		attempt := 0
 		harness.WaitFor(t, 60*time.Second, 10*time.Millisecond, p.e.name+" publishing", func() bool {
-			complete(t, p.e.URL(), fmt.Sprintf("%s %d", warm, i), 1)
+			attempt++ // a new prompt each time: a cached one stores no block
+			complete(t, p.e.URL(), fmt.Sprintf("%d %d %s", i, attempt, warm), 1)
 			select {
 			case <-p.ev:
 				return true
@@ -282,8 +284,10 @@ func TestKVEventsFromRealEngine(t *testing.T) {
 	// Its SUB connects asynchronously too: prompts straight to the engines
 	// until the router has seen a batch of each.
 	for i, e := range []*kvEngine{a, b} {
+		attempt := 0
 		harness.WaitFor(t, 60*time.Second, 500*time.Millisecond, "the router receiving "+e.name+"'s events", func() bool {
-			complete(t, e.URL(), fmt.Sprintf("%s router %d", strings.Repeat("let the router see this engine publish ", 4), i), 1)
+			attempt++
+			complete(t, e.URL(), fmt.Sprintf("%d %d %s", i, attempt, strings.Repeat("let the router see this engine publish ", 4)), 1)
 			return blocks(e) >= 0
 		})
 	}
