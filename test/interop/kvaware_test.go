@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"slices"
@@ -59,11 +60,27 @@ func startKVEngines(t *testing.T) (a, b *kvEngine) {
 		}
 	})
 	for _, e := range es {
-		took, err := e.waitReady(engineReadyWithin)
-		if err != nil {
+		if _, err := e.waitReady(engineReadyWithin); err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("engine %s ready in %v", e.name, took.Round(100*time.Millisecond))
+		// /health alone can be another process's that held the port a
+		// moment (free ports are picked by closing a listener): wait until
+		// this engine serves its model.
+		harness.WaitFor(t, engineReadyWithin, 250*time.Millisecond, e.name+" serving the model", func() bool {
+			select {
+			case <-e.done:
+				t.Fatalf("%s exited during start-up:\n%s", e.name, e.logTail(4000))
+			default:
+			}
+			resp, err := http.Get(e.URL() + "/v1/models")
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode == 200 && strings.Contains(string(b), modelDir)
+		})
+		t.Logf("engine %s serving %v after its start", e.name, time.Since(e.started).Round(100*time.Millisecond))
 	}
 	return es[0], es[1]
 }
@@ -304,9 +321,11 @@ func TestKVEventsFromRealEngine(t *testing.T) {
 		harness.WaitFor(t, 60*time.Second, 50*time.Millisecond, "the router indexing "+holder.name+"'s blocks", func() bool {
 			return blocks(holder) >= before+qn
 		})
-		if rc := routed(q); !servedBy(rc, holder) {
+		rc := routed(q)
+		if !servedBy(rc, holder) {
 			t.Errorf("prompt held by %s routed %q", holder.name, rc)
 		}
+		t.Logf("prompt held by %s: %s", holder.name, rc)
 	}
 	// A new prompt through the router, then again: the second goes where
 	// the first went, for the blocks that engine reported.
@@ -326,7 +345,9 @@ func TestKVEventsFromRealEngine(t *testing.T) {
 	harness.WaitFor(t, 60*time.Second, 50*time.Millisecond, "the router indexing the first request's blocks", func() bool {
 		return blocks(to) >= before[to]+qn
 	})
-	if rc := routed(q); !servedBy(rc, to) {
+	rc := routed(q)
+	if !servedBy(rc, to) {
 		t.Errorf("repeated prompt routed %q, want %s (first: %q)", rc, to.name, first)
 	}
+	t.Logf("new prompt first routed %q, repeated %q", first, rc)
 }
