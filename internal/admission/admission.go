@@ -86,6 +86,8 @@ type Limiter struct {
 	flow *Scheduler
 	cls  *classifier
 	det  *Detector
+	// enginePriority: FlowConfig.EnginePriority
+	enginePriority bool
 }
 
 type waiter struct {
@@ -134,6 +136,7 @@ func NewWithFlow(c Config) (*Limiter, error) {
 		return nil, err
 	}
 	l.cls = cls
+	l.enginePriority = c.Flow.EnginePriority
 	return l, nil
 }
 
@@ -157,6 +160,24 @@ func (l *Limiter) Admit(ctx context.Context, h http.Header, obj *rawjson.Object)
 		return nil, ErrRateLimited
 	}
 	return l.flow.Acquire(ctx, r)
+}
+
+// EnginePriority returns the vLLM "priority" value that carries the
+// request's band to the engine (FlowConfig.EnginePriority): minus the
+// band's priority, as vLLM serves lower values first. ok is false when the
+// option is off, the body already has a "priority" (forwarded untouched)
+// or the value would be 0 (vLLM's default, nothing to add). Call it after
+// Admit succeeded (the request classifies without error).
+func (l *Limiter) EnginePriority(h http.Header, obj *rawjson.Object) (priority int64, ok bool) {
+	if l.cls == nil || !l.enginePriority || obj == nil || obj.Has("priority") {
+		return 0, false
+	}
+	r, err := l.cls.classify(h, obj, time.Time{})
+	if err != nil {
+		return 0, false
+	}
+	p := -int64(l.cls.bands[r.Band].Priority)
+	return p, p != 0
 }
 
 // Run runs the saturation detector until ctx ends (a no-op without one).

@@ -45,6 +45,11 @@ type FlowConfig struct {
 	DeadlineHeader  string // "" → DefaultDeadlineHeader
 	Weights         map[string]float64
 	Headroom        int // slots only the highest band may use (SchedulerConfig.Headroom)
+	// EnginePriority carries a request's band to the engine as vLLM's
+	// "priority" body field (-band priority) when the body has none
+	// (--flow-engine-priority; for engines run with --scheduling-policy
+	// priority, as an fcfs vLLM rejects a non-zero priority).
+	EnginePriority bool
 	// Saturation, when set, holds requests while the fleet is saturated.
 	Saturation *SaturationConfig
 }

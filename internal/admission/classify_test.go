@@ -183,3 +183,51 @@ func TestLimiterAdmit(t *testing.T) {
 	}
 	rel()
 }
+
+// TestEnginePriority: with FlowConfig.EnginePriority a request's band is
+// carried to vLLM as -band priority unless the body has its own "priority"
+// or the value is vLLM's default 0; without the option (or without flow
+// control) nothing is added.
+func TestEnginePriority(t *testing.T) {
+	bands, _ := ParseBands([]string{"high=10", "default=0", "low=-10"}, time.Minute)
+	on, err := NewWithFlow(Config{Flow: &FlowConfig{Bands: bands, EnginePriority: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer on.Close()
+	optOff, _ := NewWithFlow(Config{Flow: &FlowConfig{Bands: bands}})
+	defer optOff.Close()
+	flowOff, _ := NewWithFlow(Config{})
+	for _, tc := range []struct {
+		name string
+		l    *Limiter
+		obj  string
+		hdr  string
+		want int64
+		ok   bool
+	}{
+		{"high band", on, `{}`, "high", -10, true},
+		{"low band", on, `{}`, "low", 10, true},
+		{"integer objective", on, `{}`, "-3", 10, true},
+		{"default band adds nothing", on, `{}`, "", 0, false},
+		{"the body's priority is kept", on, `{"priority":3}`, "high", 0, false},
+		{"a null priority is the body's too", on, `{"priority":null}`, "high", 0, false},
+		{"option off", optOff, `{}`, "high", 0, false},
+		{"flow control off", flowOff, `{}`, "high", 0, false},
+	} {
+		h := http.Header{}
+		if tc.hdr != "" {
+			h.Set(DefaultObjectiveHeader, tc.hdr)
+		}
+		obj, err := rawjson.Parse([]byte(tc.obj))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p, ok := tc.l.EnginePriority(h, obj); p != tc.want || ok != tc.ok {
+			t.Errorf("%s: (%d, %v), want (%d, %v)", tc.name, p, ok, tc.want, tc.ok)
+		}
+	}
+	if _, ok := on.EnginePriority(http.Header{}, nil); ok {
+		t.Error("nil body: ok")
+	}
+}

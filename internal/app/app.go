@@ -781,6 +781,7 @@ func flowConfig(cfg *config.Config) (*admission.FlowConfig, error) {
 		DeadlineHeader:  cfg.FlowDeadlineHeader,
 		Weights:         weights,
 		Headroom:        cfg.FlowHeadroom,
+		EnginePriority:  cfg.FlowEnginePriority,
 	}
 	if cfg.FlowWorkerMaxInFlight > 0 || cfg.FlowMaxWaiting > 0 || cfg.FlowMaxKVUsage > 0 {
 		fc.Saturation = &admission.SaturationConfig{

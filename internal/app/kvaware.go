@@ -205,6 +205,10 @@ func (a *app) registerKVMetrics(st *kvState) {
 		counter("fallback_not_tokenized_total", "Requests routed by the fallback policy: prompt not tokenized", sum(func(p *kvaware.Policy) uint64 { return p.S.FallbackNoTokens.Load() })),
 		counter("fallback_no_events_total", "Requests routed by the fallback policy: no candidate publishes events", sum(func(p *kvaware.Policy) uint64 { return p.S.FallbackNoEvents.Load() })),
 		counter("tokenize_errors_total", "Failed /tokenize calls", sum(func(p *kvaware.Policy) uint64 { return p.S.TokenizeErrors.Load() })),
+		counter("tokenize_cache_hits_total", "Prompts whose token ids the router had cached", ld(&st.tok.S.CacheHits)),
+		counter("tokenize_requests_total", "/tokenize calls to an engine (prompts not cached)", ld(&st.tok.S.Asks)),
+		counter("tokenize_seconds_total", "Wall time of the /tokenize calls",
+			func() float64 { return float64(st.tok.S.AskNanos.Load()) / 1e9 }),
 		counter("pd_bypass_total", "PD requests sent to the decode alone (prompt cached there)", sum(func(p *kvaware.Policy) uint64 { return p.S.Bypass.Load() })),
 	}
 	for _, col := range cs {

@@ -231,6 +231,7 @@ type Config struct {
 	FlowMaxWaiting        float64  `json:"flow_max_waiting"`         // 0 = not used
 	FlowMaxKVUsage        float64  `json:"flow_max_kv_usage"`        // 0 = not used
 	FlowPollIntervalSecs  float64  `json:"flow_poll_interval_secs"`
+	FlowEnginePriority    bool     `json:"flow_engine_priority"` // add vLLM's "priority" from the band
 
 	// Models are the config file's per-model sections (--enable-igw);
 	// no flag sets them.

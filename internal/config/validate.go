@@ -312,6 +312,8 @@ func (c *Config) validateExtras(add func(*Error)) {
 	}
 	if c.FlowControl {
 		c.validateFlow(add)
+	} else if c.FlowEnginePriority {
+		add(invalid("--flow-engine-priority", "true", "Needs --flow-control (the priority is the request's flow-control band)"))
 	}
 	if c.CBMinRequests < 1 {
 		add(invalid("--cb-min-requests", "0", "Must be >= 1"))

@@ -273,6 +273,9 @@ func TestValidate(t *testing.T) {
 			"invalid value for --flow-weights: =1 - Must be FLOW=WEIGHT with a finite weight > 0",
 			`invalid value for --flow-fairness-header: "" - Must be a header name`,
 		}},
+		{name: "engine priority without flow control", args: with(w, "--flow-engine-priority"), want: []string{
+			"invalid value for --flow-engine-priority: true - Needs --flow-control (the priority is the request's flow-control band)",
+		}},
 		{name: "flow lists unchecked while flow control is off", args: with(w, "--flow-bands", "b", "--flow-weights", "x")},
 
 		// Order across rules.

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -38,10 +39,20 @@ type Tokenizer struct {
 	client  *http.Client
 	timeout time.Duration
 
+	// S counts the calls that found the prompt cached and those that
+	// asked an engine, with the time spent asking.
+	S TokenizeStats
+
 	mu    sync.Mutex
 	cache map[uint64]*cacheEntry
 	order []uint64 // insertion order, for eviction
 	max   int
+}
+
+// TokenizeStats are a Tokenizer's running totals.
+type TokenizeStats struct {
+	CacheHits, Asks atomic.Uint64 // prompts found in the cache; /tokenize calls
+	AskNanos        atomic.Uint64 // wall time of the /tokenize calls
 }
 
 type cacheEntry struct {
@@ -114,13 +125,17 @@ func (t *Tokenizer) Tokens(ctx context.Context, baseURL, path string, body []byt
 	}
 	key := d.Sum64()
 	if e := t.lookup(key); e != nil {
+		t.S.CacheHits.Add(1)
 		return e.tokens, nil
 	}
 	req, err = rawjson.Patch(req, edits...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNotTokenizable, err)
 	}
+	start := time.Now()
 	toks, err := t.ask(ctx, baseURL, req)
+	t.S.Asks.Add(1)
+	t.S.AskNanos.Add(uint64(time.Since(start)))
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"net/http"
+	"strconv"
 
 	"github.com/switchyard-llm/switchyard/internal/admission"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
@@ -44,6 +45,14 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
+	if p, ok := s.limiter.EnginePriority(r.Header, obj); ok {
+		// --flow-engine-priority: the band travels to vLLM's scheduler.
+		body = obj.Apply(rawjson.Set("priority", strconv.AppendInt(nil, p, 10)))
+		if obj, err = rawjson.Parse(body); err != nil {
+			s.writeError(w, r, http.StatusInternalServerError, "internal", "patching priority: "+err.Error())
+			return
+		}
+	}
 
 	passthrough := s.o.Mode == ModePD && pdPassthroughRoutes[route]
 	if passthrough && s.o.Passthrough == nil {

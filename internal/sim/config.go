@@ -189,6 +189,8 @@ func ParseArgs(args []string, stderr io.Writer) (Config, error) {
 	var cf cacheFlags
 	cf.register(fs)
 	fs.Float64Var(&c.TimeScale, "time-scale", 1.0, "multiplies every simulated duration")
+	var policy string
+	fs.StringVar(&policy, "scheduling-policy", engine.PolicyFCFS, "vLLM's --scheduling-policy: fcfs, or priority (the request field \"priority\", lower first; preempts the lowest priority when KV blocks run out)")
 
 	fs.Int64Var(&c.Seed, "seed", 0, "sampling seed (a request's \"seed\" overrides it)")
 	fs.Float64Var(&c.EOSProbability, "eos-probability", 0, "probability that the first token is EOS when ignore_eos is false")
@@ -228,6 +230,7 @@ func ParseArgs(args []string, stderr io.Writer) (Config, error) {
 		return c, &UsageError{Err: fmt.Errorf("invalid value for flag --profile-preset: %w", err)}
 	}
 	c.Engine = p
+	c.Engine.SchedulingPolicy = policy
 	c.MaxModelLen = mml
 	ov.apply(fs, &c)
 	if err := cf.apply(&c); err != nil {

@@ -46,6 +46,7 @@ func TestParseArgsRejectsBadValues(t *testing.T) {
 		{"--responses-store-max", "0"},
 		{"--responses-store-max", "-1"},
 		{"--log-level", "loud"},
+		{"--scheduling-policy", "lifo"},
 	}
 	for _, args := range cases {
 		_, err := ParseArgs(args, io.Discard)

@@ -87,6 +87,7 @@ type genReq struct {
 	minTokens       int
 	ignoreEOS       bool
 	seed            int64
+	priority        int // vLLM's request priority (lower first)
 	stream          bool
 	includeUsage    bool
 	continuousUsage bool
@@ -131,6 +132,7 @@ type rawGen struct {
 	IgnoreEOS        *bool           `json:"ignore_eos"`
 	Seed             *int64          `json:"seed"`
 	N                *int            `json:"n"`
+	Priority         *int            `json:"priority"`
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 }
 
@@ -277,6 +279,11 @@ func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *api
 		g.continuousUsage = raw.StreamOptions.ContinuousUsageStats != nil && *raw.StreamOptions.ContinuousUsageStats
 	}
 	g.ignoreEOS = raw.IgnoreEOS != nil && *raw.IgnoreEOS
+	prio, perr := in.priority(raw.Priority)
+	if perr != nil {
+		return g, perr
+	}
+	g.priority = prio
 	g.seed = in.cfg.Seed
 	if raw.Seed != nil {
 		g.seed = *raw.Seed
@@ -292,6 +299,19 @@ func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *api
 	}
 	g.respID = g.requestID
 	return g, nil
+}
+
+// priority checks a request's "priority" field: vLLM's input processor
+// raises this ValueError (a 400) for a non-zero priority unless the engine
+// runs --scheduling-policy priority.
+func (in *Instance) priority(p *int) (int, *apiError) {
+	if p == nil {
+		return 0, nil
+	}
+	if *p != 0 && !in.cfg.Engine.Priority() {
+		return 0, badRequest("Got priority %d but Priority scheduling is not enabled.", *p)
+	}
+	return *p, nil
 }
 
 // parsePrompts accepts what vLLM's completions API accepts: a string, a

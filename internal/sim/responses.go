@@ -31,6 +31,7 @@ type rawResponses struct {
 	KVParams        json.RawMessage `json:"kv_transfer_params"`
 	Store           json.RawMessage `json:"store"`
 	PreviousID      *string         `json:"previous_response_id"`
+	Priority        *int            `json:"priority"`
 }
 
 // parseResponses validates a /v1/responses body. The prompt is the chat
@@ -95,6 +96,9 @@ func (in *Instance) parseResponses(body []byte, xrid string) (*genReq, *apiError
 	}
 	g.stream = raw.Stream != nil && *raw.Stream
 	g.ignoreEOS = raw.IgnoreEOS != nil && *raw.IgnoreEOS
+	if g.priority, aerr = in.priority(raw.Priority); aerr != nil {
+		return g, aerr
+	}
 	g.seed = in.cfg.Seed
 	if raw.Seed != nil {
 		g.seed = *raw.Seed

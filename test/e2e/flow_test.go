@@ -20,7 +20,9 @@ import (
 // --flow-worker-max-inflight 2, priorities and tenants mixed.
 
 // flowSimArgs: ~24 decode steps of 20 ms = ~0.5 s per request.
-var flowSimArgs = []string{"--role", "unified", "--max-num-seqs", "2", "--decode-step-base", "20ms", "--decode-step-per-seq", "0"}
+// flowSimArgs: vLLM's priority scheduling, since one request carries the
+// "priority" field (an fcfs vLLM answers it with 400).
+var flowSimArgs = []string{"--role", "unified", "--max-num-seqs", "2", "--decode-step-base", "20ms", "--decode-step-per-seq", "0", "--scheduling-policy", "priority"}
 
 const flowBody = `{"model":"sim-model","prompt":"flow control","max_tokens":24,"ignore_eos":true%s}`
 

@@ -29,6 +29,17 @@ type FlowConfig struct {
 	PrefillBase time.Duration // --prefill-base
 	PrefillTok  time.Duration // --prefill-per-token
 	Headroom    int           // --flow-headroom of the flow router
+	// EnginePriority runs the sims with --scheduling-policy priority and
+	// adds runs whose router sends the band as vLLM's "priority"
+	// (--flow-engine-priority). Requests without the field are served in
+	// arrival order by such an engine, so the other runs are unchanged.
+	EnginePriority bool
+	// QueueInFlight is --flow-worker-max-inflight of the run that lets
+	// each engine queue (above MaxNumSeqs) for engine priority to order.
+	QueueInFlight int
+	// Only, when set, keeps the runs with these names (comparisons
+	// repeated without the whole scenario).
+	Only        []string
 	InputWords  int           // prompt length (words = sim tokens)
 	OutputLen   int           // max_tokens (ignore_eos)
 	Overload    float64       // offered rate / measured capacity
@@ -48,6 +59,7 @@ func DefaultFlowConfig() FlowConfig {
 	return FlowConfig{
 		Sims: 2, MaxNumSeqs: 16, StepBase: 20 * time.Millisecond, StepPerSeq: 250 * time.Microsecond,
 		PrefillBase: 10 * time.Millisecond, PrefillTok: 40 * time.Microsecond, Headroom: 12,
+		EnginePriority: true, QueueInFlight: 24,
 		InputWords: 256, OutputLen: 48,
 		Overload: 2, HighShare: 0.2, HeavyRatio: 10, Duration: 60 * time.Second,
 		Idle: 15 * time.Second, IdleRate: 2, QueueSize: 512, QueueTimout: 20 * time.Second, Seed: 1234,
@@ -118,22 +130,38 @@ func RunFlow(ctx context.Context, o Options, c FlowConfig) (*FlowReport, error) 
 }
 
 func (c FlowConfig) simArgs() []string {
-	return []string{"--role", "unified", "--max-num-seqs", strconv.Itoa(c.MaxNumSeqs),
+	a := []string{"--role", "unified", "--max-num-seqs", strconv.Itoa(c.MaxNumSeqs),
 		"--decode-step-base", c.StepBase.String(), "--decode-step-per-seq", c.StepPerSeq.String(),
 		"--prefill-base", c.PrefillBase.String(), "--prefill-per-token", c.PrefillTok.String()}
+	if c.EnginePriority {
+		a = append(a, "--scheduling-policy", "priority")
+	}
+	return a
+}
+
+// enginePriorityFlags are the extra router flags of the engine-priority
+// runs: with headroom, the band sent as "priority"; without, also an
+// in-flight limit above the engines' slots, so engines queue and order.
+func (c FlowConfig) enginePriorityFlags(queue bool) []string {
+	f := []string{"--flow-engine-priority"}
+	if queue {
+		f = append(f, "--flow-worker-max-inflight", strconv.Itoa(c.QueueInFlight))
+	}
+	return f
 }
 
 // routerFlags: the FIFO baseline (admission at the fleet's capacity) and
 // flow control (router-side queue while every worker has MaxNumSeqs in
 // flight). Both have the same queue bound and timeout.
-func (c FlowConfig) routerFlags(flow bool, headroom int) []string {
+func (c FlowConfig) routerFlags(flow bool, headroom int, extra ...string) []string {
 	q := []string{"--policy", "power_of_two", "--queue-size", strconv.Itoa(c.QueueSize),
 		"--queue-timeout-secs", strconv.Itoa(int(c.QueueTimout.Seconds()))}
 	if !flow {
 		return append(q, "--max-concurrent-requests", strconv.Itoa(c.Sims*c.MaxNumSeqs))
 	}
-	return append(q, "--flow-control", "--flow-worker-max-inflight", strconv.Itoa(c.MaxNumSeqs),
+	q = append(q, "--flow-control", "--flow-worker-max-inflight", strconv.Itoa(c.MaxNumSeqs),
 		"--flow-headroom", strconv.Itoa(headroom), "--flow-poll-interval-secs", "0.1")
+	return append(q, extra...) // a later flag wins
 }
 
 func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
@@ -148,10 +176,10 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 		urls = append(urls, s.URL())
 	}
 	metricsURL := map[*router]string{}
-	start := func(name string, flow bool, headroom int) (*router, error) {
+	start := func(name string, flow bool, headroom int, flags ...string) (*router, error) {
 		r, extra, err := e.g.startRouter(ctx, name, func(extra int) []string {
 			// the extra free port serves /metrics (the later flag wins)
-			return append(append(append([]string{"--worker-urls"}, urls...), c.routerFlags(flow, headroom)...), "--prometheus-port", strconv.Itoa(extra))
+			return append(append(append([]string{"--worker-urls"}, urls...), c.routerFlags(flow, headroom, flags...)...), "--prometheus-port", strconv.Itoa(extra))
 		})
 		if err != nil {
 			return nil, err
@@ -170,6 +198,15 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 	var flow0R *router // flow control without headroom (when Headroom > 0)
 	if c.Headroom > 0 {
 		if flow0R, err = start("switchyard-flow-0", true, 0); err != nil {
+			return err
+		}
+	}
+	var prioR, prio0R *router // engine priority, with headroom and without
+	if c.EnginePriority {
+		if prioR, err = start("switchyard-flow-prio", true, c.Headroom, c.enginePriorityFlags(false)...); err != nil {
+			return err
+		}
+		if prio0R, err = start("switchyard-flow-prio-0", true, 0, c.enginePriorityFlags(true)...); err != nil {
 			return err
 		}
 	}
@@ -211,18 +248,27 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 		r        *router
 		flow     bool
 		headroom int
+		extra    []string
 		pick     func(*rand.Rand) (string, []string)
 		fair     bool
 		cls      []string
 	}
 	runs := []flowRunSpec{
-		{"priority, flow control", flowR, true, c.Headroom, prio, false, []string{"high", "low"}},
-		{"priority, FIFO (no flow control)", fifoR, false, 0, prio, false, []string{"high", "low"}},
-		{"tenants 10:1, flow control", flowR, true, c.Headroom, tenants, true, []string{"heavy", "light"}},
-		{"tenants 10:1, FIFO (no flow control)", fifoR, false, 0, tenants, true, []string{"heavy", "light"}},
+		{"priority, flow control", flowR, true, c.Headroom, nil, prio, false, []string{"high", "low"}},
+		{"priority, FIFO (no flow control)", fifoR, false, 0, nil, prio, false, []string{"high", "low"}},
+		{"tenants 10:1, flow control", flowR, true, c.Headroom, nil, tenants, true, []string{"heavy", "light"}},
+		{"tenants 10:1, FIFO (no flow control)", fifoR, false, 0, nil, tenants, true, []string{"heavy", "light"}},
 	}
 	if flow0R != nil {
-		runs = slices.Insert(runs, 1, flowRunSpec{"priority, flow control without headroom", flow0R, true, 0, prio, false, []string{"high", "low"}})
+		runs = slices.Insert(runs, 1, flowRunSpec{"priority, flow control without headroom", flow0R, true, 0, nil, prio, false, []string{"high", "low"}})
+	}
+	if prioR != nil {
+		runs = slices.Insert(runs, 1,
+			flowRunSpec{"priority, flow control, engine priority", prioR, true, c.Headroom, c.enginePriorityFlags(false), prio, false, []string{"high", "low"}},
+			flowRunSpec{"priority, flow control without headroom, engines queue, engine priority", prio0R, true, 0, c.enginePriorityFlags(true), prio, false, []string{"high", "low"}})
+	}
+	if len(c.Only) > 0 {
+		runs = slices.DeleteFunc(runs, func(r flowRunSpec) bool { return !slices.Contains(c.Only, r.name) })
 	}
 	for _, run := range runs {
 		if _, err := e.budget(c.Duration+c.QueueTimout+time.Minute, c.Duration+c.QueueTimout+10*time.Second); err != nil {
@@ -232,7 +278,7 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 		before := routerWaits(ctx, metricsURL[run.r], run.cls)
 		t0 := time.Now()
 		outs := openLoop(ctx, cl, run.r.base, body, rate, c.Duration, c.Seed+1, run.pick)
-		fr := FlowRun{Name: run.name, Router: strings.Join(c.routerFlags(run.flow, run.headroom), " "), Offered: rate, Wall: time.Since(t0)}
+		fr := FlowRun{Name: run.name, Router: strings.Join(c.routerFlags(run.flow, run.headroom, run.extra...), " "), Offered: rate, Wall: time.Since(t0)}
 		fr.Classes, fr.Failures = summarize(outs, run.cls, run.fair)
 		if run.flow && !run.fair {
 			after := routerWaits(ctx, metricsURL[run.r], run.cls)
@@ -531,6 +577,11 @@ func (r *FlowReport) WriteMarkdown(w io.Writer) error {
 			}
 			fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %s | %s | %s | %s | %s |\n", k.Class, k.Sent, k.OK200, k.R429, k.R408, k.Other, k.Lost, ms(k.TTFTP50), ms(k.TTFTP99), k.RouterWait10ms, share, fair)
 		}
+		for _, k := range run.Classes {
+			if k.Class == "high" && r.IdleP99 > 0 && k.OK200 > 0 {
+				fmt.Fprintf(&b, "\nHigh-band TTFT P99 / idle P99: **%.2f×** (target ≤ 1.5×).\n", k.TTFTP99/r.IdleP99)
+			}
+		}
 		if len(run.Failures) > 0 {
 			fmt.Fprintf(&b, "\nLost: %s\n", strings.Join(run.Failures, "; "))
 		}
@@ -553,6 +604,12 @@ func parseFlow(args []string, o *Options, stderr io.Writer) (FlowConfig, error) 
 	fs.IntVar(&c.OutputLen, "output-len", c.OutputLen, "max_tokens")
 	fs.IntVar(&c.InputWords, "input-len", c.InputWords, "prompt words (vllm-sim tokens)")
 	fs.IntVar(&c.Headroom, "headroom", c.Headroom, "switchyard --flow-headroom of the flow-control router")
+	fs.BoolVar(&c.EnginePriority, "engine-priority", c.EnginePriority, "vllm-sim --scheduling-policy priority, plus runs with switchyard --flow-engine-priority")
+	fs.IntVar(&c.QueueInFlight, "queue-inflight", c.QueueInFlight, "--flow-worker-max-inflight of the engine-priority run without headroom (engines queue above --max-num-seqs)")
+	fs.Func("only", "keep only the run with this name (repeatable), e.g. \"priority, flow control\"", func(s string) error {
+		c.Only = append(c.Only, s)
+		return nil
+	})
 	fs.Float64Var(&c.Overload, "overload", c.Overload, "offered rate / measured capacity")
 	fs.Float64Var(&c.HighShare, "high-share", c.HighShare, "fraction of requests in the high band")
 	fs.Float64Var(&c.HeavyRatio, "heavy-ratio", c.HeavyRatio, "heavy tenant rate / light tenant rate")
@@ -562,7 +619,7 @@ func parseFlow(args []string, o *Options, stderr io.Writer) (FlowConfig, error) 
 	if err := finishParse(fs, args); err != nil {
 		return c, err
 	}
-	if c.Sims <= 0 || c.MaxNumSeqs <= 0 || c.Headroom < 0 || c.InputWords <= 0 || c.Overload <= 0 || c.Duration <= 0 || c.QueueTimout < time.Second ||
+	if c.Sims <= 0 || c.MaxNumSeqs <= 0 || c.Headroom < 0 || c.EnginePriority && c.QueueInFlight <= 0 || c.InputWords <= 0 || c.Overload <= 0 || c.Duration <= 0 || c.QueueTimout < time.Second ||
 		!(c.HighShare >= 0 && c.HighShare <= 1) || !(c.HeavyRatio > 0) {
 		return c, errors.New("flow: --sims, --max-num-seqs, --overload, --duration, --heavy-ratio must be positive, --queue-timeout >= 1s, --high-share in [0,1]")
 	}

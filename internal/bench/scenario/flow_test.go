@@ -9,8 +9,9 @@ import (
 	"time"
 )
 
-// TestFlowTiny runs the flow scenario on a tiny budget: four runs, nothing
-// lost, the high band never timed out with flow control.
+// TestFlowTiny runs the flow scenario on a tiny budget: seven runs, nothing
+// lost, the high band never timed out with flow control (with and without
+// engine priority).
 func TestFlowTiny(t *testing.T) {
 	c := QuickFlowConfig()
 	c.Duration, c.Idle, c.QueueTimout, c.OutputLen, c.InputWords = 2*time.Second, time.Second, time.Second, 8, 16
@@ -20,7 +21,7 @@ func TestFlowTiny(t *testing.T) {
 		t.Fatalf("RunFlow: %v\n%s", err, log.String())
 	}
 	noChildren(t)
-	if len(rep.Runs) != 5 || !(rep.CapacityRPS > 0) || math.IsNaN(rep.IdleP99) {
+	if len(rep.Runs) != 7 || !(rep.CapacityRPS > 0) || math.IsNaN(rep.IdleP99) {
 		t.Fatalf("report: %+v", rep)
 	}
 	for _, r := range rep.Runs {
@@ -35,8 +36,13 @@ func TestFlowTiny(t *testing.T) {
 			t.Errorf("%s: nothing sent", r.Name)
 		}
 	}
-	if hi := rep.Runs[0].Classes[0]; hi.Class != "high" || hi.R408 != 0 || hi.OK200 != hi.Sent {
-		t.Errorf("high band with flow control: %+v", hi)
+	for _, i := range []int{0, 1} { // flow control; the same with engine priority
+		if hi := rep.Runs[i].Classes[0]; hi.Class != "high" || hi.R408 != 0 || hi.OK200 != hi.Sent {
+			t.Errorf("%s: high band %+v", rep.Runs[i].Name, hi)
+		}
+	}
+	if !strings.Contains(rep.Runs[1].Router, "--flow-engine-priority") {
+		t.Errorf("run 1 router flags %q lack --flow-engine-priority", rep.Runs[1].Router)
 	}
 	var md bytes.Buffer
 	if err := rep.WriteMarkdown(&md); err != nil || !strings.Contains(md.String(), "### tenants 10:1, flow control") {

@@ -136,7 +136,19 @@ type KVRun struct {
 	Queries     uint64 // prefix-cache queries at the measured workers
 	Hits        uint64
 	Evictions   uint64
-	Note        string
+	// The router's tokenizer over the run (kv_aware): /tokenize calls,
+	// their wall time, and prompts found in its cache.
+	TokenizeCalls, TokenizeCacheHits uint64
+	TokenizeSeconds                  float64
+	Note                             string
+}
+
+// TokenizeMeanMS is the mean /tokenize call in ms (NaN without calls).
+func (r KVRun) TokenizeMeanMS() float64 {
+	if r.TokenizeCalls == 0 {
+		return math.NaN()
+	}
+	return 1000 * r.TokenizeSeconds / float64(r.TokenizeCalls)
 }
 
 // HitRate is Hits/Queries.
@@ -346,10 +358,13 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 			return run, err
 		}
 	}
-	r, _, err := e.g.startRouter(ctx, "switchyard-kv-"+policy, func(int) []string { return f.args(policy) })
+	r, mport, err := e.g.startRouter(ctx, "switchyard-kv-"+policy, func(extra int) []string {
+		return append(f.args(policy), "--prometheus-port", strconv.Itoa(extra)) // the later flag wins
+	})
 	if err != nil {
 		return run, err
 	}
+	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", mport)
 	defer e.g.stop(r.proc)
 	if err := r.waitReady(ctx); err != nil {
 		return run, err
@@ -372,6 +387,11 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 		return run, err
 	}
 	run.Row = sweepRow("switchyard", policy, res)
+	if m, err := scrapeMetrics(ctx, metricsURL); err == nil {
+		run.TokenizeCalls = uint64(m["vllm_router_kv_tokenize_requests_total"])
+		run.TokenizeCacheHits = uint64(m["vllm_router_kv_tokenize_cache_hits_total"])
+		run.TokenizeSeconds = m["vllm_router_kv_tokenize_seconds_total"]
+	}
 	run.Queries, run.Hits, run.Evictions = after.Queries-before.Queries, after.Hits-before.Hits, after.Evictions-before.Evictions
 	if errs := failureReasons(res, 3); len(errs) > 0 {
 		return run, fmt.Errorf("%d failed: %s", res.Metrics.Failed, strings.Join(errs, " | "))
@@ -380,6 +400,34 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 		return run, errors.New("stopped by its max duration")
 	}
 	return run, nil
+}
+
+// scrapeMetrics reads the unlabelled samples of a Prometheus /metrics page.
+func scrapeMetrics(ctx context.Context, url string) (map[string]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for _, l := range strings.Split(string(b), "\n") {
+		name, v, ok := strings.Cut(l, " ")
+		if !ok || strings.HasPrefix(l, "#") || strings.Contains(name, "{") {
+			continue
+		}
+		if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+			out[name] = f
+		}
+	}
+	return out, nil
 }
 
 // benchConfig is sybench's shared-prefix load of one run.
@@ -594,6 +642,43 @@ func (r *KVReport) aggregate() []kvAgg {
 	return out
 }
 
+// writeTokenize writes the router tokenizer's cost in the kv_aware runs
+// (medians over repetitions) next to the TTFT P50 gap to cache_aware.
+func (r *KVReport) writeTokenize(b *bytes.Buffer) {
+	type key struct {
+		fleet, policy string
+		conc          int
+	}
+	calls, mean := map[key][]float64{}, map[key][]float64{}
+	var order []key
+	for _, run := range r.Runs {
+		if name, _ := policyFlags(run.Policy); name != "kv_aware" || run.TokenizeCalls+run.TokenizeCacheHits == 0 {
+			continue
+		}
+		k := key{run.Fleet, run.Policy, run.Concurrency}
+		if _, ok := calls[k]; !ok {
+			order = append(order, k)
+		}
+		calls[k] = append(calls[k], float64(run.TokenizeCalls)/float64(run.TokenizeCalls+run.TokenizeCacheHits))
+		mean[k] = append(mean[k], run.TokenizeMeanMS())
+	}
+	if len(order) == 0 {
+		return
+	}
+	t50 := map[key]float64{}
+	for _, a := range r.aggregate() {
+		t50[key{a.Fleet, a.Policy, a.Concurrency}] = a.TTFT50
+	}
+	fmt.Fprintf(b, "\n## The router's /tokenize calls (kv_aware)\n\nShare of requests whose prompt the router had to tokenize at an engine (the rest hit its cache), the mean wall time of one call as the router measured it (`vllm_router_kv_tokenize_seconds_total` / `vllm_router_kv_tokenize_requests_total`), and kv_aware's TTFT P50 minus cache_aware's.\n\n| fleet | C | policy | requests tokenized at an engine | mean /tokenize ms | TTFT P50 − cache_aware's ms |\n|---|---|---|---|---|---|\n")
+	for _, k := range order {
+		gap := math.NaN()
+		if ca, ok := t50[key{k.fleet, "cache_aware", k.conc}]; ok {
+			gap = t50[k] - ca
+		}
+		fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s |\n", k.fleet, k.conc, k.policy, pct(median(calls[k])), ms(median(mean[k])), ms(gap))
+	}
+}
+
 func pct(v float64) string {
 	if math.IsNaN(v) {
 		return "n/a"
@@ -648,10 +733,15 @@ func (r *KVReport) WriteMarkdown(w io.Writer) error {
 		}
 		fmt.Fprintln(&b, line+".")
 	}
-	fmt.Fprintf(&b, "\n## Every run\n\n| fleet | C | rep | policy | queries | hits | hit rate | TTFT P50 ms | req/s | note |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	r.writeTokenize(&b)
+	fmt.Fprintf(&b, "\n## Every run\n\n| fleet | C | rep | policy | queries | hits | hit rate | TTFT P50 ms | req/s | /tokenize calls, mean ms | note |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, run := range r.Runs {
-		fmt.Fprintf(&b, "| %s | %d | %d | %s | %d | %d | %s | %s | %.2f | %s |\n", run.Fleet, run.Concurrency, run.Rep, run.Policy,
-			run.Queries, run.Hits, pct(run.HitRate()), ms(run.Row.TTFTP50), run.Row.RequestThroughput, run.Note)
+		tok := ""
+		if run.TokenizeCalls > 0 {
+			tok = fmt.Sprintf("%d, %s", run.TokenizeCalls, ms(run.TokenizeMeanMS()))
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %s | %d | %d | %s | %s | %.2f | %s | %s |\n", run.Fleet, run.Concurrency, run.Rep, run.Policy,
+			run.Queries, run.Hits, pct(run.HitRate()), ms(run.Row.TTFTP50), run.Row.RequestThroughput, tok, run.Note)
 	}
 	if len(r.Notes) > 0 {
 		fmt.Fprintf(&b, "\n## Notes\n\n")

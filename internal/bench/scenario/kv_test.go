@@ -83,6 +83,11 @@ func TestKVQuick(t *testing.T) {
 		if want := uint64(c.prompts() * (c.PrefixLen + c.QuestionLen)); r.Queries != want {
 			t.Errorf("%s %s: %d prefix-cache queries, want %d", r.Fleet, r.Policy, r.Queries, want)
 		}
+		// kv_aware tokenizes every distinct prompt once (12 here) at an
+		// engine; round_robin never.
+		if tok := r.TokenizeCalls; (r.Policy == "kv_aware") != (tok == uint64(c.prompts()) && r.TokenizeSeconds > 0) {
+			t.Errorf("%s %s: %d /tokenize calls in %v s", r.Fleet, r.Policy, tok, r.TokenizeSeconds)
+		}
 		if r.HitRate() > best+1e-9 {
 			t.Errorf("%s %s: hit rate %v above the bound %v", r.Fleet, r.Policy, r.HitRate(), best)
 		}
@@ -91,7 +96,7 @@ func TestKVQuick(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"**Best achievable hit rate: 66.7 %** (576 of 864 prompt tokens)", "| 2 unified | 2 | kv_aware |", "| 2P2D NIXL | 2 | round_robin |", "## Targets"} {
+	for _, want := range []string{"**Best achievable hit rate: 66.7 %** (576 of 864 prompt tokens)", "| 2 unified | 2 | kv_aware |", "| 2P2D NIXL | 2 | round_robin |", "## Targets", "## The router's /tokenize calls (kv_aware)"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("kv.md lacks %q:\n%s", want, md)
 		}

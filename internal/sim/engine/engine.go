@@ -1,6 +1,7 @@
 // Package engine is the behavioural model of one vLLM engine (one DP rank):
 // a step-driven continuous-batching scheduler with max_num_seqs slots, a KV
-// block pool, a per-step token budget, FCFS admission, recompute preemption,
+// block pool, a per-step token budget, FCFS or priority admission (vLLM's
+// --scheduling-policy), recompute preemption,
 // requests that wait for remote KV (PD decode), requests whose blocks stay
 // pinned after they finish (PD prefill), and a serial transfer Link.
 //
@@ -20,6 +21,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,7 +76,10 @@ var ErrClosed = errors.New("engine: closed")
 type Request struct {
 	ID           string
 	PromptTokens int
-	MaxTokens    int
+	// Priority is vLLM's request priority: with PolicyPriority lower values
+	// are scheduled first and preempted last. Ignored under FCFS.
+	Priority  int
+	MaxTokens int
 	// Tokens are the prompt's token ids (len PromptTokens). Optional: a
 	// request without them takes no part in prefix caching.
 	Tokens []uint32
@@ -125,6 +131,7 @@ type Handle struct {
 	reason       FinishReason
 	err          error
 	stepSeq      uint64 // step in which it was last scheduled
+	arrival      uint64 // Submit order: vLLM's arrival_time tie-break
 	pc           handlePrefix
 }
 
@@ -153,6 +160,7 @@ type Engine struct {
 	readerAt time.Time // the engine's serial KV reader is busy until then
 	lastEnd  time.Time // simulated end of the previous step
 	stepSeq  uint64
+	arrivals uint64
 	wake     chan struct{}
 
 	stats counters
@@ -196,7 +204,7 @@ func (e *Engine) SlowFactor() float64 { return bitsFloat(e.slowBits.Load()) }
 // queued (0 = unbounded).
 func (e *Engine) SetMaxWaiting(n int) { e.maxWaiting.Store(int64(n)) }
 
-// Submit queues a request (FCFS).
+// Submit queues a request (by arrival, or by priority then arrival).
 func (e *Engine) Submit(req *Request) (*Handle, error) {
 	if req.MaxTokens < 1 {
 		req.MaxTokens = 1
@@ -218,10 +226,47 @@ func (e *Engine) Submit(req *Request) (*Handle, error) {
 		e.mu.Unlock()
 		return nil, ErrQueueFull
 	}
-	e.waiting = append(e.waiting, h)
+	e.arrivals++
+	h.arrival = e.arrivals
+	e.enqueue(h)
 	e.mu.Unlock()
 	e.kick()
 	return h, nil
+}
+
+// before orders requests as vLLM's priority queue does: by (priority,
+// arrival).
+func before(a, b *Handle) bool {
+	if a.req.Priority != b.req.Priority {
+		return a.req.Priority < b.req.Priority
+	}
+	return a.arrival < b.arrival
+}
+
+// enqueue adds a new request to the waiting queue: at the tail (FCFS), or
+// at its (priority, arrival) place. Called with e.mu held.
+func (e *Engine) enqueue(h *Handle) {
+	if !e.p.Priority() {
+		e.waiting = append(e.waiting, h)
+		return
+	}
+	i := sort.Search(len(e.waiting), func(i int) bool { return before(h, e.waiting[i]) })
+	e.waiting = slices.Insert(e.waiting, i, h)
+}
+
+// victim is the running request vLLM preempts when blocks run out: the
+// last admitted (FCFS), or the one with the largest (priority, arrival).
+// Called with e.mu held and e.running non-empty.
+func (e *Engine) victim() int {
+	v := len(e.running) - 1
+	if e.p.Priority() {
+		for i, h := range e.running {
+			if before(e.running[v], h) {
+				v = i
+			}
+		}
+	}
+	return v
 }
 
 func (e *Engine) kick() {
@@ -384,6 +429,18 @@ type Snapshot struct {
 	Failed         uint64 `json:"failed"`
 }
 
+// WaitingIDs returns the ids of the waiting requests in the order they will
+// be scheduled.
+func (e *Engine) WaitingIDs() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ids := make([]string, len(e.waiting))
+	for i, h := range e.waiting {
+		ids[i] = h.req.ID
+	}
+	return ids
+}
+
 // Snapshot returns the engine's counters and occupancy.
 func (e *Engine) Snapshot() Snapshot {
 	e.mu.Lock()
@@ -533,7 +590,7 @@ func (e *Engine) runHooks(hooks []hook, computeStart time.Time, compute time.Dur
 }
 
 // schedule builds the next step's batch (vLLM V1 order: running first, then
-// waiting FCFS). Called with e.mu held.
+// the waiting queue in its order). Called with e.mu held.
 func (e *Engine) schedule(batch []entry, hooks []hook) ([]entry, []hook) {
 	// Requests whose remote KV arrived join the running set (they already
 	// hold a slot and blocks).
@@ -564,11 +621,18 @@ func (e *Engine) schedule(batch []entry, hooks []hook) ([]entry, []hook) {
 				h.blocks = append(h.blocks, b...)
 				break
 			}
-			victim := e.running[len(e.running)-1]
+			vi := e.victim()
+			victim := e.running[vi]
 			e.preempt(victim)
 			if victim == h {
 				scheduled = false
 				break
+			}
+			if vi < i {
+				// Already scheduled in this step (priority policy only):
+				// unschedule it and give its tokens back.
+				i--
+				batch, budget = unschedule(batch, victim, budget)
 			}
 		}
 		if !scheduled {
@@ -618,8 +682,20 @@ func (e *Engine) schedule(batch []entry, hooks []hook) ([]entry, []hook) {
 	return batch, hooks
 }
 
-// preempt evicts a running request back to the head of the queue; its KV
-// is dropped and recomputed on re-admission (vLLM recompute preemption).
+// unschedule drops h's entry from batch and returns its tokens to budget.
+func unschedule(batch []entry, h *Handle, budget int) ([]entry, int) {
+	for k, en := range batch {
+		if en.h == h {
+			return slices.Delete(batch, k, k+1), budget + en.n
+		}
+	}
+	return batch, budget
+}
+
+// preempt evicts a running request back to the waiting queue (its head
+// under FCFS, its (priority, arrival) place under priority, as vLLM's
+// prepend_request does); its KV is dropped and recomputed on re-admission
+// (vLLM recompute preemption).
 func (e *Engine) preempt(h *Handle) {
 	e.running = removeHandle(e.running, h)
 	e.pool.release(h.blocks)
@@ -629,7 +705,11 @@ func (e *Engine) preempt(h *Handle) {
 	h.loadPending = 0
 	h.kvArrived = true // its KV, remote or not, is now recomputed locally
 	h.st = stQueued
-	e.waiting = append([]*Handle{h}, e.waiting...)
+	if e.p.Priority() {
+		e.enqueue(h)
+	} else {
+		e.waiting = append([]*Handle{h}, e.waiting...)
+	}
 	e.stats.preemptions++
 }
 

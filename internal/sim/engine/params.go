@@ -15,6 +15,9 @@ type Params struct {
 	// PrefixCaching keeps full blocks of finished requests for reuse
 	// (vLLM's --enable-prefix-caching).
 	PrefixCaching bool
+	// SchedulingPolicy is vLLM's --scheduling-policy: PolicyFCFS ("" too)
+	// or PolicyPriority.
+	SchedulingPolicy string
 
 	PrefillBase     time.Duration // a: fixed cost of a step that carries prefill tokens
 	PrefillPerToken time.Duration // b: per prefill token
@@ -32,6 +35,20 @@ type Params struct {
 	HandshakeTime   time.Duration // Hs: first contact with a peer engine
 }
 
+// Scheduling policies (vLLM's SchedulingPolicy).
+const (
+	// PolicyFCFS serves the waiting queue in arrival order and preempts the
+	// most recently admitted running request.
+	PolicyFCFS = "fcfs"
+	// PolicyPriority serves the waiting queue by (priority, arrival), lower
+	// priority values first, and preempts the running request with the
+	// largest (priority, arrival).
+	PolicyPriority = "priority"
+)
+
+// Priority reports whether p schedules by request priority.
+func (p Params) Priority() bool { return p.SchedulingPolicy == PolicyPriority }
+
 // Validate reports every invalid field.
 func (p Params) Validate() error {
 	var errs []error
@@ -45,6 +62,11 @@ func (p Params) Validate() error {
 	pos("block-size", p.BlockSize)
 	pos("max-num-batched-tokens", p.MaxNumBatchedTokens)
 	pos("num-layers", p.NumLayers)
+	switch p.SchedulingPolicy {
+	case "", PolicyFCFS, PolicyPriority:
+	default:
+		errs = append(errs, fmt.Errorf("scheduling-policy: %q (want fcfs or priority)", p.SchedulingPolicy))
+	}
 	nonNeg := func(name string, d time.Duration) {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("%s: must be >= 0, got %v", name, d))

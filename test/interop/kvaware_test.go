@@ -1,0 +1,353 @@
+package interop
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/switchyard-llm/switchyard/internal/kvevents"
+	"github.com/switchyard-llm/switchyard/test/internal/harness"
+)
+
+// kvBlockSize is the engines' --block-size (newEngine).
+const kvBlockSize = 32
+
+// kvEngine is a real vLLM engine publishing KV events over ZMQ.
+type kvEngine struct {
+	*engine
+	pub, replay int // ports of its PUB and replay ROUTER sockets
+}
+
+func (e *kvEngine) endpoints() string {
+	return fmt.Sprintf("tcp://127.0.0.1:%d,tcp://127.0.0.1:%d", e.pub, e.replay)
+}
+
+// startKVEngines starts two unified engines with --kv-events-config (the
+// ZMQ publisher binds, as vLLM does for an endpoint with "*") and stops them
+// when t ends.
+func startKVEngines(t *testing.T) (a, b *kvEngine) {
+	t.Helper()
+	ports, err := freePorts(6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logDir := t.TempDir()
+	var es []*kvEngine
+	for i, name := range []string{"kv-a", "kv-b"} {
+		e := &kvEngine{engine: newEngine(name, ports[3*i], 0, "", logDir), pub: ports[3*i+1], replay: ports[3*i+2]}
+		e.args = append(e.args, "--kv-events-config", fmt.Sprintf(
+			`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:%d","replay_endpoint":"tcp://*:%d","topic":"kv"}`, e.pub, e.replay))
+		if err := e.start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(e.stop)
+		es = append(es, e)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, e := range es {
+				t.Logf("--- %s log tail:\n%s", e.name, e.logTail(3000))
+			}
+		}
+	})
+	for _, e := range es {
+		if _, err := e.waitReady(engineReadyWithin); err != nil {
+			t.Fatal(err)
+		}
+		// /health alone can be another process's that held the port a
+		// moment (free ports are picked by closing a listener): wait until
+		// this engine serves its model.
+		harness.WaitFor(t, engineReadyWithin, 250*time.Millisecond, e.name+" serving the model", func() bool {
+			select {
+			case <-e.done:
+				t.Fatalf("%s exited during start-up:\n%s", e.name, e.logTail(4000))
+			default:
+			}
+			resp, err := http.Get(e.URL() + "/v1/models")
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode == 200 && strings.Contains(string(b), modelDir)
+		})
+		t.Logf("engine %s serving %v after its start", e.name, time.Since(e.started).Round(100*time.Millisecond))
+	}
+	return es[0], es[1]
+}
+
+// rawEvents subscribes to e's PUB socket with a plain ZMQ SUB and decodes
+// every message with internal/kvevents; the channel closes when ctx ends.
+func rawEvents(t *testing.T, ctx context.Context, e *kvEngine) <-chan kvevents.BlockStored {
+	t.Helper()
+	sub := zmq4.NewSub(ctx)
+	if err := sub.Dial(fmt.Sprintf("tcp://127.0.0.1:%d", e.pub)); err != nil {
+		t.Fatalf("dial %s events: %v", e.name, err)
+	}
+	if err := sub.SetOption(zmq4.OptionSubscribe, "kv"); err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan kvevents.BlockStored, 1024)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(out)
+		for {
+			msg, err := sub.Recv()
+			if err != nil {
+				return // ctx ended (or the engine went away)
+			}
+			if len(msg.Frames) != 3 || string(msg.Frames[0]) != "kv" || len(msg.Frames[1]) != 8 {
+				t.Errorf("%s: message of %d frames, want topic, 8-byte sequence, payload", e.name, len(msg.Frames))
+				continue
+			}
+			b, skipped, err := kvevents.DecodeBatch(msg.Frames[2])
+			if err != nil || skipped != 0 {
+				t.Errorf("%s: batch not decoded (%d skipped): %v", e.name, skipped, err)
+				continue
+			}
+			for _, ev := range b.Events {
+				if bs, ok := ev.(kvevents.BlockStored); ok {
+					select {
+					case out <- bs:
+					case <-ctx.Done():
+						return
+					}
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() { _ = sub.Close(); <-done })
+	return out
+}
+
+// complete sends a greedy completion straight to base and fails t unless
+// it succeeds; it returns the route receipt header.
+func complete(t *testing.T, base, prompt string, maxTokens int) string {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"model": modelDir, "prompt": prompt, "max_tokens": maxTokens, "temperature": 0})
+	code, hdr, b := post(t, ctxT(t, 60*time.Second), base+"/v1/completions", string(body))
+	if code != 200 {
+		t.Fatalf("%s: %d %s", base, code, b)
+	}
+	return hdr.Get("X-Switchyard-Route")
+}
+
+func engineTokens(t *testing.T, e *kvEngine, prompt string) []uint32 {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"model": modelDir, "prompt": prompt})
+	code, _, b := post(t, ctxT(t, 30*time.Second), e.URL()+"/tokenize", string(body))
+	var out struct{ Tokens []uint32 }
+	if code != 200 || json.Unmarshal(b, &out) != nil || len(out.Tokens) == 0 {
+		t.Fatalf("%s /tokenize: %d %s", e.name, code, b)
+	}
+	return out.Tokens
+}
+
+// storedFor waits for the BlockStored events that cover the n full blocks
+// of tokens (events of other prompts are skipped) and returns them in
+// order.
+func storedFor(t *testing.T, e *kvEngine, events <-chan kvevents.BlockStored, tokens []uint32, n int) []kvevents.BlockStored {
+	t.Helper()
+	var got []kvevents.BlockStored
+	covered := 0
+	timeout := time.After(60 * time.Second)
+	for covered < n {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				t.Fatalf("%s: event stream ended", e.name)
+			}
+			at := covered * kvBlockSize
+			if at+len(ev.TokenIDs) > len(tokens) || !slices.Equal(ev.TokenIDs, tokens[at:at+len(ev.TokenIDs)]) {
+				continue // another prompt's blocks
+			}
+			got = append(got, ev)
+			covered += len(ev.BlockHashes)
+		case <-timeout:
+			t.Fatalf("%s: %d of %d blocks of the prompt stored within 60 s", e.name, covered, n)
+		}
+	}
+	return got
+}
+
+// TestKVEventsFromRealEngine: two real vLLM engines publish KV events
+// (--kv-events-config, ZMQ). internal/kvevents decodes them; their token
+// ids are the prompt's as /tokenize gives them, in full blocks of the
+// engine's block size, chained by parent hash; the router's index built
+// from them matches every full block of the prompt's own keys. vLLM 0.32's
+// default prefix-caching hash (sha256, NONE_HASH from a fixed seed when
+// PYTHONHASHSEED is unset) gives both engines the same block hashes for
+// the same prompt. Then switchyard --policy kv_aware, following both
+// engines' events, sends a prompt to the engine that holds it, and a
+// repeated prompt to the engine that served it first.
+func TestKVEventsFromRealEngine(t *testing.T) {
+	if skipReason != "" {
+		t.Skip("interop: " + skipReason)
+	}
+	dir, err := harness.Build("switchyard-interop-kv-", nil, "../../cmd/switchyard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	kb := &harness.Bins{Dir: dir, DumpTail: 6000}
+	a, b := startKVEngines(t)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	evA, evB := rawEvents(t, ctx, a), rawEvents(t, ctx, b)
+	// The SUB connects asynchronously: warm up until a batch arrives.
+	for i, p := range []struct {
+		e  *kvEngine
+		ev <-chan kvevents.BlockStored
+	}{{a, evA}, {b, evB}} {
+		warm := strings.Repeat("warm up the prefix cache of this engine before the test ", 4)
+		attempt := 0
+		harness.WaitFor(t, 60*time.Second, 10*time.Millisecond, p.e.name+" publishing", func() bool {
+			attempt++ // a new prompt each time: a cached one stores no block
+			complete(t, p.e.URL(), fmt.Sprintf("%d %d %s", i, attempt, warm), 1)
+			select {
+			case <-p.ev:
+				return true
+			case <-time.After(time.Second):
+				return false
+			}
+		})
+	}
+
+	prompt := strings.Repeat("Switchyard routes each request to the engine whose prefix cache already holds it. ", 6)
+	toks := engineTokens(t, a, prompt)
+	n := len(toks) / kvBlockSize
+	if n < 2 {
+		t.Fatalf("prompt is %d tokens: fewer than 2 blocks of %d", len(toks), kvBlockSize)
+	}
+	if tb := engineTokens(t, b, prompt); !slices.Equal(tb, toks) {
+		t.Fatalf("the engines tokenize the prompt differently")
+	}
+	complete(t, a.URL(), prompt, 1)
+	complete(t, b.URL(), prompt, 1)
+	storedA := storedFor(t, a, evA, toks, n)
+	storedB := storedFor(t, b, evB, toks, n)
+
+	var hashesA, hashesB []kvevents.Hash
+	var prev kvevents.Hash
+	for i, ev := range storedA {
+		if ev.BlockSize != kvBlockSize || len(ev.TokenIDs) != len(ev.BlockHashes)*kvBlockSize {
+			t.Errorf("event %d: block size %d, %d tokens for %d hashes", i, ev.BlockSize, len(ev.TokenIDs), len(ev.BlockHashes))
+		}
+		if ev.Parent != prev {
+			t.Errorf("event %d: parent %q, want the previous block's hash %q", i, ev.Parent, prev)
+		}
+		prev = ev.BlockHashes[len(ev.BlockHashes)-1]
+		hashesA = append(hashesA, ev.BlockHashes...)
+	}
+	for _, ev := range storedB {
+		hashesB = append(hashesB, ev.BlockHashes...)
+	}
+	if !slices.Equal(hashesA, hashesB) {
+		t.Errorf("engine block hashes differ for the same prompt: %v vs %v", hashesA, hashesB)
+	}
+	idx := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: kvBlockSize})
+	for name, evs := range map[string][]kvevents.BlockStored{a.name: storedA, b.name: storedB} {
+		for _, ev := range evs {
+			idx.Apply(name, []kvevents.Event{ev})
+		}
+	}
+	keys := idx.BlockKeys(toks, "")
+	var evToks []uint32
+	for _, ev := range storedA {
+		evToks = append(evToks, ev.TokenIDs...)
+	}
+	if got := idx.BlockKeys(evToks, ""); !slices.Equal(got, keys[:len(got)]) || len(got) != n {
+		t.Errorf("router keys of the events' tokens %v, want the prompt's %v", got, keys)
+	}
+	if m := idx.Match(keys); m[a.name] != n || m[b.name] != n {
+		t.Errorf("index match %v, want %d blocks on both engines", m, n)
+	}
+	t.Logf("prompt of %d tokens: %d blocks stored on each engine, engine hashes equal, router index matches all", len(toks), n)
+
+	// The router follows both engines' events.
+	r := kb.StartRouter(t, "--worker-urls", a.URL(), b.URL(), "--policy", "kv_aware", "--route-receipt",
+		"--kv-block-size", fmt.Sprint(kvBlockSize), "--kv-speculative-indexing=false",
+		"--kv-events-endpoints", a.URL()+"="+a.endpoints(), b.URL()+"="+b.endpoints())
+	r.WaitReady(t, 30*time.Second)
+	blocks := func(e *kvEngine) int {
+		var ws struct {
+			KV struct {
+				Workers map[string]struct {
+					Blocks int  `json:"blocks"`
+					Events bool `json:"events"`
+				} `json:"workers"`
+			} `json:"kv_aware"`
+		}
+		if harness.GetJSON(t, http.DefaultClient, r.Base+"/workers", &ws) != 200 {
+			t.Fatal("/workers")
+		}
+		w := ws.KV.Workers[e.URL()]
+		if !w.Events {
+			return -1
+		}
+		return w.Blocks
+	}
+	// Its SUB connects asynchronously too: prompts straight to the engines
+	// until the router has seen a batch of each.
+	for i, e := range []*kvEngine{a, b} {
+		attempt := 0
+		harness.WaitFor(t, 60*time.Second, 500*time.Millisecond, "the router receiving "+e.name+"'s events", func() bool {
+			attempt++
+			complete(t, e.URL(), fmt.Sprintf("%d %d %s", i, attempt, strings.Repeat("let the router see this engine publish ", 4)), 1)
+			return blocks(e) >= 0
+		})
+	}
+	routed := func(prompt string) string { return complete(t, r.Base, prompt, 1) }
+	servedBy := func(receipt string, e *kvEngine) bool {
+		return strings.Contains(receipt+";", "worker="+e.URL()+";") && strings.Contains(receipt, "kv match")
+	}
+	// A prompt one engine holds (sent to it directly) is routed there.
+	for i, holder := range []*kvEngine{b, a} {
+		q := fmt.Sprintf("Question %d: which engine holds the blocks of this long shared system prompt? %s", i, prompt)
+		qn := len(engineTokens(t, holder, q)) / kvBlockSize
+		before := blocks(holder)
+		complete(t, holder.URL(), q, 1)
+		harness.WaitFor(t, 60*time.Second, 50*time.Millisecond, "the router indexing "+holder.name+"'s blocks", func() bool {
+			return blocks(holder) >= before+qn
+		})
+		rc := routed(q)
+		if !servedBy(rc, holder) {
+			t.Errorf("prompt held by %s routed %q", holder.name, rc)
+		}
+		t.Logf("prompt held by %s: %s", holder.name, rc)
+	}
+	// A new prompt through the router, then again: the second goes where
+	// the first went, for the blocks that engine reported.
+	q := "A prompt nobody has seen: " + strings.Repeat("fresh tokens for the router to place and then find again ", 5)
+	qn := len(engineTokens(t, a, q)) / kvBlockSize
+	before := map[*kvEngine]int{a: blocks(a), b: blocks(b)}
+	first := routed(q)
+	var to *kvEngine
+	for _, e := range []*kvEngine{a, b} {
+		if strings.Contains(first+";", "worker="+e.URL()+";") {
+			to = e
+		}
+	}
+	if to == nil {
+		t.Fatalf("first request's receipt %q names neither engine", first)
+	}
+	harness.WaitFor(t, 60*time.Second, 50*time.Millisecond, "the router indexing the first request's blocks", func() bool {
+		return blocks(to) >= before[to]+qn
+	})
+	rc := routed(q)
+	if !servedBy(rc, to) {
+		t.Errorf("repeated prompt routed %q, want %s (first: %q)", rc, to.name, first)
+	}
+	t.Logf("new prompt first routed %q, repeated %q", first, rc)
+}
