@@ -32,6 +32,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/history"
 	"github.com/switchyard-llm/switchyard/internal/igw"
 	"github.com/switchyard-llm/switchyard/internal/metrics"
+	"github.com/switchyard-llm/switchyard/internal/migrate"
 	"github.com/switchyard-llm/switchyard/internal/pd"
 	"github.com/switchyard-llm/switchyard/internal/policy"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
@@ -179,6 +180,7 @@ type app struct {
 	upstream *worker.Worker  // --backend openai: the upstream's registry entry
 	igw      *igw.Router     // --enable-igw
 	closers  []func()
+	migm     *migrate.Metrics
 }
 
 func build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*app, error) {
@@ -385,7 +387,10 @@ func (a *app) buildServer(ctx context.Context) error {
 	retry := cfg.EffectiveRetry()
 	a.panic = &worker.Panic{Disabled: !cfg.PanicRouting, Logger: a.log,
 		OnPick: func(r worker.Role) { a.m.PanicRouted.WithLabelValues(r.String()).Inc() }}
+	a.migm = migrate.NewMetrics(a.m.Registry)
 	ropts := proxy.RegularOptions{
+		MaxMigrations:     cfg.MaxMigrations,
+		MigrationMetrics:  a.migm,
 		Panic:             a.panic,
 		Registry:          a.reg,
 		Client:            a.proxyClient(),

@@ -1,0 +1,326 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/switchyard-llm/switchyard/internal/migrate"
+	"github.com/switchyard-llm/switchyard/internal/policy"
+	"github.com/switchyard-llm/switchyard/internal/worker"
+)
+
+// errAnswerEnded stops the relay of a continuation leg whose answer the
+// stitcher ended (a stop string completed across the cut).
+var errAnswerEnded = errors.New("answer ended by the router")
+
+// eventWriter is the client writer of a migratable stream: it writes only
+// complete SSE events (a worker that dies mid-event leaves nothing
+// half-written for the continuation to follow), records each in the
+// tracker, rewrites a continuation leg's events through its stitcher, and
+// holds back an engine's error event (and what follows it) so the answer
+// can continue elsewhere instead.
+type eventWriter struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	sp      migrate.Splitter
+	tr      *migrate.Tracker
+	rewrite func([]byte) ([]byte, bool) // nil on the original leg
+	onFirst func()                      // the leg's first event written
+	held    bool                        // an error event was withheld
+	ended   bool                        // the stitcher ended the answer
+	werr    error
+}
+
+func newEventWriter(w http.ResponseWriter, tr *migrate.Tracker) *eventWriter {
+	return &eventWriter{w: w, rc: http.NewResponseController(w), tr: tr}
+}
+
+func (e *eventWriter) Header() http.Header { return e.w.Header() }
+
+func (e *eventWriter) WriteHeader(int) {} // the status line is already out
+
+func (e *eventWriter) Write(p []byte) (int, error) {
+	if e.werr == nil {
+		e.sp.Feed(p, e.event)
+	}
+	if e.werr != nil {
+		return 0, e.werr
+	}
+	return len(p), nil
+}
+
+func (e *eventWriter) event(ev []byte) {
+	if e.held || e.werr != nil {
+		return
+	}
+	final := false
+	if e.rewrite != nil {
+		if ev, final = e.rewrite(ev); ev == nil {
+			return
+		}
+	}
+	if e.tr.Event(ev); e.tr.ErrorEvent() {
+		e.held = true
+		return
+	}
+	if _, err := e.w.Write(ev); err != nil {
+		e.werr = err
+		return
+	}
+	if e.onFirst != nil {
+		e.onFirst()
+		e.onFirst = nil
+	}
+	if final {
+		done := []byte("data: [DONE]\n\n")
+		e.tr.Event(done)
+		if _, err := e.w.Write(done); err != nil {
+			e.werr = err
+			return
+		}
+		_ = e.FlushError()
+		e.ended, e.werr = true, errAnswerEnded
+	}
+}
+
+// FlushError flushes the client (http.ResponseController finds it).
+func (e *eventWriter) FlushError() error {
+	if err := e.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return err
+	}
+	return nil
+}
+
+// startLeg resets the writer for a continuation leg.
+func (e *eventWriter) startLeg(s *migrate.Stitcher, onFirst func()) {
+	e.sp.Reset()
+	e.held = false
+	e.tr.ClearError()
+	e.rewrite, e.onFirst = s.Rewrite, onFirst
+}
+
+// migration is one streamed answer that may move to another worker.
+type migration struct {
+	req  *migrate.Request
+	tr   *migrate.Tracker
+	w    *eventWriter
+	done int // migrations so far
+}
+
+// startMigration returns the migration state of a streamed generation
+// whose response can be continued elsewhere, or nil (migration off, not a
+// 200 event stream).
+func (p *Regular) startMigration(rs *reqSpec, w http.ResponseWriter, resp *http.Response) *migration {
+	if p.o.MaxMigrations <= 0 || !rs.gen || resp.StatusCode != http.StatusOK || !isSSE(resp.Header) {
+		return nil
+	}
+	tr := migrate.NewTracker()
+	return &migration{req: migrate.NewRequest(rs.route, rs.body), tr: tr, w: newEventWriter(w, tr)}
+}
+
+// finish ends a relayed leg and says why it did not end the answer (""
+// when it did). A leg that ended cleanly gets any trailing bytes that did
+// not form a complete event written as they came.
+func (m *migration) finish(res RelayResult) string {
+	c := m.cause(res)
+	if c == "" && res.DownstreamOK && res.UpstreamErr == nil && !m.w.ended {
+		if rest := m.w.sp.Pending(); len(rest) > 0 {
+			_, _ = m.w.w.Write(rest)
+			_ = m.w.FlushError()
+			m.w.sp.Reset()
+		}
+	}
+	return c
+}
+
+func (m *migration) cause(res RelayResult) string {
+	switch {
+	case !res.DownstreamOK || errors.Is(res.UpstreamErr, context.DeadlineExceeded) || errors.Is(res.UpstreamErr, context.Canceled):
+		return ""
+	case m.w.ended:
+		return ""
+	case errors.Is(res.UpstreamErr, ErrIdleTimeout):
+		return migrate.CauseIdle
+	case m.w.held:
+		return migrate.CauseEngineError
+	case res.UpstreamErr != nil || !m.tr.Done():
+		return migrate.CauseBroken
+	}
+	return ""
+}
+
+// continueStream carries on a streamed answer whose worker failed after
+// the client got its first bytes: another worker generates the rest
+// (prompt + answer so far), its events rewritten into the original's, up
+// to --max-migrations times and never past the request deadline. It ends
+// the client's stream in every case: completed, or with the SSE error
+// event when the answer cannot be continued.
+func (p *Regular) continueStream(ctx context.Context, w http.ResponseWriter, rs *reqSpec, failed *worker.Worker, m *migration, cause string, brokeErr error) {
+	rec := rs.receipt
+	if rec == nil {
+		rec = &Receipt{}
+	}
+	for {
+		rec.Migrated = append(rec.Migrated, failed.Key())
+		p.exclude(&rs.preq, failed)
+		result, next, leg := p.migrateOnce(ctx, w, rs, m, cause)
+		p.o.MigrationMetrics.Count(rs.route, cause, result)
+		switch result {
+		case migrate.ResultContinued, migrate.ResultComplete:
+			return
+		case migrate.ResultFailed:
+			failed, cause = next, leg
+			continue
+		}
+		if result == "client_gone" {
+			return
+		}
+		p.log.Warn("stream not continued", "route", rs.route, "worker", failed.Key(), "result", result, "err", brokeErr)
+		status := http.StatusBadGateway
+		if result == migrate.ResultTimeout {
+			status = http.StatusGatewayTimeout
+		}
+		_ = WriteSSEError(w, RelayResult{AtEventBoundary: true}, status, "upstream stream broken ("+cause+"), not continued: "+result)
+		return
+	}
+}
+
+// migrateOnce runs one continuation leg. It returns the result; for
+// ResultFailed, the worker that failed and the new cause.
+func (p *Regular) migrateOnce(ctx context.Context, w http.ResponseWriter, rs *reqSpec, m *migration, cause string) (string, *worker.Worker, string) {
+	if why := m.req.Refusal(m.tr); why != "" {
+		return "refused_" + why, nil, ""
+	}
+	if m.done >= p.o.MaxMigrations {
+		return migrate.ResultExhausted, nil, ""
+	}
+	if ctx.Err() != nil {
+		return migrate.ResultTimeout, nil, ""
+	}
+	body, err := m.req.Continue(m.tr)
+	if errors.Is(err, migrate.ErrNothingLeft) {
+		p.endAnswer(w, m)
+		return migrate.ResultComplete, nil, ""
+	}
+	if err != nil {
+		return "refused_" + migrate.RefuseBody, nil, ""
+	}
+	choice, err := p.pick(&rs.preq)
+	if err != nil {
+		return migrate.ResultNoWorker, nil, ""
+	}
+	wk := choice.Worker
+	done, ok := wk.Breaker().Start()
+	if !ok {
+		return migrate.ResultNoWorker, nil, ""
+	}
+	m.done++
+	ctx, span := startMigrationSpan(ctx, rs, wk, cause, m)
+	defer span.End()
+	slot := p.startSlot(wk, done)
+	defer slot.release()
+	crs := *rs
+	crs.body = body
+	rec := rs.receipt
+	attempt := 2
+	if rec != nil {
+		rec.Worker, rec.Reason = wk.Key(), "migration: "+cause
+		rec.Attempts++
+		attempt = max(2, rec.Attempts)
+	}
+	resp, actx, acancel, err := p.roundTrip(ctx, wk, &crs, attempt)
+	defer acancel()
+	if err != nil {
+		slot.outcome(ctx.Err() != nil)
+		if IsDialError(err) {
+			p.markDown(wk, err)
+		}
+		span.SetStatus(codes.Error, err.Error())
+		if ctx.Err() != nil {
+			return migrate.ResultTimeout, nil, ""
+		}
+		return migrate.ResultFailed, wk, migrate.CauseNoResponse
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !isSSE(resp.Header) {
+		f := p.drain(resp)
+		slot.outcome(resp.StatusCode < 500)
+		span.SetStatus(codes.Error, "status "+strconv.Itoa(f.status))
+		return migrate.ResultFailed, wk, migrate.CauseNoResponse
+	}
+	cut := m.tr.LastWrite()
+	m.w.startLeg(migrate.NewStitcher(m.req, m.tr), func() { p.o.MigrationMetrics.ObserveStall(time.Since(cut)) })
+	res := Relay(actx, m.w, resp.Body, RelayOptions{IdleTimeout: p.o.StreamIdleTimeout})
+	next := m.finish(res)
+	switch {
+	case m.w.ended || (next == "" && res.DownstreamOK):
+		slot.outcome(true)
+		return migrate.ResultContinued, nil, ""
+	case !res.DownstreamOK:
+		slot.outcome(true) // the client went away: says nothing about the worker
+		return "client_gone", nil, ""
+	case errors.Is(res.UpstreamErr, context.DeadlineExceeded):
+		slot.outcome(false)
+		return migrate.ResultTimeout, nil, ""
+	}
+	slot.outcome(false)
+	span.SetStatus(codes.Error, next)
+	return migrate.ResultFailed, wk, next
+}
+
+// endAnswer ends a stream whose token budget was spent before its end
+// arrived: a last chunk with finish_reason "length" unless one was sent,
+// then [DONE].
+func (p *Regular) endAnswer(w http.ResponseWriter, m *migration) {
+	if m.tr.Finished() == "" && m.tr.ID != nil {
+		c := `{"index":0,"text":"","finish_reason":"length"}`
+		if m.req.Chat() {
+			c = `{"index":0,"delta":{},"finish_reason":"length"}`
+		}
+		ev := "data: {\"id\":" + string(m.tr.ID) + ",\"created\":" + string(m.tr.Created) + ",\"model\":" + string(m.tr.Model) + ",\"choices\":[" + c + "]}\n\n"
+		_, _ = w.Write([]byte(ev))
+	}
+	_, _ = w.Write([]byte("data: [DONE]\n\n"))
+	_ = http.NewResponseController(w).Flush()
+}
+
+// startMigrationSpan starts a span for one migration under the request's
+// span (a no-op span when tracing is off).
+func startMigrationSpan(ctx context.Context, rs *reqSpec, wk *worker.Worker, cause string, m *migration) (context.Context, trace.Span) {
+	tr := trace.SpanFromContext(ctx).TracerProvider().Tracer("switchyard/migrate")
+	return tr.Start(ctx, "migration", trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(
+		attribute.String("switchyard.migration.cause", cause),
+		attribute.String("switchyard.migration.worker", wk.Key()),
+		attribute.Int("switchyard.migration.number", m.done),
+		attribute.Int("switchyard.migration.tokens_before", m.tr.Tokens()),
+		attribute.String("http.route", rs.route),
+	))
+}
+
+// retryWhole decides whether a generation whose worker failed before
+// sending its response headers (a worker killed while computing a
+// non-streaming answer, or before a stream's first byte) is sent again,
+// whole, to another worker: nothing reached the client, so the retry is
+// the exact answer. It counts against --max-migrations.
+func (p *Regular) retryWhole(ctx context.Context, rs *reqSpec, failed *worker.Worker, err error) (policy.Choice, bool) {
+	if p.o.MaxMigrations <= 0 || !rs.gen || !rs.replayable() || ctx.Err() != nil || rs.moved >= p.o.MaxMigrations {
+		return policy.Choice{}, false
+	}
+	p.exclude(&rs.preq, failed)
+	next, perr := p.pick(&rs.preq)
+	if perr != nil {
+		p.o.MigrationMetrics.Count(rs.route, migrate.CauseNoResponse, migrate.ResultNoWorker)
+		return policy.Choice{}, false
+	}
+	rs.moved++
+	p.o.MigrationMetrics.Count(rs.route, migrate.CauseNoResponse, migrate.ResultRetried)
+	p.log.Info("worker failed before its response; retrying the whole request elsewhere", "route", rs.route, "worker", failed.Key(), "next", next.Worker.Key(), "err", err)
+	return next, true
+}
