@@ -192,6 +192,11 @@ func TestMigrateRegularKill9(t *testing.T) {
 	if c := routerGauge(t, r, `vllm_router_migrations_total{reason="upstream_broken",result="continued"`); c != 1 {
 		t.Errorf("continued migrations %v, want 1", c)
 	}
+	// The request log names both workers: the one that died and the one
+	// that finished the answer.
+	waitFor(t, 5*time.Second, "the migrated request's log line", func() bool {
+		return strings.Contains(r.Logs.String(), "migrated_from=["+dying.URL()+"]") && strings.Contains(r.Logs.String(), "worker="+good.URL())
+	})
 }
 
 // TestMigrateRegularRefused: what cannot be continued ends as before, with
