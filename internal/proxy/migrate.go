@@ -16,101 +16,11 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
-// errAnswerEnded stops the relay of a continuation leg whose answer the
-// stitcher ended (a stop string completed across the cut).
-var errAnswerEnded = errors.New("answer ended by the router")
-
-// eventWriter is the client writer of a migratable stream: it writes only
-// complete SSE events (a worker that dies mid-event leaves nothing
-// half-written for the continuation to follow), records each in the
-// tracker, rewrites a continuation leg's events through its stitcher, and
-// holds back an engine's error event (and what follows it) so the answer
-// can continue elsewhere instead.
-type eventWriter struct {
-	w       http.ResponseWriter
-	rc      *http.ResponseController
-	sp      migrate.Splitter
-	tr      *migrate.Tracker
-	rewrite func([]byte) ([]byte, bool) // nil on the original leg
-	onFirst func()                      // the leg's first event written
-	held    bool                        // an error event was withheld
-	ended   bool                        // the stitcher ended the answer
-	werr    error
-}
-
-func newEventWriter(w http.ResponseWriter, tr *migrate.Tracker) *eventWriter {
-	return &eventWriter{w: w, rc: http.NewResponseController(w), tr: tr}
-}
-
-func (e *eventWriter) Header() http.Header { return e.w.Header() }
-
-func (e *eventWriter) WriteHeader(int) {} // the status line is already out
-
-func (e *eventWriter) Write(p []byte) (int, error) {
-	if e.werr == nil {
-		e.sp.Feed(p, e.event)
-	}
-	if e.werr != nil {
-		return 0, e.werr
-	}
-	return len(p), nil
-}
-
-func (e *eventWriter) event(ev []byte) {
-	if e.held || e.werr != nil {
-		return
-	}
-	final := false
-	if e.rewrite != nil {
-		if ev, final = e.rewrite(ev); ev == nil {
-			return
-		}
-	}
-	if e.tr.Event(ev); e.tr.ErrorEvent() {
-		e.held = true
-		return
-	}
-	if _, err := e.w.Write(ev); err != nil {
-		e.werr = err
-		return
-	}
-	if e.onFirst != nil {
-		e.onFirst()
-		e.onFirst = nil
-	}
-	if final {
-		done := []byte("data: [DONE]\n\n")
-		e.tr.Event(done)
-		if _, err := e.w.Write(done); err != nil {
-			e.werr = err
-			return
-		}
-		_ = e.FlushError()
-		e.ended, e.werr = true, errAnswerEnded
-	}
-}
-
-// FlushError flushes the client (http.ResponseController finds it).
-func (e *eventWriter) FlushError() error {
-	if err := e.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
-		return err
-	}
-	return nil
-}
-
-// startLeg resets the writer for a continuation leg.
-func (e *eventWriter) startLeg(s *migrate.Stitcher, onFirst func()) {
-	e.sp.Reset()
-	e.held = false
-	e.tr.ClearError()
-	e.rewrite, e.onFirst = s.Rewrite, onFirst
-}
-
 // migration is one streamed answer that may move to another worker.
 type migration struct {
 	req  *migrate.Request
 	tr   *migrate.Tracker
-	w    *eventWriter
+	w    *migrate.Writer
 	done int // migrations so far
 }
 
@@ -122,35 +32,33 @@ func (p *Regular) startMigration(rs *reqSpec, w http.ResponseWriter, resp *http.
 		return nil
 	}
 	tr := migrate.NewTracker()
-	return &migration{req: migrate.NewRequest(rs.route, rs.body), tr: tr, w: newEventWriter(w, tr)}
+	return &migration{req: migrate.NewRequest(rs.route, rs.body), tr: tr, w: migrate.NewWriter(w, tr)}
 }
 
 // finish ends a relayed leg and says why it did not end the answer (""
-// when it did). A leg that ended cleanly gets any trailing bytes that did
-// not form a complete event written as they came.
+// when it did).
 func (m *migration) finish(res RelayResult) string {
-	c := m.cause(res)
-	if c == "" && res.DownstreamOK && res.UpstreamErr == nil && !m.w.ended {
-		if rest := m.w.sp.Pending(); len(rest) > 0 {
-			_, _ = m.w.w.Write(rest)
-			_ = m.w.FlushError()
-			m.w.sp.Reset()
-		}
+	c := MigrationCause(res, m.w, m.tr)
+	if c == "" && res.DownstreamOK && res.UpstreamErr == nil && !m.w.Ended() {
+		m.w.Finish()
 	}
 	return c
 }
 
-func (m *migration) cause(res RelayResult) string {
+// MigrationCause says why a relayed leg of a migratable stream did not end the
+// answer: "" when it did, or when the client went away or the request
+// deadline passed (nothing to continue for).
+func MigrationCause(res RelayResult, w *migrate.Writer, tr *migrate.Tracker) string {
 	switch {
-	case !res.DownstreamOK || errors.Is(res.UpstreamErr, context.DeadlineExceeded) || errors.Is(res.UpstreamErr, context.Canceled):
+	case !res.DownstreamOK && !w.Ended(), errors.Is(res.UpstreamErr, context.DeadlineExceeded), errors.Is(res.UpstreamErr, context.Canceled):
 		return ""
-	case m.w.ended:
+	case w.Ended():
 		return ""
 	case errors.Is(res.UpstreamErr, ErrIdleTimeout):
 		return migrate.CauseIdle
-	case m.w.held:
+	case w.Held():
 		return migrate.CauseEngineError
-	case res.UpstreamErr != nil || !m.tr.Done():
+	case res.UpstreamErr != nil || !tr.Done():
 		return migrate.CauseBroken
 	}
 	return ""
@@ -256,11 +164,11 @@ func (p *Regular) migrateOnce(ctx context.Context, w http.ResponseWriter, rs *re
 		return migrate.ResultFailed, wk, migrate.CauseNoResponse
 	}
 	cut := m.tr.LastWrite()
-	m.w.startLeg(migrate.NewStitcher(m.req, m.tr), func() { p.o.MigrationMetrics.ObserveStall(time.Since(cut)) })
+	m.w.StartLeg(migrate.NewStitcher(m.req, m.tr), func() { p.o.MigrationMetrics.ObserveStall(time.Since(cut)) })
 	res := Relay(actx, m.w, resp.Body, RelayOptions{IdleTimeout: p.o.StreamIdleTimeout})
 	next := m.finish(res)
 	switch {
-	case m.w.ended || (next == "" && res.DownstreamOK):
+	case m.w.Ended() || (next == "" && res.DownstreamOK):
 		slot.outcome(true)
 		return migrate.ResultContinued, nil, ""
 	case !res.DownstreamOK:
