@@ -489,6 +489,8 @@ func (a *app) buildServer(ctx context.Context) error {
 			RequestTimeout:    cfg.RequestTimeout(),
 			StreamIdleTimeout: cfg.StreamIdleTimeout(),
 			MaxFailovers:      cfg.PDMaxFailovers,
+			MaxMigrations:     cfg.MaxMigrations,
+			MigrationMetrics:  a.migm,
 			SplitResponses:    cfg.PDSplitResponses,
 			Warmup:            cfg.PDWarmup,
 			Panic:             a.panic,

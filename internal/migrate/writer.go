@@ -96,7 +96,6 @@ func (e *Writer) StartLeg(s *Stitcher, onFirst func()) {
 	e.rewrite, e.onFirst = s.Rewrite, onFirst
 }
 
-
 // Held reports whether an engine error event was withheld on this leg.
 func (e *Writer) Held() bool { return e.held }
 

@@ -240,3 +240,81 @@ func TestMigrateRegularRefused(t *testing.T) {
 		t.Errorf("--max-migrations 0 migrated %v times", c)
 	}
 }
+
+// TestMigratePDDecodeMidStream: a PD fleet with one prefill and two
+// decodes, one of which cuts every answer after a few tokens. A stream cut
+// on it continues with a new prefill of prompt + answer so far on the
+// prefill and a decode on the other decode; every answer equals the
+// uninterrupted one (the oracle's), for NIXL and MoRI-IO WRITE and READ,
+// completions and chat, streaming and not.
+func TestMigratePDDecodeMidStream(t *testing.T) {
+	for _, tc := range []struct{ connector, mode string }{{"nixl", ""}, {"moriio", "WRITE"}, {"moriio", "READ"}} {
+		t.Run(tc.connector+tc.mode, func(t *testing.T) {
+			var r *router
+			var cutD *sim
+			if tc.connector == "nixl" {
+				p := startSim(t, "--role", "prefill", "--kv-connector", "nixl", "--strict")
+				cutD = startSim(t, "--role", "decode", "--kv-connector", "nixl", "--strict", "--cut-after-tokens", "6")
+				d := startSim(t, "--role", "decode", "--kv-connector", "nixl", "--strict")
+				r = startRouter(t, "--vllm-pd-disaggregation", "--kv-connector", "nixl", "--prefill", p.URL(), "--decode", cutD.URL(), "--decode", d.URL(), "--policy", "round_robin")
+			} else {
+				addr := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
+				r = startRouter(t, "--vllm-pd-disaggregation", "--kv-connector", "moriio", "--vllm-discovery-address", addr,
+					"--policy", "round_robin", "--discovery-ttl-secs", "1.5", "--kv-wait-timeout-secs", "10")
+				simArgs := []string{"--kv-connector", "moriio", "--proxy-address", addr, "--heartbeat-interval", "200ms", "--strict", "--transfer-mode", tc.mode}
+				startSim(t, append([]string{"--role", "prefill"}, simArgs...)...)
+				cutD = startSim(t, append([]string{"--role", "decode", "--cut-after-tokens", "6"}, simArgs...)...)
+				startSim(t, append([]string{"--role", "decode"}, simArgs...)...)
+				waitFor(t, 10*time.Second, "three registered workers", func() bool {
+					var ws struct {
+						Total int `json:"total"`
+					}
+					getJSON(t, r.Base+"/workers", &ws)
+					return ws.Total == 3
+				})
+			}
+			r.WaitReady(t, 10*time.Second)
+			const n = 20
+			prompt := "a prefill and a decode walk into a bar"
+			msgs := fmt.Sprintf(`[{"role":"user","content":%q}]`, prompt)
+			wantCmpl := oracle.Text(oracle.DigestText(prompt), 0, n)
+			wantChat := oracle.Text(oracle.DigestText(oracle.ChatPrompt([]oracle.Message{{Role: "user", Content: prompt}})), 0, n)
+			reqs := []struct {
+				path, body, want string
+				stream           bool
+			}{
+				{"/v1/completions", fmt.Sprintf(`{"prompt":%q,"max_tokens":%d,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}`, prompt, n), wantCmpl, true},
+				{"/v1/chat/completions", fmt.Sprintf(`{"messages":%s,"max_completion_tokens":%d,"ignore_eos":true,"stream":true}`, msgs, n), wantChat, true},
+				{"/v1/completions", fmt.Sprintf(`{"prompt":%q,"max_tokens":%d,"ignore_eos":true}`, prompt, n), wantCmpl, false},
+				{"/v1/chat/completions", fmt.Sprintf(`{"messages":%s,"max_completion_tokens":%d,"ignore_eos":true}`, msgs, n), wantChat, false},
+			}
+			for round := range 2 {
+				for _, rq := range reqs {
+					status, _, body := post(t, ctxT(t, 30*time.Second), r.Base+rq.path, rq.body)
+					if status != 200 {
+						t.Fatalf("round %d %s: status %d %s", round, rq.path, status, body)
+					}
+					got := ""
+					if rq.stream {
+						v := readView(t, body)
+						got = v.text
+						if !sameAll(v.ids) || v.finish != "length" {
+							t.Errorf("round %d %s: ids %v finish %q", round, rq.path, v.ids, v.finish)
+						}
+						if v.usage != nil && (v.usage["completion_tokens"] != n || v.usage["prompt_tokens"] != float64(len(oracle.Tokenize(prompt)))) {
+							t.Errorf("round %d %s: usage %v", round, rq.path, v.usage)
+						}
+					} else {
+						got = completionText(t, body)
+					}
+					if got != rq.want {
+						t.Fatalf("round %d %s stream=%v: %q, want %q", round, rq.path, rq.stream, got, rq.want)
+					}
+				}
+			}
+			if c := routerGauge(t, r, `vllm_router_migrations_total{reason="upstream_broken",result="continued"`); c < 1 {
+				t.Errorf("no stream was continued (%v); the cutting decode served %d decode legs", c, cutD.Stats(t).Requests.DecodeLeg)
+			}
+		})
+	}
+}
