@@ -43,7 +43,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Stall: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "vllm_router_migration_stall_seconds",
 			Help:    "Gap the client saw at a migration: from the last event of the failed leg to the first of the continuation.",
-			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30},
+			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.35, 0.5, 0.75, 1, 2.5, 5, 10, 30},
 		}),
 	}
 	reg.MustRegister(m.Total, m.Stall)
