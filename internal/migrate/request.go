@@ -298,7 +298,10 @@ func (r *Request) chatEdits(t *Tracker) ([]rawjson.Edit, error) {
 		}
 		msgs[len(msgs)-1] = b
 	} else {
-		b, _ := json.Marshal(map[string]string{"role": "assistant", "content": t.Text()})
+		b, _ := json.Marshal(struct {
+			Role    string `json:"role"`
+			Content string `json:"content"`
+		}{"assistant", t.Text()})
 		msgs = append(msgs, b)
 	}
 	m, err := json.Marshal(msgs)
