@@ -20,13 +20,14 @@ import (
 // its decode fails after the first byte: a new prefill of the prompt plus
 // the answer so far, then a decode, relayed through the stitcher.
 type pdMigration struct {
-	r   *http.Request
-	c   *proxy.Call
-	req *migrate.Request
-	tr  *migrate.Tracker
-	w   *migrate.Writer // nil until the first decode relay
-	cli http.ResponseWriter
-	n   int // migrations so far
+	r     *http.Request
+	c     *proxy.Call
+	route string
+	req   *migrate.Request // parsed by continueAnswer, only when needed
+	tr    *migrate.Tracker
+	w     *migrate.Writer // nil until the first decode relay
+	cli   http.ResponseWriter
+	n     int // migrations so far
 
 	// Set while a continuation attempt runs: the leg's outcome, read by
 	// continueAnswer once the attempt returns.
@@ -46,7 +47,7 @@ func (e *Engine) startMigration(r *http.Request, c *proxy.Call, st *reqState) *p
 	if st.kind == routeChat {
 		route = "/v1/chat/completions"
 	}
-	return &pdMigration{r: r, c: c, req: migrate.NewRequest(route, st.obj.Source()), tr: migrate.NewTracker()}
+	return &pdMigration{r: r, c: c, route: route, tr: migrate.NewTracker()}
 }
 
 // migWriter is the writer the decode is relayed to: the migration's
@@ -105,6 +106,9 @@ func (e *Engine) migrateAfterRelay(ctx context.Context, res proxy.RelayResult, s
 // --max-migrations budget is spent or the request deadline passes.
 func (e *Engine) continueAnswer(ctx context.Context, st *reqState, failed *worker.Worker, cause string) {
 	m := st.mig
+	if m.req == nil {
+		m.req = migrate.NewRequest(m.route, st.obj.Source())
+	}
 	exclude := map[string]bool{}
 	for {
 		e.excludeInstance(exclude, failed)

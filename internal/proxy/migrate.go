@@ -18,7 +18,7 @@ import (
 
 // migration is one streamed answer that may move to another worker.
 type migration struct {
-	req  *migrate.Request
+	req  *migrate.Request // set by continueStream
 	tr   *migrate.Tracker
 	w    *migrate.Writer
 	done int // migrations so far
@@ -32,7 +32,7 @@ func (p *Regular) startMigration(rs *reqSpec, w http.ResponseWriter, resp *http.
 		return nil
 	}
 	tr := migrate.NewTracker()
-	return &migration{req: migrate.NewRequest(rs.route, rs.body), tr: tr, w: migrate.NewWriter(w, tr)}
+	return &migration{tr: tr, w: migrate.NewWriter(w, tr)}
 }
 
 // finish ends a relayed leg and says why it did not end the answer (""
@@ -75,6 +75,7 @@ func (p *Regular) continueStream(ctx context.Context, w http.ResponseWriter, rs 
 	if rec == nil {
 		rec = &Receipt{}
 	}
+	m.req = migrate.NewRequest(rs.route, rs.body) // parsed only when needed
 	for {
 		rec.Migrated = append(rec.Migrated, failed.Key())
 		p.exclude(&rs.preq, failed)
