@@ -1,6 +1,7 @@
 package migrate
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 	"time"
@@ -66,6 +67,9 @@ type Tracker struct {
 	reasoning bool
 	chunks    int
 	lastWrite time.Time
+
+	sc   scratch // the fast scanner's reused storage
+	slow bool    // encoding/json only (tests: the reference)
 }
 
 // NewTracker returns an empty tracker.
@@ -84,18 +88,21 @@ func (t *Tracker) Event(ev []byte) bool {
 		t.done = true
 		return true
 	}
-	var c chunk
-	if err := json.Unmarshal(data, &c); err != nil {
-		t.idsOK = false
-		return false
+	c := &t.sc.c
+	if t.slow || !scanChunk(data, &t.sc) {
+		c = &chunk{}
+		if err := json.Unmarshal(data, c); err != nil {
+			t.idsOK = false
+			return false
+		}
 	}
 	if len(c.Error) > 0 && string(c.Error) != "null" {
 		t.errEvent = true
 		return true
 	}
 	t.chunks++
-	if t.ID == nil {
-		t.ID, t.Created, t.Model = c.ID, c.Created, c.Model
+	if t.ID == nil { // the scanned values point into data: copy
+		t.ID, t.Created, t.Model = bytes.Clone(c.ID), bytes.Clone(c.Created), bytes.Clone(c.Model)
 	}
 	if c.PromptTokenIDs != nil && t.promptIDs == nil {
 		t.promptIDs = c.PromptTokenIDs
