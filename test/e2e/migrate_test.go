@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/sim/oracle"
+	"github.com/switchyard-llm/switchyard/internal/tracing/otlptest"
 	"github.com/switchyard-llm/switchyard/test/internal/harness"
 )
 
@@ -316,5 +317,43 @@ func TestMigratePDDecodeMidStream(t *testing.T) {
 				t.Errorf("no stream was continued (%v); the cutting decode served %d decode legs", c, cutD.Stats(t).Requests.DecodeLeg)
 			}
 		})
+	}
+}
+
+// TestMigrateTraced: every migration is a span under the request's server
+// span, naming the cause and the worker that took over.
+func TestMigrateTraced(t *testing.T) {
+	col, err := otlptest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(col.Stop)
+	cut, good := startSim(t, "--cut-after-tokens", "3"), startSim(t)
+	r := startRouter(t, "--worker-urls", cut.URL(), good.URL(), "--policy", "round_robin",
+		"--enable-trace", "--otlp-traces-endpoint", col.Addr(), "--otel-sampling-ratio", "1")
+	for range 2 { // one of them lands on the cutting worker
+		if code, _, b := post(t, ctxT(t, 20*time.Second), r.Base+"/v1/completions", `{"prompt":"a b","max_tokens":8,"ignore_eos":true,"stream":true}`); code != 200 {
+			t.Fatalf("%d %s", code, b)
+		}
+	}
+	r.Stop() // flushes the spans
+	servers := map[string]bool{}
+	var migs []otlptest.Span
+	for _, s := range col.Spans() {
+		if s.Kind == 2 {
+			servers[s.SpanID] = true
+		}
+		if s.Name == "migration" {
+			migs = append(migs, s)
+		}
+	}
+	if hits := int(cut.Stats(t).Requests.Completions); len(migs) != hits || hits == 0 {
+		t.Fatalf("%d migration spans, %d requests cut", len(migs), hits)
+	}
+	for _, m := range migs {
+		if !servers[m.ParentID] || m.Attrs["switchyard.migration.cause"] != "upstream_broken" || m.Attrs["switchyard.migration.worker"] != good.URL() ||
+			m.Attrs["switchyard.migration.tokens_before"] != "3" {
+			t.Errorf("migration span %+v", m)
+		}
 	}
 }
