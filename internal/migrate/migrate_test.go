@@ -283,3 +283,36 @@ func TestStitcher(t *testing.T) {
 		}
 	}
 }
+
+func TestEnding(t *testing.T) {
+	tests := []struct {
+		name, route, body, stream string
+		complete                  bool
+		want                      []string // events, in order
+	}{
+		{"finish seen, usage asked and missing", "/v1/completions", `{"prompt":"p","stream":true,"stream_options":{"include_usage":true}}`,
+			sse(false, `{"id":"cmpl-a","created":111,"model":"m","choices":[{"index":0,"text":" a","finish_reason":"stop"}],"usage":{"prompt_tokens":4,"completion_tokens":1,"total_tokens":5}}`), true,
+			[]string{`{"id":"cmpl-a","created":111,"model":"m","choices":[],"usage":{"prompt_tokens":4,"total_tokens":5,"completion_tokens":1}}`, "[DONE]"}},
+		{"budget spent, no finish", "/v1/chat/completions", `{"messages":[{"role":"user","content":"q"}],"max_tokens":2,"stream":true}`,
+			sse(false, chatChunk(`{"role":"assistant","content":""}`), chatChunk(`{"content":" a"}`), chatChunk(`{"content":" b"}`)), true,
+			[]string{`{"id":"chatcmpl-a","created":111,"model":"m","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]}`, "[DONE]"}},
+		{"not complete", "/v1/completions", `{"prompt":"p","max_tokens":5,"stream":true}`, sse(false, cmplChunk(" a", "")), false, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r, tr := NewRequest(tc.route, []byte(tc.body)), track(t, tc.stream)
+			if r.Complete(tr) != tc.complete {
+				t.Fatalf("Complete = %v", !tc.complete)
+			}
+			if !tc.complete {
+				return
+			}
+			var got []string
+			var sp Splitter
+			sp.Feed(r.Ending(tr), func(ev []byte) { got = append(got, string(eventData(ev))) })
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("ending %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

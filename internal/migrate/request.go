@@ -317,3 +317,35 @@ func (r *Request) chatEdits(t *Tracker) ([]rawjson.Edit, error) {
 
 // MaxTokens returns the answer's token limit (-1: none given for chat).
 func (r *Request) MaxTokens() int { return r.maxTokens }
+
+// Complete reports whether the answer t tracks needs no continuation: its
+// finish_reason reached the client, or its whole token budget did; only
+// the end of the stream is missing.
+func (r *Request) Complete(t *Tracker) bool {
+	return t.Finished() != "" || (r.maxKey != "" && t.Tokens() >= r.maxTokens)
+}
+
+// Ending returns the events that end a complete answer whose stream broke
+// before its end: a last chunk with finish_reason "length" when none was
+// sent, the usage chunk the client asked for when it had not come (if the
+// prompt's token count is known), then [DONE].
+func (r *Request) Ending(t *Tracker) []byte {
+	var b []byte
+	env := func() []byte {
+		e := append([]byte(`{"id":`), t.ID...)
+		e = append(append(e, `,"created":`...), t.Created...)
+		return append(append(e, `,"model":`...), t.Model...)
+	}
+	if t.ID != nil && t.Finished() == "" {
+		c := `{"index":0,"text":"","logprobs":null,"finish_reason":"length"}`
+		if r.chat {
+			c = `{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}`
+		}
+		b = append(b, dataEvent(append(append(append(env(), `,"choices":[`...), c...), "]}"...))...)
+	}
+	if p := t.PromptTokens(); t.ID != nil && r.includeUsage && !t.UsageSent() && p >= 0 {
+		u := fmt.Sprintf(`,"choices":[],"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}}`, p, p+t.Tokens(), t.Tokens())
+		b = append(b, dataEvent(append(env(), u...))...)
+	}
+	return append(b, "data: [DONE]\n\n"...)
+}

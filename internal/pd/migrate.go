@@ -2,7 +2,6 @@ package pd
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"time"
 
@@ -157,11 +156,12 @@ func (e *Engine) migrateOnce(ctx context.Context, st *reqState, exclude map[stri
 	if ctx.Err() != nil {
 		return migrate.ResultTimeout, nil, ""
 	}
-	body, err := m.req.Continue(m.tr)
-	if errors.Is(err, migrate.ErrNothingLeft) {
-		endAnswer(m)
+	if m.req.Complete(m.tr) {
+		_, _ = m.cli.Write(m.req.Ending(m.tr))
+		_ = http.NewResponseController(m.cli).Flush()
 		return migrate.ResultComplete, nil, ""
 	}
+	body, err := m.req.Continue(m.tr)
 	var obj *rawjson.Object
 	if err == nil {
 		obj, err = rawjson.Parse(body)
@@ -221,20 +221,4 @@ func (e *Engine) migrateOnce(ctx context.Context, st *reqState, exclude map[stri
 		return migrate.ResultTimeout, nil, ""
 	}
 	return migrate.ResultContinued, nil, ""
-}
-
-// endAnswer ends a stream whose token budget was spent before its end
-// arrived: a last chunk with finish_reason "length" unless one was sent,
-// then [DONE].
-func endAnswer(m *pdMigration) {
-	w := m.cli
-	if m.tr.Finished() == "" && m.tr.ID != nil {
-		c := `{"index":0,"text":"","finish_reason":"length"}`
-		if m.req.Chat() {
-			c = `{"index":0,"delta":{},"finish_reason":"length"}`
-		}
-		_, _ = w.Write([]byte("data: {\"id\":" + string(m.tr.ID) + ",\"created\":" + string(m.tr.Created) + ",\"model\":" + string(m.tr.Model) + ",\"choices\":[" + c + "]}\n\n"))
-	}
-	_, _ = w.Write([]byte("data: [DONE]\n\n"))
-	_ = http.NewResponseController(w).Flush()
 }

@@ -113,11 +113,12 @@ func (p *Regular) migrateOnce(ctx context.Context, w http.ResponseWriter, rs *re
 	if ctx.Err() != nil {
 		return migrate.ResultTimeout, nil, ""
 	}
-	body, err := m.req.Continue(m.tr)
-	if errors.Is(err, migrate.ErrNothingLeft) {
-		p.endAnswer(w, m)
+	if m.req.Complete(m.tr) {
+		_, _ = w.Write(m.req.Ending(m.tr))
+		_ = http.NewResponseController(w).Flush()
 		return migrate.ResultComplete, nil, ""
 	}
+	body, err := m.req.Continue(m.tr)
 	if err != nil {
 		return "refused_" + migrate.RefuseBody, nil, ""
 	}
@@ -182,22 +183,6 @@ func (p *Regular) migrateOnce(ctx context.Context, w http.ResponseWriter, rs *re
 	slot.outcome(false)
 	span.SetStatus(codes.Error, next)
 	return migrate.ResultFailed, wk, next
-}
-
-// endAnswer ends a stream whose token budget was spent before its end
-// arrived: a last chunk with finish_reason "length" unless one was sent,
-// then [DONE].
-func (p *Regular) endAnswer(w http.ResponseWriter, m *migration) {
-	if m.tr.Finished() == "" && m.tr.ID != nil {
-		c := `{"index":0,"text":"","finish_reason":"length"}`
-		if m.req.Chat() {
-			c = `{"index":0,"delta":{},"finish_reason":"length"}`
-		}
-		ev := "data: {\"id\":" + string(m.tr.ID) + ",\"created\":" + string(m.tr.Created) + ",\"model\":" + string(m.tr.Model) + ",\"choices\":[" + c + "]}\n\n"
-		_, _ = w.Write([]byte(ev))
-	}
-	_, _ = w.Write([]byte("data: [DONE]\n\n"))
-	_ = http.NewResponseController(w).Flush()
 }
 
 // startMigrationSpan starts a span for one migration under the request's

@@ -81,6 +81,9 @@ func TestMigrateStream(t *testing.T) {
 		{name: "idle timeout", path: "/v1/completions", body: `{"prompt":"p","stream":true}`, idle: 300 * time.Millisecond,
 			first: []string{cmplEv("cmpl-1", " a")}, end: "idle", second: []string{cmplEv("cmpl-2", " b")},
 			wantText: " a b", wantBody: []string{`"max_tokens":15`}, wantCause: migrate.CauseIdle, wantResult: migrate.ResultContinued},
+		{name: "finished before the cut", path: "/v1/completions", body: `{"prompt":"p","max_tokens":9,"stream":true,"stream_options":{"include_usage":true}}`,
+			first: []string{cmplEv("cmpl-1", " a"), `{"id":"cmpl-1","created":7,"model":"m","choices":[{"index":0,"text":"","finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}`}, end: "cut",
+			wantText: " a", wantCause: migrate.CauseBroken, wantResult: migrate.ResultComplete},
 		{name: "refused", path: "/v1/completions", body: `{"prompt":"p","stream":true,"n":2}`,
 			first: []string{cmplEv("cmpl-1", " a")}, end: "cut", wantCause: migrate.CauseBroken, wantResult: "refused_n"},
 		{name: "exhausted", path: "/v1/completions", body: `{"prompt":"p","stream":true}`, max: 1,
@@ -137,8 +140,14 @@ func TestMigrateStream(t *testing.T) {
 				t.Errorf("%d role deltas", roles)
 			}
 			b.mu.Lock()
-			cont := b.bodies[len(b.bodies)-1]
+			var cont []byte
+			if len(b.bodies) > 0 {
+				cont = b.bodies[len(b.bodies)-1]
+			}
 			b.mu.Unlock()
+			if tc.wantResult == migrate.ResultComplete && cont != nil {
+				t.Errorf("a finished answer was continued: %s", cont)
+			}
 			for _, w := range tc.wantBody {
 				if !strings.Contains(string(cont), w) {
 					t.Errorf("continuation body %s lacks %s", cont, w)
