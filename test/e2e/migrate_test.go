@@ -247,15 +247,18 @@ func TestMigrateRegularRefused(t *testing.T) {
 // on it continues with a new prefill of prompt + answer so far on the
 // prefill and a decode on the other decode; every answer equals the
 // uninterrupted one (the oracle's), for NIXL and MoRI-IO WRITE and READ,
-// completions and chat, streaming and not.
+// completions and chat, streaming and not; with NIXL also when the decode
+// process exits mid-stream (kill -9 at a chosen token).
 func TestMigratePDDecodeMidStream(t *testing.T) {
-	for _, tc := range []struct{ connector, mode string }{{"nixl", ""}, {"moriio", "WRITE"}, {"moriio", "READ"}} {
-		t.Run(tc.connector+tc.mode, func(t *testing.T) {
+	for _, tc := range []struct{ connector, mode, fault string }{
+		{"nixl", "", "--cut-after-tokens"}, {"nixl", "", "--crash-after-tokens"}, {"moriio", "WRITE", "--cut-after-tokens"}, {"moriio", "READ", "--cut-after-tokens"},
+	} {
+		t.Run(tc.connector+tc.mode+tc.fault, func(t *testing.T) {
 			var r *router
 			var cutD *sim
 			if tc.connector == "nixl" {
 				p := startSim(t, "--role", "prefill", "--kv-connector", "nixl", "--strict")
-				cutD = startSim(t, "--role", "decode", "--kv-connector", "nixl", "--strict", "--cut-after-tokens", "6")
+				cutD = startSim(t, "--role", "decode", "--kv-connector", "nixl", "--strict", tc.fault, "6")
 				d := startSim(t, "--role", "decode", "--kv-connector", "nixl", "--strict")
 				r = startRouter(t, "--vllm-pd-disaggregation", "--kv-connector", "nixl", "--prefill", p.URL(), "--decode", cutD.URL(), "--decode", d.URL(), "--policy", "round_robin")
 			} else {
@@ -291,6 +294,9 @@ func TestMigratePDDecodeMidStream(t *testing.T) {
 			}
 			for round := range 2 {
 				for _, rq := range reqs {
+					if !rq.stream && tc.fault == "--crash-after-tokens" {
+						continue // the first answer it decodes must be a stream: the one it dies in
+					}
 					status, _, body := post(t, ctxT(t, 30*time.Second), r.Base+rq.path, rq.body)
 					if status != 200 {
 						t.Fatalf("round %d %s: status %d %s", round, rq.path, status, body)
@@ -314,7 +320,14 @@ func TestMigratePDDecodeMidStream(t *testing.T) {
 				}
 			}
 			if c := routerGauge(t, r, `vllm_router_migrations_total{reason="upstream_broken",result="continued"`); c < 1 {
-				t.Errorf("no stream was continued (%v); the cutting decode served %d decode legs", c, cutD.Stats(t).Requests.DecodeLeg)
+				t.Errorf("no stream was continued (%v)", c)
+			}
+			if tc.fault == "--crash-after-tokens" {
+				select {
+				case <-cutD.Done: // kill -9 at the 6th token of the first answer it decoded
+				case <-time.After(10 * time.Second):
+					t.Error("the crash_after_tokens decode did not exit")
+				}
 			}
 		})
 	}
