@@ -744,7 +744,7 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 	if e.m != nil && !st.warmup {
 		e.m.PDDecodeSeconds.WithLabelValues(labels...).Observe(e.o.Now().Sub(dl.sent).Seconds())
 	}
-	if e.migrateAfterRelay(ctx, res, st, pr, dl) {
+	if e.migrateAfterRelay(ctx, &res, st, pr, dl) {
 		return nil
 	}
 	switch {

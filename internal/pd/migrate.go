@@ -73,15 +73,16 @@ func isEventStream(h http.Header) bool {
 // not end the answer: the decode's breaker sees the failure and the answer
 // continues on another pair. It returns true when it took over the end of
 // the response (the attempt then returns nil).
-func (e *Engine) migrateAfterRelay(ctx context.Context, res proxy.RelayResult, st *reqState, pr *Pair, dl *leg) bool {
+func (e *Engine) migrateAfterRelay(ctx context.Context, res *proxy.RelayResult, st *reqState, pr *Pair, dl *leg) bool {
 	m := st.mig
 	if m == nil || m.w == nil {
 		return false
 	}
-	cause := proxy.MigrationCause(res, m.w, m.tr)
+	cause := proxy.MigrationCause(*res, m.w, m.tr)
 	if cause == "" && res.DownstreamOK && res.UpstreamErr == nil && !m.w.Ended() {
 		m.w.Finish()
 	}
+	res.AtEventBoundary = true // the client saw whole events only
 	if m.active { // a continuation leg: continueAnswer decides
 		m.legDone, m.cause, m.failed = true, cause, pr.D
 		if cause != "" {

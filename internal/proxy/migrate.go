@@ -36,12 +36,14 @@ func (p *Regular) startMigration(rs *reqSpec, w http.ResponseWriter, resp *http.
 }
 
 // finish ends a relayed leg and says why it did not end the answer (""
-// when it did).
-func (m *migration) finish(res RelayResult) string {
-	c := MigrationCause(res, m.w, m.tr)
+// when it did). The client saw whole events only, so res is marked at an
+// event boundary (an error event written after it needs no separator).
+func (m *migration) finish(res *RelayResult) string {
+	c := MigrationCause(*res, m.w, m.tr)
 	if c == "" && res.DownstreamOK && res.UpstreamErr == nil && !m.w.Ended() {
 		m.w.Finish()
 	}
+	res.AtEventBoundary = true
 	return c
 }
 
@@ -168,7 +170,7 @@ func (p *Regular) migrateOnce(ctx context.Context, w http.ResponseWriter, rs *re
 	cut := m.tr.LastWrite()
 	m.w.StartLeg(migrate.NewStitcher(m.req, m.tr), func() { p.o.MigrationMetrics.ObserveStall(time.Since(cut)) })
 	res := Relay(actx, m.w, resp.Body, RelayOptions{IdleTimeout: p.o.StreamIdleTimeout})
-	next := m.finish(res)
+	next := m.finish(&res)
 	switch {
 	case m.w.Ended() || (next == "" && res.DownstreamOK):
 		slot.outcome(true)

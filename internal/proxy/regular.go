@@ -693,7 +693,7 @@ func (p *Regular) relay(ctx context.Context, w http.ResponseWriter, rs *reqSpec,
 	}
 	res := Relay(ctx, out, resp.Body, ro)
 	if mig != nil {
-		if cause := mig.finish(res); cause != "" {
+		if cause := mig.finish(&res); cause != "" {
 			slot.outcome(false)
 			p.log.Warn("upstream response broke mid-way; continuing elsewhere", "route", rs.route, "worker", wk.Key(), "cause", cause, "err", res.UpstreamErr)
 			p.continueStream(ctx, w, rs, wk, mig, cause, res.UpstreamErr)
