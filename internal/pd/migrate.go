@@ -83,7 +83,7 @@ func (e *Engine) migrateAfterRelay(ctx context.Context, res *proxy.RelayResult, 
 		m.w.Finish()
 	}
 	res.AtEventBoundary = true // the client saw whole events only
-	if m.active { // a continuation leg: continueAnswer decides
+	if m.active {              // a continuation leg: continueAnswer decides
 		m.legDone, m.cause, m.failed = true, cause, pr.D
 		if cause != "" {
 			e.legFailed(dl, "stream", res.UpstreamErr)
