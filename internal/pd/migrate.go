@@ -82,8 +82,9 @@ func (e *Engine) migrateAfterRelay(ctx context.Context, res *proxy.RelayResult, 
 	if cause == "" && res.DownstreamOK && res.UpstreamErr == nil && !m.w.Ended() {
 		m.w.Finish()
 	}
-	res.AtEventBoundary = true // the client saw whole events only
-	if m.active {              // a continuation leg: continueAnswer decides
+	// The client saw whole events only.
+	res.AtEventBoundary = true
+	if m.active { // a continuation leg: continueAnswer decides
 		m.legDone, m.cause, m.failed = true, cause, pr.D
 		if cause != "" {
 			e.legFailed(dl, "stream", res.UpstreamErr)
