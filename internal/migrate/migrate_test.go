@@ -140,6 +140,7 @@ func TestRefusal(t *testing.T) {
 		{"token prompt, nothing yet", "/v1/completions", `{"prompt":[1,2]}`, none, ""},
 		{"token prompt with ids", "/v1/completions", `{"prompt":[1,2],"return_token_ids":true}`,
 			track(t, sse(false, cmplChunk(" a", `,"prompt_token_ids":[1,2],"token_ids":[9]`))), ""},
+		{"unreadable event", "/v1/completions", `{"prompt":"x"}`, track(t, sse(false, cmplChunk(" a", ""), `{not json`)), RefuseStream},
 		{"open final message with parts", "/v1/chat/completions", `{"messages":[{"role":"assistant","content":[{"type":"text","text":"a"}]}],"continue_final_message":true,"add_generation_prompt":false}`, none, RefuseFinalContent},
 	}
 	for _, tc := range tests {

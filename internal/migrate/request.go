@@ -209,6 +209,9 @@ func (r *Request) Refusal(t *Tracker) string {
 	if r.always != "" {
 		return r.always
 	}
+	if t.unreadable {
+		return RefuseStream
+	}
 	if t.Tokens() == 0 && t.Text() == "" && !t.toolCall && !t.reasoning {
 		return ""
 	}

@@ -65,8 +65,11 @@ type Tracker struct {
 	errEvent  bool
 	toolCall  bool
 	reasoning bool
-	chunks    int
-	lastWrite time.Time
+	// unreadable: an event the tracker could not read reached the client,
+	// so the answer so far is not known for sure.
+	unreadable bool
+	chunks     int
+	lastWrite  time.Time
 
 	sc   scratch // the fast scanner's reused storage
 	slow bool    // encoding/json only (tests: the reference)
@@ -92,7 +95,7 @@ func (t *Tracker) Event(ev []byte) bool {
 	if t.slow || !scanChunk(data, &t.sc) {
 		c = &chunk{}
 		if err := json.Unmarshal(data, c); err != nil {
-			t.idsOK = false
+			t.idsOK, t.unreadable = false, true
 			return false
 		}
 	}
