@@ -32,6 +32,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/history"
 	"github.com/switchyard-llm/switchyard/internal/igw"
 	"github.com/switchyard-llm/switchyard/internal/metrics"
+	"github.com/switchyard-llm/switchyard/internal/migrate"
 	"github.com/switchyard-llm/switchyard/internal/pd"
 	"github.com/switchyard-llm/switchyard/internal/policy"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
@@ -180,6 +181,7 @@ type app struct {
 	igw      *igw.Router     // --enable-igw
 	// igwModels names discovered workers' models (--enable-igw with discovery)
 	igwModels *modelCache
+	migm      *migrate.Metrics
 	closers   []func()
 }
 
@@ -387,7 +389,10 @@ func (a *app) buildServer(ctx context.Context) error {
 	retry := cfg.EffectiveRetry()
 	a.panic = &worker.Panic{Disabled: !cfg.PanicRouting, Logger: a.log,
 		OnPick: func(r worker.Role) { a.m.PanicRouted.WithLabelValues(r.String()).Inc() }}
+	a.migm = migrate.NewMetrics(a.m.Registry)
 	ropts := proxy.RegularOptions{
+		MaxMigrations:     cfg.MaxMigrations,
+		MigrationMetrics:  a.migm,
 		Panic:             a.panic,
 		Registry:          a.reg,
 		Client:            a.proxyClient(),

@@ -24,6 +24,8 @@ func (a *app) pdOptions(pp, dp policy.Policy) pd.Options {
 		RequestTimeout:    cfg.RequestTimeout(),
 		StreamIdleTimeout: cfg.StreamIdleTimeout(),
 		MaxFailovers:      cfg.PDMaxFailovers,
+		MaxMigrations:     cfg.MaxMigrations,
+		MigrationMetrics:  a.migm,
 		SplitResponses:    cfg.PDSplitResponses,
 		Warmup:            cfg.PDWarmup,
 		Panic:             a.panic,

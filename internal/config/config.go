@@ -185,6 +185,7 @@ type Config struct {
 	DPSizeAnnotation           string   `json:"dp_size_annotation"`
 	LoadPollIntervalSecs       float64  `json:"load_poll_interval_secs"` // 0 = off
 	PDMaxFailovers             int      `json:"pd_max_failovers"`
+	MaxMigrations              int      `json:"max_migrations"` // mid-stream continuations per request (0 = off)
 	HistoryMaxEntries          int      `json:"history_max_entries"`
 	HistoryTTLSecs             float64  `json:"history_ttl_secs"`
 	RetryBudgetRatio           float64  `json:"retry_budget_ratio"`
@@ -301,6 +302,7 @@ func Default() *Config {
 		DiscoveryTTLSecs:           9,
 		DPSizeAnnotation:           "vllm.ai/dp-size",
 		PDMaxFailovers:             2,
+		MaxMigrations:              2,
 		HistoryMaxEntries:          100000,
 		HistoryTTLSecs:             86400,
 		RetryBudgetRatio:           0.2,

@@ -124,6 +124,7 @@ func baseFlagDefs(c *Config) []flagDef {
 		{extra: true, name: "dp-size-annotation", meta: "KEY", usage: "Pod annotation carrying the data-parallel size", value: str(&c.DPSizeAnnotation)},
 		{extra: true, name: "load-poll-interval-secs", meta: "SECS", usage: "Poll vLLM /load for power_of_two every SECS (0 = off)", value: flt(&c.LoadPollIntervalSecs)},
 		{extra: true, name: "pd-max-failovers", meta: "N", usage: "Times a P/D request may move to another prefill/decode worker", value: num(&c.PDMaxFailovers)},
+		{extra: true, name: "max-migrations", meta: "N", usage: "Times an answer whose worker died mid-way may continue on another worker (0 = off)", value: num(&c.MaxMigrations)},
 		{extra: true, name: "retry-budget-ratio", meta: "RATIO", usage: "Retries allowed as a fraction of requests", value: flt(&c.RetryBudgetRatio)},
 		{extra: true, name: "cb-failure-rate", meta: "RATIO", usage: "Open the circuit when the windowed failure rate reaches this (0 = off)", value: flt(&c.CBFailureRate)},
 		{extra: true, name: "cb-min-requests", meta: "N", usage: "Outcomes in the window before the failure rate counts", value: u32(&c.CBMinRequests)},

@@ -249,6 +249,7 @@ func (c *Config) validateExtras(add func(*Error)) {
 		{"--max-concurrent-requests", c.MaxConcurrentRequests},
 		{"--queue-size", c.QueueSize},
 		{"--pd-max-failovers", c.PDMaxFailovers},
+		{"--max-migrations", c.MaxMigrations},
 		{"--flow-worker-max-inflight", c.FlowWorkerMaxInFlight},
 		{"--flow-headroom", c.FlowHeadroom},
 	} {

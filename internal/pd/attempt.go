@@ -731,7 +731,7 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 	}
 	// token usage: the decode's own report (the prefill's 1-token leg is never counted)
 	observeUsage, finishUsage := proxy.NewUsageObserver(e.m)
-	res := proxy.Relay(ctx, w, readCloser{body, dResp.Body}, proxy.RelayOptions{
+	res := proxy.Relay(ctx, e.migWriter(st, w, dResp), readCloser{body, dResp.Body}, proxy.RelayOptions{
 		IdleTimeout: e.o.StreamIdleTimeout,
 		Observe:     observeUsage,
 		OnFirstByte: func() {
@@ -743,6 +743,9 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 	finishUsage(res.UpstreamErr == nil && res.DownstreamOK && dResp.StatusCode < 300)
 	if e.m != nil && !st.warmup {
 		e.m.PDDecodeSeconds.WithLabelValues(labels...).Observe(e.o.Now().Sub(dl.sent).Seconds())
+	}
+	if e.migrateAfterRelay(ctx, &res, st, pr, dl) {
+		return nil
 	}
 	switch {
 	case res.UpstreamErr == nil && res.DownstreamOK:

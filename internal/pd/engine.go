@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/metrics"
+	"github.com/switchyard-llm/switchyard/internal/migrate"
 	"github.com/switchyard-llm/switchyard/internal/openai"
 	"github.com/switchyard-llm/switchyard/internal/policy"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
@@ -74,6 +75,8 @@ type Options struct {
 	RequestTimeout    time.Duration // whole request, both legs and the relay
 	StreamIdleTimeout time.Duration // D stream: max silence between chunks
 	MaxFailovers      int           // re-picks after a failure before any byte reached the client
+	MaxMigrations     int           // continuations of a stream whose decode failed after its first byte (migrate.go)
+	MigrationMetrics  *migrate.Metrics
 
 	// Profile enables per-request /start_profile and /stop_profile calls
 	// around each leg (REFERENCE §7.4; debugging only: concurrent requests
@@ -374,6 +377,7 @@ type reqState struct {
 	// computed once by prepare (bypass.go); nil when no policy needs them.
 	tokens   []uint32
 	prepared any
+	mig      *pdMigration // a stream that may continue on another pair (migrate.go)
 }
 
 // Dispatch serves one PD generation request.
@@ -472,6 +476,7 @@ func (e *Engine) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call)
 		return
 	}
 
+	st.mig = e.startMigration(r, c, st)
 	exclude := map[string]bool{}
 	var last *failure
 	for failovers := 0; ; {

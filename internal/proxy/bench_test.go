@@ -59,7 +59,8 @@ func BenchmarkRegularDispatch(b *testing.B) {
 	for _, tc := range []struct {
 		name   string
 		stream bool
-	}{{"nonstream", false}, {"sse100", true}} {
+		mig    int // --max-migrations: the tracking writer is on the stream's path
+	}{{"nonstream", false, 0}, {"sse100", true, 0}, {"sse100-migratable", true, 2}} {
 		b.Run(tc.name, func(b *testing.B) {
 			events := strings.SplitAfter(sse, "\n\n")
 			wk := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -84,7 +85,7 @@ func BenchmarkRegularDispatch(b *testing.B) {
 			defer tr.CloseIdleConnections()
 			p := NewRegular(RegularOptions{Registry: reg, Policy: &rrPolicy{}, Client: &http.Client{Transport: tr},
 				Retry: RetryConfig{MaxAttempts: 3, BudgetRatio: 0.2}, RequestTimeout: time.Minute, StreamIdleTimeout: time.Minute,
-				Metrics: metrics.NewForTest()})
+				Metrics: metrics.NewForTest(), MaxMigrations: tc.mig})
 			body := []byte(fmt.Sprintf(benchBody, map[bool]string{true: "true", false: "false"}[tc.stream]))
 			r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil).WithContext(context.Background())
 			r.Header.Set("Content-Type", "application/json")

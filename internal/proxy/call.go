@@ -39,6 +39,9 @@ type Receipt struct {
 	Reason    string
 	Attempts  int
 	Failovers []string
+	// Migrated lists, in order, the workers an answer moved off after its
+	// first byte (mid-stream migration); Worker served its end.
+	Migrated []string
 }
 
 type ctxKey struct{}

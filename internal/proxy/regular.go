@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-llm/switchyard/internal/metrics"
+	"github.com/switchyard-llm/switchyard/internal/migrate"
 	"github.com/switchyard-llm/switchyard/internal/openai"
 	"github.com/switchyard-llm/switchyard/internal/policy"
 	"github.com/switchyard-llm/switchyard/internal/worker"
@@ -59,6 +60,10 @@ type RegularOptions struct {
 	Panic   *worker.Panic
 	Metrics *metrics.Metrics
 	Logger  *slog.Logger
+	// MaxMigrations is how many times an answer whose worker failed
+	// mid-way may move to another worker (0 = off; migrate.go).
+	MaxMigrations    int
+	MigrationMetrics *migrate.Metrics
 }
 
 // Regular is the regular-mode dispatcher: it routes each generation request
@@ -133,6 +138,7 @@ type reqSpec struct {
 	receipt   *Receipt
 	start     time.Time
 	preq      policy.Request
+	moved     int // whole-request retries after a failure without response (migrate.go)
 }
 
 // replayable reports whether the body can be sent again.
@@ -390,6 +396,11 @@ func (p *Regular) serve(parent context.Context, w http.ResponseWriter, rs *reqSp
 			}
 			f := &failure{err: err}
 			if !(IsDialError(err) || errors.Is(err, ErrHeaderTimeout)) || !rs.replayable() {
+				if next, ok := p.retryWhole(ctx, rs, wk, err); ok {
+					rec.Failovers = append(rec.Failovers, wk.Key())
+					choice = next
+					continue
+				}
 				p.fail(w, rs, rec, err)
 				return
 			}
@@ -675,7 +686,20 @@ func (p *Regular) relay(ctx context.Context, w http.ResponseWriter, rs *reqSpec,
 		start := rs.start
 		ro.OnFirstByte = func() { ttft.Observe(time.Since(start).Seconds()) }
 	}
-	res := Relay(ctx, w, resp.Body, ro)
+	var out http.ResponseWriter = w
+	mig := p.startMigration(rs, w, resp)
+	if mig != nil {
+		out = mig.w
+	}
+	res := Relay(ctx, out, resp.Body, ro)
+	if mig != nil {
+		if cause := mig.finish(&res); cause != "" {
+			slot.outcome(false)
+			p.log.Warn("upstream response broke mid-way; continuing elsewhere", "route", rs.route, "worker", wk.Key(), "cause", cause, "err", res.UpstreamErr)
+			p.continueStream(ctx, w, rs, wk, mig, cause, res.UpstreamErr)
+			return
+		}
+	}
 
 	switch {
 	case res.UpstreamErr == nil:

@@ -193,6 +193,9 @@ func (s *Server) finish(rw *respWriter, r *http.Request) {
 			if rc.Attempts > 0 {
 				attrs = append(attrs, slog.Int("attempts", rc.Attempts))
 			}
+			if len(rc.Migrated) > 0 { // workers that served earlier parts of the answer
+				attrs = append(attrs, slog.Any("migrated_from", rc.Migrated))
+			}
 		}
 	}
 	if st.errType != "" {
@@ -232,6 +235,9 @@ func (s *Server) logReceipt(ctx context.Context, st *reqState, status int) {
 	)
 	if len(rc.Failovers) > 0 {
 		attrs = append(attrs, slog.Any("failed", rc.Failovers))
+	}
+	if len(rc.Migrated) > 0 { // served earlier parts of the answer
+		attrs = append(attrs, slog.Any("migrated_from", rc.Migrated))
 	}
 	s.log.LogAttrs(ctx, slog.LevelDebug, "route receipt", attrs...)
 }

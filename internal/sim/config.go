@@ -91,6 +91,8 @@ type FaultConfig struct {
 	SlowFactor      float64
 	MaxWaiting      int
 	FailReads       int
+	CutAfterTokens  int
+	CrashAfterToks  int
 }
 
 // Preset returns the engine parameters and max_model_len of a preset.
@@ -212,6 +214,8 @@ func ParseArgs(args []string, stderr io.Writer) (Config, error) {
 	fs.BoolVar(&c.Faults.NoHeartbeat, "no-heartbeat", false, "start with registration heartbeats off (SIGUSR1 toggles)")
 	fs.Float64Var(&c.Faults.SlowFactor, "slow-factor", 1.0, "multiplies every step's compute time")
 	fs.IntVar(&c.Faults.MaxWaiting, "max-waiting", 0, "reject with 503 when more than N requests are queued per engine (0 = unbounded)")
+	fs.IntVar(&c.Faults.CutAfterTokens, "cut-after-tokens", 0, "close the connection of every generation (stream or not) once K tokens of it were generated, without [DONE] (0 = never)")
+	fs.IntVar(&c.Faults.CrashAfterToks, "crash-after-tokens", 0, "exit(1) once K tokens of one generation were generated (and, streaming, sent) (0 = never)")
 	fs.IntVar(&c.Faults.FailReads, "fail-reads", 0, "decode: the next N KV reads (MoRI-IO READ, NIXL) fail like an RDMA error: release, then local recompute")
 
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
@@ -417,6 +421,12 @@ func (c *Config) Validate() error {
 	}
 	if f.MaxWaiting < 0 {
 		bad("max-waiting", "must be >= 0, got %d", f.MaxWaiting)
+	}
+	if f.CutAfterTokens < 0 {
+		bad("cut-after-tokens", "must be >= 0, got %d", f.CutAfterTokens)
+	}
+	if f.CrashAfterToks < 0 {
+		bad("crash-after-tokens", "must be >= 0, got %d", f.CrashAfterToks)
 	}
 	if f.FailReads < 0 {
 		bad("fail-reads", "must be >= 0, got %d", f.FailReads)

@@ -596,7 +596,7 @@ func (in *Instance) newJobs(r *http.Request, g *genReq, pinned int) ([]*job, *ap
 
 // tokenPiece returns the text of generated token i.
 func (j *job) tokenPiece(i int) string {
-	return oracle.Piece(oracle.Token(j.digest.Load(), j.g.seed, i, j.firstEOS.Load()))
+	return oracle.Piece(j.token(i))
 }
 
 func (j *job) finished(p engine.Progress) {
@@ -692,6 +692,32 @@ func (in *Instance) follow(r *http.Request, jobs []*job, emit func(i int, p engi
 	}
 }
 
+// tokenFaults applies cut_after_tokens and crash_after_tokens once a job
+// of the response has generated n tokens: a cut aborts the jobs and closes
+// the connection without a [DONE] (the client sees the body end early, as
+// when a worker dies); a crash exits the process.
+func (in *Instance) tokenFaults(jobs []*job, n int) {
+	cut, crash := in.faults.tokenCut()
+	if crash > 0 && n >= crash {
+		in.log.Error("crash-after-tokens reached: exiting", "tokens", n)
+		in.exit(1)
+		return
+	}
+	if cut <= 0 || n < cut {
+		return
+	}
+	in.ctr.faultsInjected.Add(1)
+	in.log.Info("cut-after-tokens: closing the connection", "tokens", n)
+	for _, j := range jobs {
+		if p := j.handle().Progress(); p.Finished {
+			j.finished(p)
+		} else {
+			j.aborted()
+		}
+	}
+	panic(http.ErrAbortHandler)
+}
+
 // stallFirstToken applies the stall_first_token fault; false if the client
 // went away meanwhile.
 func (in *Instance) stallFirstToken(r *http.Request) bool {
@@ -742,14 +768,19 @@ func (in *Instance) streamResponse(w http.ResponseWriter, r *http.Request, jobs 
 		if from == 0 && g.chat {
 			_, _ = w.Write(cw.roleChunk())
 		}
-		for k := from; k < p.Generated; k++ {
+		end := p.Generated
+		if cut, _ := in.faults.tokenCut(); cut > 0 {
+			end = min(end, max(cut, from)) // a cut stream ends after exactly cut tokens
+		}
+		for k := from; k < end; k++ {
 			finish := ""
 			if p.Finished && k == p.Generated-1 && (p.Reason == engine.FinishLength || p.Reason == engine.FinishStop) {
 				finish = p.Reason.String()
 			}
-			_, _ = w.Write(cw.tokenChunk(i, j.tokenPiece(k), finish, len(j.g.promptIDs), k+1))
+			_, _ = w.Write(cw.tokenChunk(i, j.tokenPiece(k), j.token(k), j.g.promptIDs, finish, len(j.g.promptIDs), k+1))
 		}
 		_ = rc.Flush()
+		in.tokenFaults(jobs, end)
 	})
 	if !ok {
 		return
@@ -778,7 +809,7 @@ func (in *Instance) streamResponse(w http.ResponseWriter, r *http.Request, jobs 
 }
 
 func (in *Instance) jsonResponse(w http.ResponseWriter, r *http.Request, jobs []*job) {
-	final, ok := in.follow(r, jobs, nil)
+	final, ok := in.follow(r, jobs, func(_ int, p engine.Progress, _ int) { in.tokenFaults(jobs, p.Generated) })
 	if !ok {
 		return
 	}
@@ -793,11 +824,15 @@ func (in *Instance) jsonResponse(w http.ResponseWriter, r *http.Request, jobs []
 	}
 	g := jobs[0].g
 	texts := make([]string, len(jobs))
+	ids := make([][]uint32, len(jobs))
 	var u usage
 	for i, j := range jobs {
 		var text strings.Builder
 		for k := range final[i].Generated {
 			text.WriteString(j.tokenPiece(k))
+			if g.returnTokenIDs {
+				ids[i] = append(ids[i], j.token(k))
+			}
 		}
 		texts[i] = text.String()
 		u.PromptTokens += len(j.g.promptIDs)
@@ -812,17 +847,24 @@ func (in *Instance) jsonResponse(w http.ResponseWriter, r *http.Request, jobs []
 	}
 	if g.chat {
 		reason := final[0].Reason.String()
-		writeJSON(w, 200, chatResponse{
+		resp := chatResponse{
 			ID: g.respID, Object: "chat.completion", Created: g.created, Model: g.model,
-			Choices: []chatChoice{{Message: chatMessage{Role: "assistant", Content: texts[0], ToolCalls: []any{}}, FinishReason: &reason}},
+			Choices: []chatChoice{{Message: chatMessage{Role: "assistant", Content: texts[0], ToolCalls: []any{}}, FinishReason: &reason, TokenIDs: ids[0]}},
 			Usage:   u, KVTransferParams: kv,
-		})
+		}
+		if g.returnTokenIDs {
+			resp.PromptTokenIDs = g.promptIDs
+		}
+		writeJSON(w, 200, resp)
 		return
 	}
 	choices := make([]completionChoice, len(jobs))
 	for i := range jobs {
 		reason := final[i].Reason.String()
-		choices[i] = completionChoice{Index: i, Text: texts[i], FinishReason: &reason}
+		choices[i] = completionChoice{Index: i, Text: texts[i], FinishReason: &reason, TokenIDs: ids[i]}
+		if g.returnTokenIDs {
+			choices[i].PromptTokenIDs = jobs[i].g.promptIDs
+		}
 	}
 	writeJSON(w, 200, completionResponse{
 		ID: g.respID, Object: "text_completion", Created: g.created, Model: g.model,

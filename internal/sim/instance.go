@@ -172,6 +172,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Instance, error) {
 		failNext: cfg.Faults.FailNext, failStatus: cfg.Faults.FailStatus, crashAfter: cfg.Faults.CrashAfter,
 		stallFirstToken: cfg.Faults.StallFirstToken, dropWriteDone: cfg.Faults.DropWriteDone,
 		slowFactor: cfg.Faults.SlowFactor, maxWaiting: cfg.Faults.MaxWaiting, failReads: cfg.Faults.FailReads,
+		cutAfterTokens: cfg.Faults.CutAfterTokens, crashAfterToks: cfg.Faults.CrashAfterToks,
 	}
 	in.heartbeatOn.Store(!cfg.Faults.NoHeartbeat)
 	if cfg.ResponsesStore {

@@ -91,6 +91,7 @@ type genReq struct {
 	stream          bool
 	includeUsage    bool
 	continuousUsage bool
+	returnTokenIDs  bool // vLLM's return_token_ids: prompt_token_ids and token_ids in the response
 	kvRaw           json.RawMessage
 	kv              kvParams
 	xRequestID      string
@@ -134,6 +135,10 @@ type rawGen struct {
 	N                *int            `json:"n"`
 	Priority         *int            `json:"priority"`
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+	ReturnTokenIDs   *bool           `json:"return_token_ids"`
+	// Chat template options (vLLM): add_generation_prompt defaults to true.
+	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
+	ContinueFinalMessage *bool `json:"continue_final_message"`
 }
 
 // completionsDefaultMaxTokens is vLLM's default for /v1/completions.
@@ -205,7 +210,11 @@ func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *api
 		if err != nil {
 			return g, &apiError{status: 400, typ: "BadRequestError", message: err.Error(), param: "messages"}
 		}
-		g.prompts = [][]uint32{oracle.Tokenize(oracle.ChatPrompt(msgs))}
+		prompt, aerr := renderChat(msgs, raw.AddGenerationPrompt, raw.ContinueFinalMessage)
+		if aerr != nil {
+			return g, aerr
+		}
+		g.prompts = [][]uint32{oracle.Tokenize(prompt)}
 	} else {
 		if len(raw.Prompt) == 0 || string(raw.Prompt) == "null" {
 			return g, &apiError{status: 400, typ: "BadRequestError", message: "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)", param: "prompt"}
@@ -284,6 +293,7 @@ func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *api
 		return g, perr
 	}
 	g.priority = prio
+	g.returnTokenIDs = raw.ReturnTokenIDs != nil && *raw.ReturnTokenIDs
 	g.seed = in.cfg.Seed
 	if raw.Seed != nil {
 		g.seed = *raw.Seed
@@ -312,6 +322,26 @@ func (in *Instance) priority(p *int) (int, *apiError) {
 		return 0, badRequest("Got priority %d but Priority scheduling is not enabled.", *p)
 	}
 	return *p, nil
+}
+
+// renderChat applies the chat template as vLLM does with its template
+// options: continue_final_message leaves the last message open (the model
+// continues it) and cannot be combined with add_generation_prompt (true by
+// default); add_generation_prompt=false omits the trailing assistant marker.
+func renderChat(msgs []oracle.Message, addGen, cont *bool) (string, *apiError) {
+	add := addGen == nil || *addGen
+	if cont != nil && *cont {
+		if add && addGen != nil {
+			return "", &apiError{status: 400, typ: "BadRequestError", param: "continue_final_message",
+				message: "Cannot set both `continue_final_message` and `add_generation_prompt` to True."}
+		}
+		return oracle.ChatPromptContinue(msgs), nil
+	}
+	p := oracle.ChatPrompt(msgs)
+	if !add {
+		p = strings.TrimSuffix(p, "<|assistant|>")
+	}
+	return p, nil
 }
 
 // parsePrompts accepts what vLLM's completions API accepts: a string, a
@@ -441,6 +471,10 @@ func appendUsage(b []byte, prompt, completion int) []byte {
 func (c *chunkWriter) roleChunk() []byte {
 	b := append(c.buf[:0], c.prefix...)
 	b = append(b, `,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
+	if c.g.returnTokenIDs { // vLLM: the prompt's ids in the first chunk only
+		b = append(b, `,"prompt_token_ids":`...)
+		b = appendIDs(b, c.g.promptIDs)
+	}
 	if c.g.continuousUsage {
 		b = append(b, `,"usage":`...)
 		b = appendUsage(b, len(c.g.promptIDs), 0)
@@ -452,7 +486,9 @@ func (c *chunkWriter) roleChunk() []byte {
 
 // tokenChunk renders one token event of choice index; finish is "" while
 // unfinished; promptTokens/completionTokens are that choice's counts.
-func (c *chunkWriter) tokenChunk(index int, piece, finish string, promptTokens, completionTokens int) []byte {
+// With return_token_ids it carries the token's id (token_ids) and, in a
+// completion's first chunk of the choice, the choice's prompt_token_ids.
+func (c *chunkWriter) tokenChunk(index int, piece string, id uint32, prompt []uint32, finish string, promptTokens, completionTokens int) []byte {
 	b := append(c.buf[:0], c.prefix...)
 	b = append(b, `,"choices":[{"index":`...)
 	b = strconv.AppendInt(b, int64(index), 10)
@@ -470,7 +506,17 @@ func (c *chunkWriter) tokenChunk(index int, piece, finish string, promptTokens, 
 	} else {
 		b = appendJSONString(b, finish)
 	}
-	b = append(b, `,"stop_reason":null}]`...)
+	b = append(b, `,"stop_reason":null`...)
+	if c.g.returnTokenIDs {
+		if !c.g.chat && completionTokens == 1 {
+			b = append(b, `,"prompt_token_ids":`...)
+			b = appendIDs(b, prompt)
+		}
+		b = append(b, `,"token_ids":[`...)
+		b = strconv.AppendUint(b, uint64(id), 10)
+		b = append(b, ']')
+	}
+	b = append(b, "}]"...)
 	if c.g.continuousUsage {
 		b = append(b, `,"usage":`...)
 		b = appendUsage(b, promptTokens, completionTokens)
@@ -492,6 +538,18 @@ func (c *chunkWriter) usageChunk(promptTokens, completionTokens int, details fun
 	b = append(b, "}\n\n"...)
 	c.buf = b
 	return b
+}
+
+// appendIDs appends ids as a JSON array.
+func appendIDs(b []byte, ids []uint32) []byte {
+	b = append(b, '[')
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendUint(b, uint64(id), 10)
+	}
+	return append(b, ']')
 }
 
 func errorEvent(e *apiError) []byte {
@@ -521,6 +579,9 @@ type completionChoice struct {
 	FinishReason   *string `json:"finish_reason"`
 	StopReason     any     `json:"stop_reason"`
 	PromptLogprobs any     `json:"prompt_logprobs"`
+	// return_token_ids (vLLM ≥ 0.10.2); absent otherwise.
+	PromptTokenIDs []uint32 `json:"prompt_token_ids,omitempty"`
+	TokenIDs       []uint32 `json:"token_ids,omitempty"`
 }
 
 type usage struct {
@@ -542,6 +603,7 @@ type chatResponse struct {
 	SystemFingerprint *string      `json:"system_fingerprint"`
 	ServiceTier       *string      `json:"service_tier"`
 	KVTransferParams  any          `json:"kv_transfer_params"`
+	PromptTokenIDs    []uint32     `json:"prompt_token_ids,omitempty"`
 }
 
 type chatChoice struct {
@@ -550,6 +612,7 @@ type chatChoice struct {
 	Logprobs     any         `json:"logprobs"`
 	FinishReason *string     `json:"finish_reason"`
 	StopReason   any         `json:"stop_reason"`
+	TokenIDs     []uint32    `json:"token_ids,omitempty"`
 }
 
 type chatMessage struct {

@@ -48,7 +48,8 @@ type job struct {
 
 	digest   atomic.Uint64
 	firstEOS atomic.Bool
-	kvState  atomic.Int32 // 0 waiting, 1 arrived, 2 timed out
+	seq      atomic.Pointer[oracle.Seq] // the output, from digest and firstEOS
+	kvState  atomic.Int32               // 0 waiting, 1 arrived, 2 timed out
 
 	kvTimer *time.Timer
 
@@ -89,9 +90,22 @@ func (j *job) wrapCallbacks() {
 func (j *job) setDigest(d uint64) {
 	j.digest.Store(d)
 	g := j.g
+	eos := false
 	if !g.ignoreEOS && g.minTokens == 0 && j.in.cfg.EOSProbability > 0 {
-		j.firstEOS.Store(oracle.FirstIsEOS(d, g.seed, j.in.cfg.EOSProbability))
+		eos = oracle.FirstIsEOS(d, g.seed, j.in.cfg.EOSProbability)
+		j.firstEOS.Store(eos)
 	}
+	j.seq.Store(oracle.NewSeq(d, g.seed, eos))
+}
+
+// token returns generated token i of the output (the sequence of the
+// digest set last; before any, of the digest loaded now).
+func (j *job) token(i int) uint32 {
+	s := j.seq.Load()
+	if s == nil {
+		s = oracle.NewSeq(j.digest.Load(), j.g.seed, j.firstEOS.Load())
+	}
+	return s.At(i)
 }
 
 // local makes the request compute its own prompt (no KV handoff).

@@ -5,14 +5,12 @@ import (
 	"io"
 	"net/http"
 	"strings"
-
-	"github.com/switchyard-llm/switchyard/internal/sim/oracle"
 )
 
 // outputToken is the id of generated token i, as the engine's prefix cache
 // hashes it (the same id the response text is made of).
 func (j *job) outputToken(i int) uint32 {
-	return oracle.Token(j.digest.Load(), j.g.seed, i, j.firstEOS.Load())
+	return j.token(i)
 }
 
 // cachedTokens is what vLLM reports as num_cached_tokens for a response:

@@ -103,6 +103,8 @@ type faults struct {
 	slowFactor      float64
 	maxWaiting      int
 	failReads       int
+	cutAfterTokens  int
+	crashAfterToks  int
 }
 
 // FaultsJSON is the wire shape of /sim/faults (request and response). In a
@@ -117,6 +119,8 @@ type FaultsJSON struct {
 	SlowFactor        *float64 `json:"slow_factor,omitempty"`
 	MaxWaiting        *int     `json:"max_waiting,omitempty"`
 	FailReads         *int     `json:"fail_reads,omitempty"`
+	CutAfterTokens    *int     `json:"cut_after_tokens,omitempty"`
+	CrashAfterTokens  *int     `json:"crash_after_tokens,omitempty"`
 }
 
 func (f *faults) validateAndApply(in FaultsJSON) error {
@@ -141,6 +145,12 @@ func (f *faults) validateAndApply(in FaultsJSON) error {
 	}
 	if in.FailReads != nil && *in.FailReads < 0 {
 		errs = append(errs, errors.New("fail_reads must be >= 0"))
+	}
+	if in.CutAfterTokens != nil && *in.CutAfterTokens < 0 {
+		errs = append(errs, errors.New("cut_after_tokens must be >= 0"))
+	}
+	if in.CrashAfterTokens != nil && *in.CrashAfterTokens < 0 {
+		errs = append(errs, errors.New("crash_after_tokens must be >= 0"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
@@ -171,6 +181,12 @@ func (f *faults) validateAndApply(in FaultsJSON) error {
 	if in.FailReads != nil {
 		f.failReads = *in.FailReads
 	}
+	if in.CutAfterTokens != nil {
+		f.cutAfterTokens = *in.CutAfterTokens
+	}
+	if in.CrashAfterTokens != nil {
+		f.crashAfterToks = *in.CrashAfterTokens
+	}
 	return nil
 }
 
@@ -179,10 +195,12 @@ func (f *faults) snapshot(heartbeat bool) FaultsJSON {
 	defer f.mu.Unlock()
 	ms := float64(f.stallFirstToken) / float64(time.Millisecond)
 	failNext, failStatus, crash, drop, slow, mw, fr := f.failNext, f.failStatus, f.crashAfter, f.dropWriteDone, f.slowFactor, f.maxWaiting, f.failReads
+	cut, crashToks := f.cutAfterTokens, f.crashAfterToks
 	return FaultsJSON{
 		FailNext: &failNext, FailStatus: &failStatus, CrashAfter: &crash,
 		StallFirstTokenMS: &ms, DropWriteDone: &drop, Heartbeat: &heartbeat,
 		SlowFactor: &slow, MaxWaiting: &mw, FailReads: &fr,
+		CutAfterTokens: &cut, CrashAfterTokens: &crashToks,
 	}
 }
 
@@ -219,6 +237,15 @@ func (f *faults) dropWrites() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.dropWriteDone
+}
+
+// tokenCut returns the cut_after_tokens and crash_after_tokens faults: a
+// response is cut (connection closed, no [DONE]) or the process exits once
+// that many tokens of one request were generated (0 = off).
+func (f *faults) tokenCut() (cut, crash int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cutAfterTokens, f.crashAfterToks
 }
 
 func (f *faults) crashLimit() int {

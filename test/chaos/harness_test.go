@@ -146,6 +146,27 @@ func metricSum(text, name string, labels ...string) float64 {
 	return sum
 }
 
+// histQuantile is the upper bound of the histogram bucket holding quantile
+// q of metric name ("le" of the first bucket reaching it), e.g. "0.05".
+func histQuantile(text, name string, q float64) string {
+	total := metricSum(text, name+"_count")
+	if total == 0 {
+		return "n/a"
+	}
+	for _, line := range strings.Split(text, "\n") {
+		rest, ok := strings.CutPrefix(line, name+`_bucket{le="`)
+		if !ok {
+			continue
+		}
+		le, after, _ := strings.Cut(rest, `"`)
+		v, err := strconv.ParseFloat(strings.TrimSpace(after[strings.LastIndexByte(after, ' ')+1:]), 64)
+		if err == nil && v >= q*total {
+			return le + "s"
+		}
+	}
+	return "n/a"
+}
+
 // resources is the router's goroutine and file-descriptor count.
 type resources struct {
 	goroutines int

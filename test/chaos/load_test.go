@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/sim/oracle"
 )
 
 // kind classifies how one request ended.
@@ -26,10 +28,11 @@ const (
 	kindSSEErr              // a 200 stream that carried an SSE error event and ended with [DONE]
 	kindHung                // no end before the client deadline
 	kindLost                // anything else: reset, EOF, truncated stream or body, garbage
+	kindWrong               // a complete answer whose text is not the oracle's (a missing, repeated or wrong token)
 )
 
 func (k kind) String() string {
-	return [...]string{"ok", "http_error", "sse_error", "hung", "lost"}[k]
+	return [...]string{"ok", "http_error", "sse_error", "hung", "lost", "wrong"}[k]
 }
 
 // outcome is one finished request.
@@ -144,12 +147,24 @@ func (l *load) wait() *loadResult {
 
 const promptWords = "the router keeps serving while workers crash stall and recover under steady load from many clients"
 
-func (l *load) body(i int, s shape) (path, body string) {
+// request is request i of shape s and the answer vllm-sim's oracle gives
+// for it: the prompt's tokens followed by the max_tokens generated ones
+// (ignore_eos, seed 0), whichever worker or workers served it.
+func (l *load) request(i int, s shape) (path, body, want string) {
 	mt := s.maxTokens
 	if mt == 0 {
 		mt = l.cfg.maxTokens
 	}
 	prompt := fmt.Sprintf("chaos %d %s", i, promptWords)
+	want = oracle.Text(oracle.DigestText(prompt), 0, mt)
+	if s.chat {
+		want = oracle.Text(oracle.DigestText(oracle.ChatPrompt([]oracle.Message{{Role: "user", Content: prompt}})), 0, mt)
+	}
+	path, body = l.requestBody(prompt, mt, i, s)
+	return path, body, want
+}
+
+func (l *load) requestBody(prompt string, mt, i int, s shape) (path, body string) {
 	stream := ""
 	if s.stream {
 		stream = `,"stream":true`
@@ -167,11 +182,11 @@ func (l *load) body(i int, s shape) (path, body string) {
 func (l *load) one() {
 	i := int(l.seq.Add(1))
 	s := l.cfg.mix(i)
-	path, body := l.body(i, s)
+	path, body, want := l.request(i, s)
 	o := outcome{start: time.Now()}
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.deadline)
 	defer cancel()
-	o.kind, o.status, o.detail = l.do(ctx, path, body, s.stream)
+	o.kind, o.status, o.detail = l.do(ctx, path, body, s.stream, want)
 	o.end = time.Now()
 	l.mu.Lock()
 	l.out = append(l.out, o)
@@ -185,7 +200,7 @@ func (l *load) one() {
 
 const errPause = 50 * time.Millisecond
 
-func (l *load) do(ctx context.Context, path, body string, stream bool) (kind, int, string) {
+func (l *load) do(ctx context.Context, path, body string, stream bool, want string) (kind, int, string) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.cfg.base+path, strings.NewReader(body))
 	if err != nil {
 		return kindLost, 0, err.Error()
@@ -207,15 +222,51 @@ func (l *load) do(ctx context.Context, path, body string, stream bool) (kind, in
 		return kindHTTPErr, resp.StatusCode, firstLine(b)
 	}
 	if stream {
-		return classifySSE(b)
+		k, st, detail := classifySSE(b)
+		if k == kindOK {
+			if got := sseText(b); got != want {
+				return kindWrong, 200, fmt.Sprintf("stream text %q, the oracle's %q", got, want)
+			}
+		}
+		return k, st, detail
 	}
 	var r struct {
-		Choices []json.RawMessage `json:"choices"`
+		Choices []struct {
+			Text    string `json:"text"`
+			Message struct {
+				Content string `json:"content"`
+			} `json:"message"`
+		} `json:"choices"`
 	}
 	if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) == 0 {
 		return kindLost, 200, fmt.Sprintf("200 with a bad body: %q", clip(b))
 	}
+	if got := r.Choices[0].Text + r.Choices[0].Message.Content; got != want {
+		return kindWrong, 200, fmt.Sprintf("text %q, the oracle's %q", got, want)
+	}
 	return kindOK, 200, ""
+}
+
+// sseText is the generated text of a well-formed stream (classifySSE ok).
+func sseText(b []byte) string {
+	var text strings.Builder
+	for _, ev := range strings.Split(strings.TrimSuffix(string(b), "\n\n"), "\n\n") {
+		data := strings.TrimPrefix(ev, "data: ")
+		var c struct {
+			Choices []struct {
+				Text  string `json:"text"`
+				Delta struct {
+					Content string `json:"content"`
+				} `json:"delta"`
+			} `json:"choices"`
+		}
+		if json.Unmarshal([]byte(data), &c) == nil {
+			for _, ch := range c.Choices {
+				text.WriteString(ch.Text + ch.Delta.Content)
+			}
+		}
+	}
+	return text.String()
 }
 
 func transportKind(ctx context.Context, err error) kind {
@@ -294,8 +345,8 @@ type loadResult struct {
 
 // counts are the totals of a set of outcomes.
 type counts struct {
-	sent, ok, httpErr, sseErr, hung, lost int
-	status                                map[int]int
+	sent, ok, httpErr, sseErr, hung, lost, wrong int
+	status                                       map[int]int
 }
 
 func (c counts) errors() int { return c.httpErr + c.sseErr }
@@ -310,8 +361,8 @@ func (c counts) String() string {
 	for _, k := range keys {
 		st = append(st, fmt.Sprintf("%d:%d", k, c.status[k]))
 	}
-	return fmt.Sprintf("sent=%d ok=%d http_errors=%d sse_errors=%d hung=%d lost=%d statuses[%s]",
-		c.sent, c.ok, c.httpErr, c.sseErr, c.hung, c.lost, strings.Join(st, " "))
+	return fmt.Sprintf("sent=%d ok=%d http_errors=%d sse_errors=%d hung=%d lost=%d wrong=%d statuses[%s]",
+		c.sent, c.ok, c.httpErr, c.sseErr, c.hung, c.lost, c.wrong, strings.Join(st, " "))
 }
 
 // count totals the outcomes whose start lies in [from, to) (zero = open).
@@ -333,6 +384,8 @@ func (r *loadResult) count(from, to time.Time) counts {
 			c.hung++
 		case kindLost:
 			c.lost++
+		case kindWrong:
+			c.wrong++
 		}
 		if o.status != 0 {
 			c.status[o.status]++
@@ -396,6 +449,9 @@ func (r *loadResult) checkEnded(t *testing.T) counts {
 	}
 	if c.lost != 0 {
 		t.Errorf("%d request(s) lost (reset, truncated, or malformed): %v", c.lost, r.samples(kindLost, 5))
+	}
+	if c.wrong != 0 {
+		t.Errorf("%d answer(s) differ from the oracle's (a token missing, repeated or wrong): %v", c.wrong, r.samples(kindWrong, 5))
 	}
 	if c.errors() > 0 {
 		t.Logf("explicit errors, e.g.: %v %v", r.samples(kindHTTPErr, 3), r.samples(kindSSEErr, 3))

@@ -1,8 +1,11 @@
 // Package oracle is vllm-sim's deterministic "model": a cheap tokenizer, the
 // prompt digest that stands in for the KV cache, and the generation function.
 //
-// The generated text is a pure function of (prompt digest, seed, token index).
-// In PD mode the digest is computed by the prefill worker and travels over the
+// Generation works like a language model's: each next token is a pure
+// function of the whole token context so far (prompt and generated tokens,
+// through a chained digest) and the seed, so a continuation request whose
+// prompt is the original prompt plus a partial answer generates exactly the
+// rest of the uninterrupted answer. In PD mode the digest is computed by the prefill worker and travels over the
 // simulated KV side channel; the decode worker generates from the digest it
 // actually received. A router that mispairs legs, loses a transfer or alters
 // the prompt therefore changes the decode output compared with a unified
@@ -16,9 +19,9 @@
 package oracle
 
 import (
-	"encoding/binary"
 	"math"
 	"strings"
+	"sync"
 	"unicode"
 
 	"github.com/cespare/xxhash/v2"
@@ -144,16 +147,26 @@ func uitoa(v uint64) string {
 	}
 }
 
-// Digest is the stand-in for a prompt's KV cache: an xxhash64 over the
-// prompt token ids (4 bytes little-endian each).
+// Digest is the stand-in for a token context's KV cache: a hash chained
+// over the ids (Extend from DigestSeed), so the digest of a prompt followed
+// by generated tokens is the state the generator reached after producing
+// them. That is what makes a continuation exact: a request whose prompt is
+// the original prompt plus the tokens generated so far continues with the
+// very tokens the uninterrupted run would have produced.
 func Digest(ids []uint32) uint64 {
-	d := xxhash.New()
-	var buf [4]byte
+	d := DigestSeed
 	for _, id := range ids {
-		binary.LittleEndian.PutUint32(buf[:], id)
-		_, _ = d.Write(buf[:])
+		d = Extend(d, id)
 	}
-	return d.Sum64()
+	return d
+}
+
+// DigestSeed is the digest of the empty context.
+const DigestSeed uint64 = 0x6a09e667f3bcc908
+
+// Extend returns the digest of the context d followed by token id.
+func Extend(d uint64, id uint32) uint64 {
+	return splitmix64(d ^ splitmix64(uint64(id)+0x243f6a8885a308d3))
 }
 
 // DigestText is Digest(Tokenize(text)).
@@ -166,11 +179,12 @@ func splitmix64(x uint64) uint64 {
 	return x ^ (x >> 31)
 }
 
-// NextToken returns the id generated at position i (0 = first token) for a
-// prompt with the given digest and sampling seed. It is always a vocabulary
-// word; EOS is decided separately by FirstIsEOS.
-func NextToken(digest uint64, seed int64, i int) uint32 {
-	h := splitmix64(digest ^ splitmix64(uint64(seed)^splitmix64(uint64(i)+0x5851f42d4c957f2d)))
+// NextToken returns the id the model generates after the context whose
+// digest is ctx, for a sampling seed: like a language model's greedy (or
+// seeded) step, a function of the whole context so far. It is always a
+// vocabulary word; EOS is decided separately by FirstIsEOS.
+func NextToken(ctx uint64, seed int64) uint32 {
+	h := splitmix64(ctx ^ splitmix64(uint64(seed)^0x5851f42d4c957f2d))
 	return uint32(h % VocabSize)
 }
 
@@ -188,13 +202,46 @@ func FirstIsEOS(digest uint64, seed int64, p float64) bool {
 	return float64(h>>11)/float64(1<<53) < p
 }
 
-// Token returns the id at position i, EOS included: EOS at position 0 when
-// eos is true, NextToken otherwise.
-func Token(digest uint64, seed int64, i int, eos bool) uint32 {
-	if i == 0 && eos {
+// Seq is one request's generated tokens, computed on demand: token i is
+// NextToken of the prompt digest extended by tokens [0, i). When firstEOS
+// is set, token 0 is EOS. Safe for concurrent use.
+type Seq struct {
+	mu       sync.Mutex
+	seed     int64
+	firstEOS bool
+	ctx      uint64   // digest of the prompt + ids
+	ids      []uint32 // generated so far
+}
+
+// NewSeq starts the generation after a prompt with the given digest.
+func NewSeq(digest uint64, seed int64, firstEOS bool) *Seq {
+	return &Seq{seed: seed, firstEOS: firstEOS, ctx: digest}
+}
+
+// At returns generated token i (0 = first).
+func (s *Seq) At(i int) uint32 {
+	if i == 0 && s.firstEOS {
 		return EOS
 	}
-	return NextToken(digest, seed, i)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for len(s.ids) <= i {
+		id := NextToken(s.ctx, s.seed)
+		s.ids = append(s.ids, id)
+		s.ctx = Extend(s.ctx, id)
+	}
+	return s.ids[i]
+}
+
+// Generate returns the first n tokens generated after a prompt with the
+// given digest (no EOS).
+func Generate(digest uint64, seed int64, n int) []uint32 {
+	ids := make([]uint32, n)
+	for i := range n {
+		ids[i] = NextToken(digest, seed)
+		digest = Extend(digest, ids[i])
+	}
+	return ids
 }
 
 // Text returns the concatenated pieces of tokens [0, n) without EOS
@@ -202,8 +249,8 @@ func Token(digest uint64, seed int64, i int, eos bool) uint32 {
 // (or the EOS probability is 0).
 func Text(digest uint64, seed int64, n int) string {
 	var b strings.Builder
-	for i := range n {
-		b.WriteString(Piece(NextToken(digest, seed, i)))
+	for _, id := range Generate(digest, seed, n) {
+		b.WriteString(Piece(id))
 	}
 	return b.String()
 }
@@ -228,5 +275,25 @@ func ChatPrompt(msgs []Message) string {
 		b.WriteByte('\n')
 	}
 	b.WriteString("<|assistant|>")
+	return b.String()
+}
+
+// ChatPromptContinue renders messages as vLLM does with
+// continue_final_message=true and add_generation_prompt=false: the last
+// message (an assistant's partial answer) is left open, without the
+// newline that ends a turn and without a new "<|assistant|>" marker, so the
+// model continues it. Its tokens are those of ChatPrompt(msgs[:len-1])
+// followed by the partial answer's.
+func ChatPromptContinue(msgs []Message) string {
+	var b strings.Builder
+	for i, m := range msgs {
+		b.WriteString("<|")
+		b.WriteString(m.Role)
+		b.WriteString("|> ")
+		b.WriteString(m.Content)
+		if i < len(msgs)-1 {
+			b.WriteByte('\n')
+		}
+	}
 	return b.String()
 }

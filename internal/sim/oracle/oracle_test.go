@@ -1,6 +1,7 @@
 package oracle
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -20,7 +21,7 @@ func TestTokenizeRoundTrip(t *testing.T) {
 	if d := Detokenize(Tokenize(gen), nil); " "+d != gen {
 		t.Errorf("generated text does not round-trip: %q vs %q", d, gen)
 	}
-	if Tokenize(gen)[0] != NextToken(123, 4, 0) {
+	if Tokenize(gen)[0] != NextToken(123, 4) {
 		t.Error("generated words must map back to their ids")
 	}
 }
@@ -34,20 +35,21 @@ func TestGenerationDependsOnDigestSeedIndex(t *testing.T) {
 	if Text(a, 0, 20) != Text(a, 0, 20) {
 		t.Error("not deterministic")
 	}
-	if NextToken(a, 0, 0) == NextToken(b, 0, 0) && NextToken(a, 0, 1) == NextToken(b, 0, 1) {
+	if ga, gb := Generate(a, 0, 2), Generate(b, 0, 2); ga[0] == gb[0] && ga[1] == gb[1] {
 		t.Error("first tokens do not depend on the digest")
 	}
 	if Text(a, 0, 20) == Text(a, 1, 20) {
 		t.Error("seed has no effect")
 	}
 	var b2 strings.Builder
+	s := NewSeq(a, 0, false)
 	for i := range 20 {
-		b2.WriteString(Piece(NextToken(a, 0, i)))
+		b2.WriteString(Piece(s.At(i)))
 	}
 	if b2.String() != Text(a, 0, 20) {
 		t.Error("Text is not the concatenation of pieces")
 	}
-	if Piece(EOS) != "" || Token(a, 0, 0, true) != EOS || Token(a, 0, 1, true) == EOS {
+	if e := NewSeq(a, 0, true); Piece(EOS) != "" || e.At(0) != EOS || e.At(1) == EOS {
 		t.Error("EOS handling")
 	}
 }
@@ -71,5 +73,39 @@ func TestChatPrompt(t *testing.T) {
 	p := ChatPrompt([]Message{{Role: "user", Content: "hi"}})
 	if p != "<|user|> hi\n<|assistant|>" || len(Tokenize(p)) != 3 {
 		t.Errorf("ChatPrompt = %q", p)
+	}
+}
+
+// TestContinuationIsExact is the language-model property migration relies
+// on: the prompt plus the first k generated tokens, as a new prompt (ids or
+// re-tokenized text), generates exactly the rest of the uninterrupted run.
+func TestContinuationIsExact(t *testing.T) {
+	prompt := "the quick brown fox jumps"
+	const n = 40
+	full := Generate(DigestText(prompt), 7, n)
+	for _, k := range []int{0, 1, 5, 39} {
+		ctx := append(Tokenize(prompt), full[:k]...)
+		if got := Generate(Digest(ctx), 7, n-k); !slices.Equal(got, full[k:]) {
+			t.Errorf("k=%d: ids continuation differs", k)
+		}
+		text := prompt + Text(DigestText(prompt), 7, k)
+		if got := Text(DigestText(text), 7, n-k); prompt+Text(DigestText(prompt), 7, n) != text+got {
+			t.Errorf("k=%d: text continuation differs", k)
+		}
+	}
+	// a token depends on the whole context, not on its index
+	if Generate(DigestText("a b"), 0, 3)[2] == Generate(DigestText("a c"), 0, 3)[2] &&
+		Generate(DigestText("a b"), 0, 3)[1] == Generate(DigestText("a c"), 0, 3)[1] {
+		t.Error("tokens do not depend on the context")
+	}
+}
+
+func TestChatPromptContinue(t *testing.T) {
+	msgs := []Message{{Role: "user", Content: "hi"}}
+	gen := Text(DigestText(ChatPrompt(msgs)), 0, 6)
+	cont := ChatPromptContinue(append(msgs, Message{Role: "assistant", Content: gen[:len(gen)/2]}))
+	want := append(Tokenize(ChatPrompt(msgs)), Tokenize(gen[:len(gen)/2])...)
+	if !slices.Equal(Tokenize(cont), want) {
+		t.Errorf("ChatPromptContinue tokens %v, want %v", Tokenize(cont), want)
 	}
 }

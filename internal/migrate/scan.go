@@ -1,0 +1,380 @@
+package migrate
+
+import (
+	"bytes"
+	"encoding/json"
+	"strconv"
+	"unicode/utf8"
+)
+
+// scanner is a small, allocation-light reader of one SSE chunk: the fields
+// the tracker needs, every other value skipped. It handles any valid JSON;
+// on anything it does not expect it reports failure and the tracker falls
+// back to encoding/json (the reference: scan_test.go compares both).
+type scanner struct {
+	b   []byte
+	i   int
+	bad bool
+}
+
+func (s *scanner) ws() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+func (s *scanner) peek() byte {
+	s.ws()
+	if s.i >= len(s.b) {
+		s.bad = true
+		return 0
+	}
+	return s.b[s.i]
+}
+
+func (s *scanner) expect(c byte) {
+	if s.peek() != c {
+		s.bad = true
+		return
+	}
+	s.i++
+}
+
+// str reads a JSON string and returns its raw contents (between the
+// quotes) and whether it has escapes.
+func (s *scanner) str() (raw []byte, esc bool) {
+	if s.peek() != '"' {
+		s.bad = true
+		return nil, false
+	}
+	start := s.i + 1
+	for j := start; j < len(s.b); j++ {
+		switch s.b[j] {
+		case '\\':
+			esc = true
+			j++
+		case '"':
+			s.i = j + 1
+			return s.b[start:j], esc
+		}
+	}
+	s.bad = true
+	return nil, false
+}
+
+// text reads a JSON string value as a Go string.
+func (s *scanner) text() string {
+	start := s.i
+	raw, esc := s.str()
+	if s.bad {
+		return ""
+	}
+	if !esc && utf8.Valid(raw) {
+		return string(raw)
+	}
+	var out string
+	if err := json.Unmarshal(s.b[start:s.i], &out); err != nil {
+		s.bad = true
+	}
+	return out
+}
+
+// skip skips one value of any kind and returns its raw bytes.
+func (s *scanner) skip() []byte {
+	start := s.peek()
+	if s.bad {
+		return nil
+	}
+	from := s.i
+	switch start {
+	case '"':
+		s.str()
+	case '{', '[':
+		depth := 0
+		for s.i < len(s.b) {
+			switch s.b[s.i] {
+			case '"':
+				s.str()
+				if s.bad {
+					return nil
+				}
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					s.i++
+					return s.b[from:s.i]
+				}
+			}
+			s.i++
+		}
+		s.bad = true
+	default: // number, true, false, null
+		for s.i < len(s.b) {
+			c := s.b[s.i]
+			if c == ',' || c == '}' || c == ']' || c == ' ' || c == '\t' || c == '\n' || c == '\r' {
+				break
+			}
+			s.i++
+		}
+		if s.i == from {
+			s.bad = true
+		}
+	}
+	return s.b[from:s.i]
+}
+
+// object calls member for each key of an object; member must consume the
+// value.
+func (s *scanner) object(member func(key []byte)) {
+	s.expect('{')
+	if s.peek() == '}' {
+		s.i++
+		return
+	}
+	for !s.bad {
+		key, esc := s.str()
+		if esc {
+			s.bad = true // keys the tracker reads have no escapes; be safe
+		}
+		s.expect(':')
+		if s.bad {
+			return
+		}
+		member(key)
+		switch s.peek() {
+		case ',':
+			s.i++
+		case '}':
+			s.i++
+			return
+		default:
+			s.bad = true
+		}
+	}
+}
+
+// array calls elem for each element; elem must consume it.
+func (s *scanner) array(elem func()) {
+	s.expect('[')
+	if s.peek() == ']' {
+		s.i++
+		return
+	}
+	for !s.bad {
+		elem()
+		switch s.peek() {
+		case ',':
+			s.i++
+		case ']':
+			s.i++
+			return
+		default:
+			s.bad = true
+		}
+	}
+}
+
+func (s *scanner) isNull() bool {
+	if s.peek() == 'n' && bytes.HasPrefix(s.b[s.i:], []byte("null")) {
+		s.i += 4
+		return true
+	}
+	return false
+}
+
+func (s *scanner) int() int {
+	raw := s.skip()
+	n, err := strconv.Atoi(string(raw))
+	if err != nil {
+		s.bad = true
+	}
+	return n
+}
+
+func (s *scanner) ids(dst []uint32) []uint32 {
+	s.array(func() {
+		raw := s.skip()
+		n, err := strconv.ParseUint(string(raw), 10, 32)
+		if err != nil {
+			s.bad = true
+		}
+		dst = append(dst, uint32(n))
+	})
+	return dst
+}
+
+// Keys the chunk struct reads, per object. encoding/json matches keys
+// case-insensitively; a key that folds to one of these but differs is left
+// to it (the scanner gives up).
+var (
+	topKeys    = []string{"id", "created", "model", "error", "prompt_token_ids", "usage", "choices"}
+	choiceKeys = []string{"index", "text", "finish_reason", "token_ids", "prompt_token_ids", "delta", "logprobs"}
+	deltaKeys  = []string{"role", "content", "tool_calls", "reasoning_content", "reasoning"}
+	usageKeys  = []string{"prompt_tokens", "completion_tokens"}
+)
+
+// other skips the value of a key the scanner does not read, or gives up
+// when encoding/json would read it under another spelling.
+func (s *scanner) other(key []byte, known []string) {
+	for _, k := range known {
+		if len(k) == len(key) && bytes.EqualFold(key, []byte(k)) {
+			s.bad = true
+			return
+		}
+	}
+	s.skip()
+}
+
+// scratch backs a scanned chunk so an ordinary token event allocates only
+// its text.
+type scratch struct {
+	c       chunk
+	choices [2]choice
+	deltas  [2]delta
+	usage   usage
+	texts   [2]string
+	content [2]string
+	role    string
+	ids     []uint32
+}
+
+// scanChunk fills sc.c from data; false when the scanner could not read it.
+func scanChunk(data []byte, sc *scratch) bool {
+	if !json.Valid(data) { // skip() does not validate what it skips
+		return false
+	}
+	sc.c = chunk{Choices: sc.choices[:0]}
+	sc.ids = sc.ids[:0]
+	s := &scanner{b: data}
+	c := &sc.c
+	s.object(func(key []byte) {
+		switch string(key) {
+		case "id":
+			c.ID = s.skip()
+		case "created":
+			c.Created = s.skip()
+		case "model":
+			c.Model = s.skip()
+		case "error":
+			c.Error = s.skip()
+		case "prompt_token_ids":
+			if !s.isNull() {
+				c.PromptTokenIDs = s.ids(nil)
+			}
+		case "usage":
+			if s.isNull() {
+				return
+			}
+			sc.usage = usage{}
+			s.object(func(k []byte) {
+				switch string(k) {
+				case "prompt_tokens":
+					sc.usage.PromptTokens = s.int()
+				case "completion_tokens":
+					sc.usage.CompletionTokens = s.int()
+				default:
+					s.other(k, usageKeys)
+				}
+			})
+			c.Usage = &sc.usage
+		case "choices":
+			if s.isNull() {
+				c.Choices = nil
+				return
+			}
+			c.Choices = sc.choices[:0]
+			s.array(func() {
+				n := len(c.Choices)
+				if n == len(sc.choices) {
+					s.bad = true // more choices than the fast path keeps
+					return
+				}
+				c.Choices = append(c.Choices, choice{})
+				scanChoice(s, sc, n, &c.Choices[n])
+			})
+		default:
+			s.other(key, topKeys)
+		}
+	})
+	s.ws()
+	return !s.bad && s.i == len(data)
+}
+
+func scanChoice(s *scanner, sc *scratch, n int, ch *choice) {
+	s.object(func(key []byte) {
+		switch string(key) {
+		case "index":
+			ch.Index = s.int()
+		case "text":
+			if !s.isNull() {
+				sc.texts[n] = s.text()
+				ch.Text = &sc.texts[n]
+			}
+		case "finish_reason":
+			if !s.isNull() {
+				f := s.text()
+				ch.FinishReason = &f
+			}
+		case "token_ids":
+			if !s.isNull() {
+				start := len(sc.ids)
+				sc.ids = s.ids(sc.ids)
+				ch.TokenIDs = sc.ids[start:len(sc.ids):len(sc.ids)]
+				if ch.TokenIDs == nil {
+					ch.TokenIDs = []uint32{}
+				}
+			}
+		case "prompt_token_ids":
+			if !s.isNull() {
+				ch.PromptTokenIDs = s.ids(nil)
+			}
+		case "delta":
+			if s.isNull() {
+				return
+			}
+			d := &sc.deltas[n]
+			*d = delta{}
+			s.object(func(k []byte) {
+				switch string(k) {
+				case "role":
+					if !s.isNull() {
+						sc.role = s.text()
+						d.Role = &sc.role
+					}
+				case "content":
+					if !s.isNull() {
+						sc.content[n] = s.text()
+						d.Content = &sc.content[n]
+					}
+				case "tool_calls":
+					d.ToolCalls = s.skip()
+				case "reasoning_content":
+					if !s.isNull() {
+						r := s.text()
+						d.ReasoningContent = &r
+					}
+				case "reasoning":
+					if !s.isNull() {
+						r := s.text()
+						d.Reasoning = &r
+					}
+				default:
+					s.other(k, deltaKeys)
+				}
+			})
+			ch.Delta = d
+		case "logprobs":
+			s.skip()
+		default:
+			s.other(key, choiceKeys)
+		}
+	})
+}

@@ -1,0 +1,218 @@
+package migrate
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"time"
+)
+
+// chunk is the part of a completion / chat completion SSE chunk the
+// tracker reads (vLLM's CompletionStreamResponse and
+// ChatCompletionStreamResponse, with return_token_ids' fields).
+type chunk struct {
+	ID             json.RawMessage `json:"id"`
+	Created        json.RawMessage `json:"created"`
+	Model          json.RawMessage `json:"model"`
+	Choices        []choice        `json:"choices"`
+	PromptTokenIDs []uint32        `json:"prompt_token_ids"` // chat, first chunk
+	Usage          *usage          `json:"usage"`
+	Error          json.RawMessage `json:"error"`
+}
+
+type choice struct {
+	Index          int             `json:"index"`
+	Text           *string         `json:"text"`
+	Delta          *delta          `json:"delta"`
+	FinishReason   *string         `json:"finish_reason"`
+	TokenIDs       []uint32        `json:"token_ids"`
+	PromptTokenIDs []uint32        `json:"prompt_token_ids"` // completions, first chunk
+	Logprobs       json.RawMessage `json:"logprobs"`
+}
+
+type delta struct {
+	Role             *string         `json:"role"`
+	Content          *string         `json:"content"`
+	ToolCalls        json.RawMessage `json:"tool_calls"`
+	ReasoningContent *string         `json:"reasoning_content"`
+	Reasoning        *string         `json:"reasoning"`
+}
+
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+}
+
+// Tracker is what the client has received of one streamed answer (choice
+// 0; batched prompts and n > 1 are refused). Feed it every event written
+// to the client, in order.
+type Tracker struct {
+	// Original's envelope, raw JSON values (nil until the first chunk).
+	ID, Created, Model json.RawMessage
+
+	text      strings.Builder
+	ids       []uint32
+	idsOK     bool // every token chunk so far carried token_ids
+	promptIDs []uint32
+	tokens    int
+	usageCT   int // completion_tokens of the latest usage seen (-1 none)
+	promptTok int // prompt_tokens of the first usage seen (-1 none)
+
+	roleSent  bool
+	finish    string
+	usageSeen bool
+	done      bool
+	errEvent  bool
+	toolCall  bool
+	reasoning bool
+	// unreadable: an event the tracker could not read reached the client,
+	// so the answer so far is not known for sure.
+	unreadable bool
+	chunks     int
+	lastWrite  time.Time
+
+	sc   scratch // the fast scanner's reused storage
+	slow bool    // encoding/json only (tests: the reference)
+}
+
+// NewTracker returns an empty tracker.
+func NewTracker() *Tracker { return &Tracker{idsOK: true, usageCT: -1, promptTok: -1} }
+
+// Event records one complete SSE event the client received. It returns
+// false for an event that is not a well-formed chunk (the tracker then
+// cannot vouch for the answer; Refusal reports it).
+func (t *Tracker) Event(ev []byte) bool {
+	t.lastWrite = time.Now()
+	data := eventData(ev)
+	if data == nil {
+		return true
+	}
+	if isDone(data) {
+		t.done = true
+		return true
+	}
+	c := &t.sc.c
+	if t.slow || !scanChunk(data, &t.sc) {
+		c = &chunk{}
+		if err := json.Unmarshal(data, c); err != nil {
+			t.idsOK, t.unreadable = false, true
+			return false
+		}
+	}
+	if len(c.Error) > 0 && string(c.Error) != "null" {
+		t.errEvent = true
+		return true
+	}
+	t.chunks++
+	if t.ID == nil { // the scanned values point into data: copy
+		t.ID, t.Created, t.Model = bytes.Clone(c.ID), bytes.Clone(c.Created), bytes.Clone(c.Model)
+	}
+	if c.PromptTokenIDs != nil && t.promptIDs == nil {
+		t.promptIDs = c.PromptTokenIDs
+	}
+	if c.Usage != nil {
+		t.usageCT = c.Usage.CompletionTokens
+		if t.promptTok < 0 {
+			t.promptTok = c.Usage.PromptTokens
+		}
+		if len(c.Choices) == 0 {
+			t.usageSeen = true
+		}
+	}
+	for _, ch := range c.Choices {
+		t.choice(ch, c.Usage)
+	}
+	return true
+}
+
+func (t *Tracker) choice(ch choice, u *usage) {
+	if ch.PromptTokenIDs != nil && t.promptIDs == nil {
+		t.promptIDs = ch.PromptTokenIDs
+	}
+	piece := ""
+	has := false
+	if ch.Text != nil {
+		piece, has = *ch.Text, true
+	}
+	if d := ch.Delta; d != nil {
+		if d.Role != nil {
+			t.roleSent = true
+		}
+		if d.Content != nil {
+			piece, has = *d.Content, true
+		}
+		if len(d.ToolCalls) > 0 && string(d.ToolCalls) != "null" && string(d.ToolCalls) != "[]" {
+			t.toolCall = true
+		}
+		if (d.ReasoningContent != nil && *d.ReasoningContent != "") || (d.Reasoning != nil && *d.Reasoning != "") {
+			t.reasoning = true
+		}
+	}
+	t.text.WriteString(piece)
+	switch {
+	case ch.TokenIDs != nil:
+		t.ids = append(t.ids, ch.TokenIDs...)
+		t.tokens += len(ch.TokenIDs)
+	case u != nil:
+		t.idsOK = t.idsOK && piece == ""
+		t.tokens = u.CompletionTokens
+	case has && piece != "":
+		t.idsOK = false
+		t.tokens++
+	}
+	if ch.FinishReason != nil && *ch.FinishReason != "" {
+		t.finish = *ch.FinishReason
+	}
+}
+
+// Text is the answer text the client received.
+func (t *Tracker) Text() string { return t.text.String() }
+
+// Tokens is the number of completion tokens the client received: exact
+// when the chunks carry token_ids or continuous usage, else one per
+// non-empty chunk (vLLM streams one token per chunk unless speculative
+// decoding or a stream interval batches them).
+func (t *Tracker) Tokens() int { return t.tokens }
+
+// TokenIDs returns the generated ids and the prompt's, and whether every
+// token the client received came with its id (return_token_ids).
+func (t *Tracker) TokenIDs() (gen, prompt []uint32, ok bool) {
+	return t.ids, t.promptIDs, t.idsOK && t.promptIDs != nil && len(t.ids) == t.tokens
+}
+
+// PromptTokens is the original prompt's token count when a usage object
+// reported it, else -1.
+func (t *Tracker) PromptTokens() int {
+	if t.promptTok >= 0 {
+		return t.promptTok
+	}
+	if t.promptIDs != nil {
+		return len(t.promptIDs)
+	}
+	return -1
+}
+
+// RoleSent reports whether the chat role delta reached the client.
+func (t *Tracker) RoleSent() bool { return t.roleSent }
+
+// Finished returns the finish_reason the client received ("" if none).
+func (t *Tracker) Finished() string { return t.finish }
+
+// Done reports whether "[DONE]" reached the client.
+func (t *Tracker) Done() bool { return t.done }
+
+// UsageSent reports whether the final usage chunk reached the client.
+func (t *Tracker) UsageSent() bool { return t.usageSeen }
+
+// ErrorEvent reports whether an error event was seen (the caller holds it
+// back from the client and migrates instead).
+func (t *Tracker) ErrorEvent() bool { return t.errEvent }
+
+// ClearError forgets an error event after a migration took over.
+func (t *Tracker) ClearError() { t.errEvent = false; t.done = false }
+
+// Chunks is the number of chunks (not [DONE], not errors) received.
+func (t *Tracker) Chunks() int { return t.chunks }
+
+// LastWrite is when the latest event reached the client.
+func (t *Tracker) LastWrite() time.Time { return t.lastWrite }

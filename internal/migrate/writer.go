@@ -1,0 +1,116 @@
+package migrate
+
+import (
+	"errors"
+	"net/http"
+)
+
+// ErrAnswerEnded stops the relay of a continuation leg whose answer the
+// stitcher ended (a stop string completed across the cut).
+var ErrAnswerEnded = errors.New("answer ended by the router")
+
+// Writer is the client writer of a migratable stream: it writes only
+// complete SSE events (a worker that dies mid-event leaves nothing
+// half-written for the continuation to follow), records each in the
+// tracker, rewrites a continuation leg's events through its stitcher, and
+// holds back an engine's error event (and what follows it) so the answer
+// can continue elsewhere instead.
+type Writer struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	sp      Splitter
+	tr      *Tracker
+	rewrite func([]byte) ([]byte, bool) // nil on the original leg
+	onFirst func()                      // the leg's first event written
+	held    bool                        // an error event was withheld
+	ended   bool                        // the stitcher ended the answer
+	werr    error
+}
+
+// NewWriter wraps the client writer w, recording what it writes into tr.
+func NewWriter(w http.ResponseWriter, tr *Tracker) *Writer {
+	return &Writer{w: w, rc: http.NewResponseController(w), tr: tr}
+}
+
+func (e *Writer) Header() http.Header { return e.w.Header() }
+
+func (e *Writer) WriteHeader(int) {} // the status line is already out
+
+func (e *Writer) Write(p []byte) (int, error) {
+	if e.werr == nil {
+		e.sp.Feed(p, e.event)
+	}
+	if e.werr != nil {
+		return 0, e.werr
+	}
+	return len(p), nil
+}
+
+func (e *Writer) event(ev []byte) {
+	if e.held || e.werr != nil {
+		return
+	}
+	final := false
+	if e.rewrite != nil {
+		if ev, final = e.rewrite(ev); ev == nil {
+			return
+		}
+	}
+	if e.tr.Event(ev); e.tr.ErrorEvent() {
+		e.held = true
+		return
+	}
+	if _, err := e.w.Write(ev); err != nil {
+		e.werr = err
+		return
+	}
+	if e.onFirst != nil {
+		e.onFirst()
+		e.onFirst = nil
+	}
+	if final {
+		done := []byte("data: [DONE]\n\n")
+		e.tr.Event(done)
+		if _, err := e.w.Write(done); err != nil {
+			e.werr = err
+			return
+		}
+		_ = e.FlushError()
+		e.ended, e.werr = true, ErrAnswerEnded
+	}
+}
+
+// FlushError flushes the client (http.ResponseController finds it).
+func (e *Writer) FlushError() error {
+	if err := e.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return err
+	}
+	return nil
+}
+
+// StartLeg resets the writer for a continuation leg.
+func (e *Writer) StartLeg(s *Stitcher, onFirst func()) {
+	e.sp.Reset()
+	e.held = false
+	e.tr.ClearError()
+	e.rewrite, e.onFirst = s.Rewrite, onFirst
+}
+
+// Held reports whether an engine error event was withheld on this leg.
+func (e *Writer) Held() bool { return e.held }
+
+// Ended reports whether the stitcher ended the answer.
+func (e *Writer) Ended() bool { return e.ended }
+
+// Client is the wrapped client writer.
+func (e *Writer) Client() http.ResponseWriter { return e.w }
+
+// Finish ends a leg that ended cleanly: any trailing bytes that did not
+// form a complete event are written as they came.
+func (e *Writer) Finish() {
+	if rest := e.sp.Pending(); len(rest) > 0 && e.werr == nil {
+		_, _ = e.w.Write(rest)
+		_ = e.FlushError()
+	}
+	e.sp.Reset()
+}
