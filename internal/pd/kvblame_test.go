@@ -97,7 +97,7 @@ func TestBadPrefillSparesDecodes(t *testing.T) {
 	d1 := addWorker(t, reg, D1.URL(), worker.RoleDecode, zmqAddr4(dZMQ, "WRITE"))
 	d2 := addWorker(t, reg, D2.URL(), worker.RoleDecode, zmqAddr4(d2ZMQ, "WRITE"))
 	m := metrics.NewForTest()
-	h := newHarness(t, reg, Options{Connector: "moriio", KVWaitTimeout: 100 * time.Millisecond, MaxFailovers: 2,
+	h := newHarness(t, reg, Options{Connector: "moriio", KVWaitTimeout: 500 * time.Millisecond, MaxFailovers: 2,
 		PairFailureThreshold: 1, Metrics: m,
 		PrefillPolicy: &prefer{urls: []string{Pbad.URL()}}, DecodePolicy: &prefer{urls: []string{D1.URL()}}})
 	for i := range 6 {
@@ -153,7 +153,7 @@ func TestStalledDecodeBlamed(t *testing.T) {
 	ds := addWorker(t, reg, Dstall.URL(), worker.RoleDecode, zmqAddr4(dZMQ, "WRITE"))
 	d2 := addWorker(t, reg, D2.URL(), worker.RoleDecode, zmqAddr4(d2ZMQ, "WRITE"))
 	m := metrics.NewForTest()
-	h := newHarness(t, reg, Options{Connector: "moriio", KVWaitTimeout: 100 * time.Millisecond, MaxFailovers: 1, Metrics: m,
+	h := newHarness(t, reg, Options{Connector: "moriio", KVWaitTimeout: 500 * time.Millisecond, MaxFailovers: 1, Metrics: m,
 		PrefillPolicy: &byHeader{h: "X-Prefill"}, DecodePolicy: &prefer{urls: []string{Dstall.URL()}}})
 	for i, p := range []*fake{P1, P2} {
 		res := h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`, "X-Prefill", p.URL())
@@ -196,7 +196,7 @@ func TestSuspectPairFallback(t *testing.T) {
 	p1 := addWorker(t, reg, P1.URL(), worker.RolePrefill, zmqAddr4(pZMQ, "WRITE"))
 	p2 := addWorker(t, reg, P2.URL(), worker.RolePrefill, zmqAddr4(p2ZMQ, "WRITE"))
 	addWorker(t, reg, D.URL(), worker.RoleDecode, zmqAddr4(dZMQ, "WRITE"))
-	h := newHarness(t, reg, Options{Connector: "moriio", KVWaitTimeout: 100 * time.Millisecond, PairFailureThreshold: 1,
+	h := newHarness(t, reg, Options{Connector: "moriio", KVWaitTimeout: 500 * time.Millisecond, PairFailureThreshold: 1,
 		PrefillPolicy: &prefer{urls: []string{P1.URL()}}})
 	for i, want := range []*worker.Worker{p1, p2} {
 		res := h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`)

@@ -259,7 +259,7 @@ func TestKVWaitTimeout(t *testing.T) {
 		p2 := addWorker(t, reg, P2.URL(), worker.RolePrefill, zmqAddr4("host:127.0.0.4,handshake:6303,notify:61007", "WRITE"))
 		d1 := addWorker(t, reg, D1.URL(), worker.RoleDecode, zmqAddr4(dZMQ, "WRITE"))
 		d2 := addWorker(t, reg, D2.URL(), worker.RoleDecode, zmqAddr4("host:127.0.0.3,handshake:6301,notify:61005", "WRITE"))
-		h := newHarness(t, reg, Options{Connector: "moriio", KVWaitTimeout: 100 * time.Millisecond, MaxFailovers: 1,
+		h := newHarness(t, reg, Options{Connector: "moriio", KVWaitTimeout: time.Second, MaxFailovers: 1,
 			PrefillPolicy: &prefer{urls: []string{P1.URL()}}, DecodePolicy: &prefer{urls: []string{D1.URL()}}})
 		res := h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`)
 		if res.status != 200 || res.body != sseAll() {
@@ -474,7 +474,7 @@ func TestPrefillTimeoutFailsOver(t *testing.T) {
 	sw := addWorker(t, reg, slow.URL(), worker.RolePrefill)
 	addWorker(t, reg, P.URL(), worker.RolePrefill)
 	addWorker(t, reg, D.URL(), worker.RoleDecode)
-	h := newHarness(t, reg, Options{Connector: "nixl", PrefillTimeout: 100 * time.Millisecond, MaxFailovers: 1,
+	h := newHarness(t, reg, Options{Connector: "nixl", PrefillTimeout: time.Second, MaxFailovers: 1,
 		PrefillPolicy: &prefer{urls: []string{slow.URL()}}})
 	res := h.post(t, "/v1/completions", `{"prompt":"p"}`)
 	if res.status != 200 {
@@ -501,7 +501,7 @@ func TestRequestTimeout(t *testing.T) {
 	reg := worker.NewRegistry(worker.BreakerConfig{})
 	addWorker(t, reg, P.URL(), worker.RolePrefill)
 	addWorker(t, reg, D.URL(), worker.RoleDecode)
-	h := newHarness(t, reg, Options{Connector: "nixl", RequestTimeout: 150 * time.Millisecond})
+	h := newHarness(t, reg, Options{Connector: "nixl", RequestTimeout: time.Second})
 	res := h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`)
 	data := sseData(res.body)
 	if res.status != 200 || len(data) != 3 || !strings.Contains(data[1], "timed out") || data[2] != "[DONE]" {
@@ -522,7 +522,7 @@ func TestStreamIdleTimeout(t *testing.T) {
 	reg := worker.NewRegistry(worker.BreakerConfig{})
 	addWorker(t, reg, P.URL(), worker.RolePrefill)
 	addWorker(t, reg, D.URL(), worker.RoleDecode)
-	h := newHarness(t, reg, Options{Connector: "nixl", StreamIdleTimeout: 100 * time.Millisecond})
+	h := newHarness(t, reg, Options{Connector: "nixl", StreamIdleTimeout: time.Second})
 	res := h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`)
 	data := sseData(res.body)
 	if res.status != 200 || len(data) != 3 || !strings.Contains(data[1], "idle") {

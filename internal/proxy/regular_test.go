@@ -485,7 +485,7 @@ func TestHeaderTimeoutRetried(t *testing.T) {
 		fmt.Fprint(w, "data: ok\n\ndata: [DONE]\n\n")
 	})
 	f := newFixture(t, []string{lo.srv.URL, hi.srv.URL}, RegularOptions{
-		Policy: firstPolicy{}, HeaderTimeout: 100 * time.Millisecond,
+		Policy: firstPolicy{}, HeaderTimeout: time.Second, // the answering worker is far faster, even on a loaded runner
 		Retry: RetryConfig{MaxAttempts: 2, InitialBackoff: time.Millisecond},
 	})
 	code, h, body := f.post(testCtx(t), "/v1/completions", `{"prompt":"p","stream":true}`)

@@ -114,22 +114,25 @@ func TestRelayContextEnd(t *testing.T) {
 func pipeBody() (*io.PipeReader, *io.PipeWriter) { return io.Pipe() }
 
 func TestRelayIdleTimeout(t *testing.T) {
+	// The gaps are 50× shorter than the timeout, so a loaded machine's
+	// scheduling stalls cannot make them trip it.
+	const gap, idle = 20 * time.Millisecond, time.Second
 	pr, pw := pipeBody()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() {
-		// chunks 20 ms apart never trip a 100 ms idle timeout…
+		// chunks a gap apart never trip the idle timeout…
 		for range 10 {
 			if _, err := pw.Write([]byte("data: x\n\n")); err != nil {
 				return
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(gap)
 		}
 		// …then silence does
 	})
 	rec := httptest.NewRecorder()
 	start := time.Now()
-	res := Relay(context.Background(), rec, pr, RelayOptions{IdleTimeout: 100 * time.Millisecond})
+	res := Relay(context.Background(), rec, pr, RelayOptions{IdleTimeout: idle})
 	el := time.Since(start)
 	pw.Close()
 	if !errors.Is(res.UpstreamErr, ErrIdleTimeout) || !res.DownstreamOK {
@@ -138,7 +141,8 @@ func TestRelayIdleTimeout(t *testing.T) {
 	if got := strings.Count(rec.Body.String(), "data: x\n\n"); got != 10 {
 		t.Fatalf("%d chunks relayed, want all 10", got)
 	}
-	if el < 280*time.Millisecond || el > 2*time.Second {
+	// at least 9 gaps and then the timeout; the upper bound is a hang guard
+	if el < 9*gap+idle || el > idle+10*time.Second {
 		t.Fatalf("relay ended after %v", el)
 	}
 }
