@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/openai"
@@ -49,17 +50,14 @@ type buffered struct {
 	body   []byte
 }
 
-// decodeOut is the decode leg's response headers (or error).
-type decodeOut struct {
-	resp *http.Response
-	err  error
-}
-
-// firstRead is the decode body's first chunk.
-type firstRead struct {
-	b   []byte
-	err error
-}
+// The causes with which the attempt interrupts the decode's wait for its
+// first byte (context.Cause of the decode's context).
+var (
+	errKVWait        = errors.New("pd: KV-wait timeout")
+	errPrefillEnded  = errors.New("pd: the concurrent prefill failed")
+	errPrefillDown   = errors.New("pd: the prefill went away")
+	errPrefillUnsent = errors.New("pd: the concurrent prefill could not be sent")
+)
 
 // attempt runs one (P, D) pair. It returns nil when a response was written
 // to the client, or the failure when nothing was.
@@ -68,11 +66,13 @@ type firstRead struct {
 //
 //	prefillFirst   sequential connectors: the prefill completes (and yields
 //	               the decode's kv_transfer_params) before the decode is sent
-//	send           the decode leg goes out; a concurrent connector's prefill
-//	               follows once D's request is on the wire (launchPrefill)
-//	waitFirstByte  until D's status and first body byte are known, watch the
-//	               prefill (onPrefill, onPrefillDown), the KV-wait timer and
-//	               the client; any of them can still fail over to another pair
+//	send           the decode leg and the KV-wait timer are prepared
+//	waitFirstByte  D's request goes out on this goroutine (a concurrent
+//	               connector's prefill follows on its own once D's request is
+//	               written: launchPrefill, watchPrefill) and D's status and
+//	               first body byte are awaited; the KV-wait timer, a failed
+//	               or dead prefill and the client interrupt the wait
+//	               (onInterrupt), and can still fail over to another pair
 //	commit         the KV arrived: the pair and a finished prefill are fine
 //	relay          D's response goes to the client (streamed, or merged with
 //	               the prefill's prompt logprobs)
@@ -95,8 +95,10 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 	return a.relay()
 }
 
-// attemptRun is the state of one attempt: its legs, the channels their
-// goroutines report on, and what the decode has produced so far.
+// attemptRun is the state of one attempt: its legs and what the decode
+// has produced so far. The decode leg runs on the request's goroutine; a
+// concurrent connector's prefill runs on one more, which interrupts the
+// decode's wait (interrupt) when it fails or its worker goes away.
 type attemptRun struct {
 	e   *Engine
 	ctx context.Context // client and overall deadline
@@ -110,23 +112,32 @@ type attemptRun struct {
 
 	pctx    context.Context // the prefill's (PrefillTimeout, or cancelled when the sibling failed)
 	pcancel context.CancelFunc
-	dctx    context.Context // the decode's
-	dcancel context.CancelFunc
+	dctx    context.Context // the decode's; its cause says which interrupt ended the wait
+	dcause  context.CancelCauseFunc
 	prof    *profiler
 	kvTimer *time.Timer // KVWaitTimeout for D's first byte (nil = none)
-	kvC     <-chan time.Time
+	dreq    *http.Request
+
+	// waiting: D's first byte is awaited, so interrupts cancel dctx;
+	// waitDone is closed when the wait ends.
+	mu       sync.Mutex
+	waiting  bool
+	waitDone chan struct{}
+
+	// A concurrent prefill is launched once (launchOnce) by the trace
+	// callback of D's request write, or after D's answer if that came
+	// first; the request's goroutine reads pl and launchFail only after
+	// passing launchOnce itself.
+	launchOnce sync.Once
+	launchFail *failure
 
 	pl, dl   *leg
-	pRes     *prefillOut     // the prefill's answer once it arrived
-	pWatch   chan prefillOut // a concurrent prefill still running (nil = none)
-	pDown    <-chan struct{} // closed when P, which answered, is seen dead
-	written  chan struct{}   // closed once D's request is on the wire (concurrent order, P not sent yet)
-	dch      chan decodeOut  // D's response headers (nil once received)
+	pRes     *prefillOut     // the prefill's answer once received
+	pWatch   chan prefillOut // a concurrent prefill's answer, not received yet (nil = none)
+	pDone    atomic.Bool     // the concurrent prefill answered with success
 	dResp    *http.Response  // D's response once its status is known
-	firstCh  chan firstRead  // D's first body read (nil when none is running)
 	first    []byte          // D's first chunk
 	firstEOF bool            // D's body ended with the first read
-	gotFirst bool            // D produced a byte or ended its body
 }
 
 func (e *Engine) newAttemptRun(ctx context.Context, w http.ResponseWriter, st *reqState, pr *Pair) *attemptRun {
@@ -143,8 +154,37 @@ func (e *Engine) newAttemptRun(ctx context.Context, w http.ResponseWriter, st *r
 	} else {
 		a.pctx, a.pcancel = context.WithCancel(ctx)
 	}
-	a.dctx, a.dcancel = context.WithCancel(ctx)
+	a.dctx, a.dcause = context.WithCancelCause(ctx)
+	a.waitDone = make(chan struct{})
 	return a
+}
+
+func (a *attemptRun) dcancel() { a.dcause(context.Canceled) }
+
+// interrupt ends the decode's wait for its first byte with cause (a no-op
+// once the wait is over: the response is the client's then).
+func (a *attemptRun) interrupt(cause error) {
+	a.mu.Lock()
+	if a.waiting {
+		a.dcause(cause)
+	}
+	a.mu.Unlock()
+}
+
+// stopWaiting ends the wait (idempotent) and returns the interrupt that
+// ended it, if any.
+func (a *attemptRun) stopWaiting() error {
+	a.mu.Lock()
+	if a.waiting {
+		a.waiting = false
+		close(a.waitDone)
+	}
+	a.mu.Unlock()
+	switch c := context.Cause(a.dctx); c {
+	case errKVWait, errPrefillEnded, errPrefillDown, errPrefillUnsent:
+		return c
+	}
+	return nil
 }
 
 // close runs when the attempt returns, whatever the step. The prefill's
@@ -155,6 +195,8 @@ func (a *attemptRun) close() {
 	if a.kvTimer != nil {
 		a.kvTimer.Stop()
 	}
+	a.stopWaiting()
+	a.launchOnce.Do(func() {}) // a late write report launches nothing
 	if a.pl != nil {
 		a.pl.settle(worker.OutcomeSuccess)
 	}
@@ -219,10 +261,10 @@ func (a *attemptRun) prefillFirst() (dParams []byte, answered bool, f *failure) 
 	return dParams, false, nil
 }
 
-// send starts the decode leg in its own goroutine (reporting on dch) and
-// the KV-wait timer. With a concurrent connector, P is sent once D's
-// request is on the wire (D no later than P); if D cannot even be reached,
-// P is never sent.
+// send prepares the decode leg and starts the KV-wait timer; the request
+// itself goes out in waitFirstByte. With a concurrent connector, P is sent
+// once D's request is on the wire (D no later than P); if D cannot even be
+// reached, P is never sent.
 func (a *attemptRun) send(dParams []byte) *failure {
 	e, st, pr := a.e, a.st, a.pr
 	dBody := decodeBody(st.kind, st.obj, dParams, e.o.OutputLength)
@@ -239,101 +281,152 @@ func (a *attemptRun) send(dParams []byte) *failure {
 	a.prof.start(pr.D)
 	if a.order == Concurrent {
 		a.prof.start(pr.P)
-		// The trace callback closes its own copy: the attempt may set
-		// written to nil (D answered first) while the callback runs.
-		wc := make(chan struct{})
-		a.written = wc
-		var once sync.Once
 		dreq = dreq.WithContext(httptrace.WithClientTrace(a.dctx, &httptrace.ClientTrace{
 			WroteRequest: func(i httptrace.WroteRequestInfo) {
 				if i.Err == nil {
-					once.Do(func() { close(wc) })
+					a.launchOnce.Do(a.launchPrefill)
 				}
 			},
 		}))
 	}
-	a.dch = make(chan decodeOut, 1)
-	go func(ch chan decodeOut) {
-		resp, err := e.o.Client.Do(dreq)
-		ch <- decodeOut{resp, err}
-	}(a.dch)
+	a.dreq = dreq
+	a.waiting = true
 	if e.o.KVWaitTimeout > 0 && st.stream {
-		a.kvTimer = time.NewTimer(e.o.KVWaitTimeout)
-		a.kvC = a.kvTimer.C
+		a.kvTimer = time.AfterFunc(e.o.KVWaitTimeout, func() { a.interrupt(errKVWait) })
 	}
 	return nil
 }
 
-// launchPrefill sends a concurrent connector's prefill in its own
-// goroutine (reporting on pWatch).
-func (a *attemptRun) launchPrefill() *failure {
+// launchPrefill sends a concurrent connector's prefill on its own
+// goroutine. It runs once, on whichever goroutine reports D's request
+// written (or on the request's when D answered first).
+func (a *attemptRun) launchPrefill() {
 	e, pr := a.e, a.pr
-	a.written = nil
-	var ok bool
-	if a.pl, ok = e.startLeg(a.ctx, "prefill", pr.P, a.st, pr); !ok {
-		a.drain()
-		return &failure{leg: "prefill", reason: "breaker_open", w: pr.P, status: http.StatusServiceUnavailable, retry: true,
+	pl, ok := e.startLeg(a.ctx, "prefill", pr.P, a.st, pr)
+	if !ok {
+		a.launchFail = &failure{leg: "prefill", reason: "breaker_open", w: pr.P, status: http.StatusServiceUnavailable, retry: true,
 			errType: "server_selection", msg: "prefill worker " + pr.P.Key() + " circuit breaker is open"}
+		a.interrupt(errPrefillUnsent)
+		return
 	}
-	a.pl.holdOK = true
+	pl.holdOK = true
+	a.pl = pl
 	a.pWatch = make(chan prefillOut, 1)
-	go func(l *leg, ch chan prefillOut) { ch <- e.runPrefill(a.ctx, a.pctx, a.st, pr, l, a.pBody) }(a.pl, a.pWatch)
-	return nil
+	go a.watchPrefill(pl, a.pWatch)
 }
 
-// waitFirstByte waits until D's status is known and D produced its first
-// body byte (or ended its body). Until then nothing reached the client, so
-// a KV-wait timeout or a dead prefill can still fail over to another pair.
-func (a *attemptRun) waitFirstByte() *failure {
-	for !(a.dResp != nil && a.gotFirst) {
-		var f *failure
-		select {
-		case <-a.written:
-			f = a.launchPrefill()
-		case out := <-a.pWatch:
-			f = a.onPrefill(out)
-		case d := <-a.dch:
-			f = a.onDecodeHeaders(d)
-		case fr := <-a.firstCh:
-			f = a.onFirstRead(fr)
-		case <-a.kvC:
-			a.kvC = nil
-			f = a.kvTimeout()
-		case <-a.pDown:
-			f = a.onPrefillDown()
-		case <-a.ctx.Done():
-			a.drain()
-			f = a.e.ctxFailure(a.ctx, a.st, nil)
-		}
-		if f != nil {
-			return f
-		}
-	}
-	return nil
-}
-
-// onPrefill handles a concurrent prefill's answer before D's first byte.
-func (a *attemptRun) onPrefill(out prefillOut) *failure {
-	a.pWatch = nil
+// watchPrefill runs the concurrent prefill and, once P answered, watches
+// P until D's first byte: D still waits for the KV this P sends after
+// answering, so P seen dead (connect failure, left the registry) or P
+// failing ends the wait. It hands P's answer over on ch.
+func (a *attemptRun) watchPrefill(l *leg, ch chan<- prefillOut) {
+	out := a.e.runPrefill(a.ctx, a.pctx, a.st, a.pr, l, a.pBody)
 	a.prof.stop(a.pr.P)
 	if out.fail != nil {
-		// P failed before D's first byte: cancel D so vLLM frees its blocks.
-		a.drain()
-		return a.e.ctxFailure(a.ctx, a.st, out.fail)
+		a.interrupt(errPrefillEnded)
+	} else {
+		a.pDone.Store(true)
+		select {
+		case <-a.e.watchDown(a.pr.P):
+			a.interrupt(errPrefillDown)
+		case <-a.waitDone:
+		}
 	}
-	a.observeP(out)
-	a.pRes = &out
-	// D still waits for the KV this P sends after answering: stop
-	// waiting if P is seen dead meanwhile
-	a.pDown = a.e.watchDown(a.pr.P)
+	ch <- out
+}
+
+// waitFirstByte sends D's request and waits, on the request's goroutine,
+// until D's status is known and D produced its first body byte (or ended
+// its body). Until then nothing reached the client, so a KV-wait timeout
+// or a dead prefill can still fail over to another pair: they interrupt the
+// wait by cancelling D's context with their cause (onInterrupt).
+func (a *attemptRun) waitFirstByte() *failure {
+	resp, err := a.e.o.Client.Do(a.dreq)
+	a.prof.stop(a.pr.D)
+	if a.order == Concurrent {
+		if err == nil {
+			a.launchOnce.Do(a.launchPrefill) // D answered before its request write was reported
+		} else {
+			a.launchOnce.Do(func() {}) // D failed: P is never sent
+		}
+	}
+	if err != nil {
+		if c := a.stopWaiting(); c != nil {
+			return a.onInterrupt(c)
+		}
+		return a.onDecodeError(err, "before answering")
+	}
+	tracing.SetStatus(a.dl.span, resp.StatusCode)
+	if resp.StatusCode/100 != 2 {
+		a.stopWaiting()
+		f := a.decodeStatus(resp)
+		a.drain()
+		return f
+	}
+	a.dResp = resp
+	buf := make([]byte, 4<<10) // the first event(s); the relay reads the rest
+	var n int
+	for n == 0 && err == nil {
+		n, err = resp.Body.Read(buf)
+	}
+	if c := a.stopWaiting(); c != nil {
+		return a.onInterrupt(c)
+	}
+	if n == 0 && !errors.Is(err, io.EOF) {
+		return a.onDecodeError(err, "before its first byte")
+	}
+	a.first, a.firstEOF = buf[:n], errors.Is(err, io.EOF)
+	tracing.Event(a.dl.span, tracing.EventFirstByte)
+	if a.e.m != nil && !a.st.warmup {
+		a.e.m.PDKVWaitSeconds.WithLabelValues(a.labels...).Observe(a.e.o.Now().Sub(a.dl.sent).Seconds())
+	}
 	return nil
+}
+
+// onInterrupt ends a wait that an interrupt (the cause c) cut short.
+func (a *attemptRun) onInterrupt(c error) *failure {
+	switch c {
+	case errKVWait:
+		return a.kvTimeout()
+	case errPrefillDown:
+		return a.onPrefillDown()
+	case errPrefillUnsent:
+		a.drain()
+		return a.launchFail
+	}
+	// errPrefillEnded: P failed before D's first byte; D is cancelled so
+	// that vLLM frees its blocks.
+	out := <-a.pWatch
+	a.pWatch = nil
+	a.drain()
+	return a.e.ctxFailure(a.ctx, a.st, out.fail)
+}
+
+// onDecodeError ends the attempt after D failed to answer or to send its
+// first byte.
+func (a *attemptRun) onDecodeError(err error, when string) *failure {
+	pr := a.pr
+	if a.ctx.Err() != nil {
+		a.drain()
+		return a.e.ctxFailure(a.ctx, a.st, nil)
+	}
+	var f *failure
+	switch {
+	case a.dResp == nil && proxy.IsDialError(err):
+		f = a.decodeFail("connect", http.StatusBadGateway, true, err, fmt.Sprintf("decode worker %s unreachable: %v", pr.D.Key(), unwrapURL(err)))
+	case a.dResp == nil:
+		f = a.decodeFail("error", http.StatusBadGateway, true, err, fmt.Sprintf("decode worker %s failed %s: %v", pr.D.Key(), when, unwrapURL(err)))
+	default:
+		f = a.decodeFail("error", http.StatusBadGateway, true, err, fmt.Sprintf("decode worker %s failed %s: %v", pr.D.Key(), when, err))
+	}
+	a.drain()
+	return f
 }
 
 // onPrefillDown: P answered, then was seen dead (connect failure, left the
 // registry) before D produced a byte: its KV may never come.
 func (a *attemptRun) onPrefillDown() *failure {
 	e, pr := a.e, a.pr
-	a.pDown = nil
 	tracing.Fail(a.pl.span, "down", nil)
 	a.pl.finish(false)
 	if e.m != nil {
@@ -344,42 +437,6 @@ func (a *attemptRun) onPrefillDown() *failure {
 	return &failure{leg: "prefill", reason: "down", w: pr.P, status: http.StatusBadGateway, retry: true, errType: "prefill",
 		msg: fmt.Sprintf("prefill worker %s went away (connect failure or left the registry) before decode worker %s received its KV cache",
 			pr.P.Key(), pr.D.Key())}
-}
-
-// onDecodeHeaders handles D's response headers (or its failure to answer).
-// A 2xx starts the first body read; an error status fails the attempt with
-// D's response kept to relay.
-func (a *attemptRun) onDecodeHeaders(d decodeOut) *failure {
-	e, pr := a.e, a.pr
-	a.dch = nil
-	a.prof.stop(pr.D)
-	if d.err != nil {
-		var f *failure
-		switch {
-		case a.ctx.Err() != nil:
-			a.drain()
-			return e.ctxFailure(a.ctx, a.st, nil)
-		case proxy.IsDialError(d.err):
-			f = a.decodeFail("connect", http.StatusBadGateway, true, d.err, fmt.Sprintf("decode worker %s unreachable: %v", pr.D.Key(), unwrapURL(d.err)))
-		default:
-			f = a.decodeFail("error", http.StatusBadGateway, true, d.err, fmt.Sprintf("decode worker %s failed before answering: %v", pr.D.Key(), unwrapURL(d.err)))
-		}
-		a.drain()
-		return f
-	}
-	tracing.SetStatus(a.dl.span, d.resp.StatusCode)
-	if d.resp.StatusCode/100 != 2 {
-		f := a.decodeStatus(d.resp)
-		a.drain()
-		return f
-	}
-	a.dResp = d.resp
-	a.startFirstRead()
-	if a.written != nil {
-		// D answered before its request write was reported
-		return a.launchPrefill()
-	}
-	return nil
 }
 
 // decodeStatus is the failure for D's non-2xx answer, with D's response
@@ -402,45 +459,6 @@ func (a *attemptRun) decodeStatus(resp *http.Response) *failure {
 	}
 	f.relay = b
 	return f
-}
-
-// startFirstRead reads D's first body chunk in a goroutine (reporting on
-// firstCh), so that the wait can still react to the prefill and the timer.
-func (a *attemptRun) startFirstRead() {
-	a.firstCh = make(chan firstRead, 1)
-	body := a.dResp.Body
-	go func(ch chan firstRead) {
-		buf := make([]byte, 4<<10) // the first event(s); the relay reads the rest
-		for {
-			n, err := body.Read(buf)
-			if n > 0 || err != nil {
-				ch <- firstRead{buf[:n], err}
-				return
-			}
-		}
-	}(a.firstCh)
-}
-
-// onFirstRead handles D's first body read: a byte (or the body's end)
-// means the KV arrived.
-func (a *attemptRun) onFirstRead(f firstRead) *failure {
-	e := a.e
-	a.firstCh = nil
-	if len(f.b) > 0 || errors.Is(f.err, io.EOF) {
-		a.gotFirst, a.first, a.firstEOF = true, f.b, errors.Is(f.err, io.EOF)
-		tracing.Event(a.dl.span, tracing.EventFirstByte)
-		if e.m != nil && !a.st.warmup {
-			e.m.PDKVWaitSeconds.WithLabelValues(a.labels...).Observe(e.o.Now().Sub(a.dl.sent).Seconds())
-		}
-		return nil
-	}
-	if a.ctx.Err() != nil {
-		a.drain()
-		return e.ctxFailure(a.ctx, a.st, nil)
-	}
-	fail := a.decodeFail("error", http.StatusBadGateway, true, f.err, fmt.Sprintf("decode worker %s failed before its first byte: %v", a.pr.D.Key(), f.err))
-	a.drain()
-	return fail
 }
 
 // kvTimeout: D produced no byte within KVWaitTimeout. The pair failed;
@@ -477,6 +495,13 @@ func (a *attemptRun) commit() {
 	e.pairs.succeeded(pr.P.Key(), pr.D.Key())
 	if e.warm != nil {
 		e.warm.used(pr.P, pr.D)
+	}
+	if a.pWatch != nil && a.pDone.Load() {
+		// P answered before D's first byte: its answer is on its way
+		out := <-a.pWatch
+		a.pWatch = nil
+		a.observeP(out)
+		a.pRes = &out
 	}
 	if a.pl != nil && a.pWatch == nil {
 		a.pl.settle(worker.OutcomeSuccess)
@@ -547,25 +572,16 @@ func (a *attemptRun) relay() *failure {
 // (no-ops for outcomes recorded before).
 func (a *attemptRun) settle() { a.drain() }
 
-// drain cancels what is still running and waits for every goroutine the
-// attempt started, closing any response it produced; it records a success
-// for each leg whose outcome is not recorded yet. Every step that ends the
-// attempt calls it, and settle after a commit.
+// drain cancels what is still running and waits for the prefill's
+// goroutine, closing any response the attempt produced; it records a
+// success for each leg whose outcome is not recorded yet. Every step that
+// ends the attempt calls it, and settle after a commit.
 func (a *attemptRun) drain() {
+	a.stopWaiting()
 	a.dcancel()
 	a.pcancel()
-	if a.dch != nil {
-		if d := <-a.dch; d.resp != nil {
-			d.resp.Body.Close()
-		}
-		a.dch = nil
-	}
 	if a.dResp != nil {
 		a.dResp.Body.Close()
-	}
-	if a.firstCh != nil {
-		<-a.firstCh
-		a.firstCh = nil
 	}
 	if a.pWatch != nil {
 		// D is done: a prefill still running has nothing left to give.
