@@ -42,6 +42,12 @@ type H1Transport struct {
 	sweep *time.Timer          // armed while idle connections exist
 }
 
+// h1ReadBuffer is each connection's read buffer: it holds a response head
+// and SSE framing (a worker's events are a few hundred bytes; reads larger
+// than the buffer bypass it). At thousands of open streams these buffers
+// are much of the router's memory.
+const h1ReadBuffer = 4 << 10
+
 // h1InlineBody: bodies up to this size are written with the headers in one
 // write.
 const h1InlineBody = 64 << 10
@@ -278,7 +284,7 @@ func (t *H1Transport) get(ctx context.Context, addr string) (*h1Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &h1Conn{nc: nc, br: bufio.NewReaderSize(nc, 8<<10), addr: addr}, nil
+	return &h1Conn{nc: nc, br: bufio.NewReaderSize(nc, h1ReadBuffer), addr: addr}, nil
 }
 
 // open reports whether an idle connection is still usable: the worker has
