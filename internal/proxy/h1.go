@@ -84,7 +84,6 @@ type h1Conn struct {
 	br        *bufio.Reader
 	addr      string
 	idleSince time.Time
-	wbuf      []byte
 }
 
 // RoundTrip implements http.RoundTripper.
