@@ -117,19 +117,22 @@ func TestRelayIdleTimeout(t *testing.T) {
 	pr, pw := pipeBody()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	// The gaps between chunks are 10 ms, the idle timeout 100 times that:
+	// a loaded machine that delays a gap past the timeout would be a hang.
+	const idle = time.Second
 	wg.Go(func() {
-		// chunks 20 ms apart never trip a 100 ms idle timeout…
+		// chunks 10 ms apart never trip the idle timeout…
 		for range 10 {
 			if _, err := pw.Write([]byte("data: x\n\n")); err != nil {
 				return
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond)
 		}
 		// …then silence does
 	})
 	rec := httptest.NewRecorder()
 	start := time.Now()
-	res := Relay(context.Background(), rec, pr, RelayOptions{IdleTimeout: 100 * time.Millisecond})
+	res := Relay(context.Background(), rec, pr, RelayOptions{IdleTimeout: idle})
 	el := time.Since(start)
 	pw.Close()
 	if !errors.Is(res.UpstreamErr, ErrIdleTimeout) || !res.DownstreamOK {
@@ -138,7 +141,7 @@ func TestRelayIdleTimeout(t *testing.T) {
 	if got := strings.Count(rec.Body.String(), "data: x\n\n"); got != 10 {
 		t.Fatalf("%d chunks relayed, want all 10", got)
 	}
-	if el < 280*time.Millisecond || el > 2*time.Second {
+	if el < idle+90*time.Millisecond || el > 10*time.Second {
 		t.Fatalf("relay ended after %v", el)
 	}
 }
