@@ -50,6 +50,11 @@ type buffered struct {
 	body   []byte
 }
 
+// firstReadSize bounds D's first read, held while the KV is awaited (at
+// thousands of waiting streams, a buffer each): one SSE event of vLLM's
+// fits; the relay reads the rest.
+const firstReadSize = 1 << 10
+
 // The causes with which the attempt interrupts the decode's wait for its
 // first byte (context.Cause of the decode's context).
 var (
@@ -364,7 +369,7 @@ func (a *attemptRun) waitFirstByte() *failure {
 		return f
 	}
 	a.dResp = resp
-	buf := make([]byte, 4<<10) // the first event(s); the relay reads the rest
+	buf := make([]byte, firstReadSize)
 	var n int
 	for n == 0 && err == nil {
 		n, err = resp.Body.Read(buf)
