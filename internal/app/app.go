@@ -165,7 +165,7 @@ type app struct {
 	m        *metrics.Metrics
 	reg      *worker.Registry
 	client   *http.Client
-	tr       *http.Transport
+	tr       *proxy.H1Transport
 	srv      *server.Server
 	apiLn    net.Listener
 	metricLn net.Listener
@@ -194,7 +194,7 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*app, err
 	if ct == 0 {
 		ct = -1 // --connect-timeout-secs 0: no dial timeout
 	}
-	a.tr = proxy.NewTransport(proxy.TransportOptions{ConnectTimeout: ct})
+	a.tr = proxy.NewH1Transport(proxy.TransportOptions{ConnectTimeout: ct})
 	a.client = &http.Client{Transport: a.tr}
 	a.closers = append(a.closers, a.tr.CloseIdleConnections)
 	if cfg.HistoryBackend == "memory" {

@@ -12,15 +12,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchyard-llm/switchyard/internal/openai"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
-	"github.com/switchyard-llm/switchyard/internal/rawjson"
 	"github.com/switchyard-llm/switchyard/internal/tracing"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
@@ -54,684 +50,500 @@ type buffered struct {
 	body   []byte
 }
 
-// leg tracks one upstream call: breaker outcome, in-flight slot (and its
-// gauges) and the leg's client span.
-type leg struct {
-	name    string
-	w       *worker.Worker
-	done    func(worker.Outcome)
-	release func()
-	sent    time.Time
-	once    sync.Once // slot, gauges, span
-	outOnce sync.Once // breaker outcome
-	// holdOK: a success passed to finish/end is not recorded; settle records
-	// the outcome later. The prefill of a concurrent connector has done its
-	// job only once its KV reached the decode (D's first byte).
-	holdOK bool
-	warmup bool // a pair warm-up's leg: its connect failure is no health verdict
+// firstReadSize bounds D's first read, held while the KV is awaited (at
+// thousands of waiting streams, a buffer each): one SSE event of vLLM's
+// fits; the relay reads the rest.
+const firstReadSize = 1 << 10
 
-	running, inflight prometheus.Gauge       // per-worker and per-role in-flight gauges (nil without metrics)
-	outcomes          *prometheus.CounterVec // circuit-breaker outcomes (nil without metrics)
-	span              trace.Span             // nil when tracing is off
-}
-
-// finish records the leg's breaker outcome, releases its in-flight slot and
-// ends its span; only the first call counts.
-func (l *leg) finish(success bool) {
-	if success {
-		l.end(worker.OutcomeSuccess)
-	} else {
-		l.end(worker.OutcomeFailure)
-	}
-}
-
-// end releases the leg's in-flight slot and ends its span (first call only)
-// and records o on the breaker, unless o is a success held by holdOK.
-func (l *leg) end(o worker.Outcome) {
-	l.once.Do(func() {
-		l.release()
-		if l.running != nil {
-			l.running.Dec()
-			l.inflight.Dec()
-		}
-		if l.span != nil {
-			l.span.End()
-		}
-	})
-	if o == worker.OutcomeSuccess && l.holdOK {
-		return
-	}
-	l.settle(o)
-}
-
-// settle records the leg's breaker outcome; only the first call counts.
-// Neutral outcomes are not counted in the outcome metric (the breaker
-// records nothing for them).
-func (l *leg) settle(o worker.Outcome) {
-	l.outOnce.Do(func() {
-		l.done(o)
-		if l.outcomes != nil && o != worker.OutcomeNeutral {
-			l.outcomes.WithLabelValues(l.w.Key(), o.String()).Inc()
-		}
-	})
-}
-
-// startLeg reserves the breaker slot and the in-flight count of w, and
-// starts the leg's client span (child of the server span in ctx).
-func (e *Engine) startLeg(ctx context.Context, name string, w *worker.Worker, st *reqState, pr *Pair) (*leg, bool) {
-	done, ok := w.Breaker().StartOutcome()
-	if !ok && st.panicked { // panic routing overrides the breaker
-		done, ok = w.PanicOutcome(), true
-	}
-	if !ok {
-		return nil, false
-	}
-	l := &leg{name: name, w: w, done: done, release: w.Acquire(), sent: e.o.Now(), warmup: st.warmup}
-	if e.m != nil {
-		key := w.Key()
-		if name == "prefill" {
-			e.m.PDPrefillReqs.WithLabelValues(key).Inc()
-		} else {
-			e.m.PDDecodeReqs.WithLabelValues(key).Inc()
-		}
-		l.running = e.m.RunningRequests.WithLabelValues(key)
-		l.inflight = e.m.WorkerInFlight.WithLabelValues(name)
-		l.outcomes = e.m.CBOutcomes
-		l.running.Inc()
-		l.inflight.Inc()
-	}
-	if e.tr.Enabled() {
-		e.traceLeg(ctx, l, st, pr)
-	}
-	return l, true
-}
-
-// traceLeg starts l's client span with the PD attributes.
-func (e *Engine) traceLeg(ctx context.Context, l *leg, st *reqState, pr *Pair) {
-	rank := pr.PRank
-	if l.w == pr.D {
-		rank = pr.DRank
-	}
-	if rank < 0 && l.w.DPRank >= 0 {
-		rank = l.w.DPRank
-	}
-	l.span = e.tr.StartClient(ctx, tracing.Leg{Phase: l.name, Method: http.MethodPost, URL: l.w.Endpoint(st.path),
-		Route: st.route, Worker: l.w.Key(), DPRank: rank})
-	if !l.span.IsRecording() {
-		return
-	}
-	attrs := make([]attribute.KeyValue, 0, 6)
-	attrs = append(attrs,
-		attribute.String(tracing.AttrConnector, e.conn.Name()),
-		attribute.String(tracing.AttrOrder, e.conn.Order(pr.P).String()),
-		attribute.String(tracing.AttrPDRequestID, pr.RequestID),
-		attribute.Int(tracing.AttrAttempt, st.attempt),
-	)
-	if m := pr.P.TransferMode; m != "" {
-		attrs = append(attrs, attribute.String(tracing.AttrTransferMode, strings.ToUpper(m)))
-	}
-	if pr.TransferID != "" {
-		attrs = append(attrs, attribute.String(tracing.AttrTransferID, pr.TransferID))
-	}
-	l.span.SetAttributes(attrs...)
-}
-
-// legFailed records a failed leg: breaker failure, passive health on
-// connect errors, error metrics, span status. A first connect failure is a
-// hint (the worker is avoided and probed at once), a second within
-// worker.ConnectHintWindow marks it unhealthy (Registry.ConnectFailed); a
-// warm-up's connect failure is neither.
-func (e *Engine) legFailed(l *leg, reason string, err error) {
-	tracing.Fail(l.span, reason, err)
-	l.finish(false)
-	if err != nil && proxy.IsDialError(err) {
-		if !l.warmup {
-			for _, x := range e.o.Registry.ConnectFailed(l.w, time.Now()) {
-				e.log.Warn("worker unreachable (second connect failure), marked unhealthy", "worker", x.Key(), "err", err)
-				if e.m != nil {
-					e.m.WorkerHealth.WithLabelValues(x.Key()).Set(0)
-				}
-			}
-		}
-		e.markDown(l.w)
-	}
-	if e.m != nil {
-		if l.name == "prefill" {
-			e.m.PDPrefillErrors.WithLabelValues(l.w.Key()).Inc()
-		} else {
-			e.m.PDDecodeErrors.WithLabelValues(l.w.Key()).Inc()
-		}
-		e.m.PDLegErrors.WithLabelValues(l.name, reason).Inc()
-	}
-}
-
-// newLegRequest builds one upstream POST with the PD headers. The client's
-// own X-Request-Id is never forwarded. The client's traceparent, tracestate
-// and baggage are copied verbatim, or replaced by the leg span's context
-// when tracing is on.
-func (e *Engine) newLegRequest(ctx context.Context, st *reqState, pr *Pair, l *leg, rank int, body []byte) (*http.Request, error) {
-	w := l.w
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.Endpoint(st.path), bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	h := req.Header
-	h.Set("Content-Type", "application/json")
-	h.Set("X-Request-Id", pr.RequestID)
-	if rank >= 0 {
-		h["X-data-parallel-rank"] = []string{strconv.Itoa(rank)}
-	}
-	if st.auth != "" {
-		h.Set("Authorization", st.auth)
-	}
-	for _, k := range []string{"Traceparent", "Tracestate", "Baggage"} {
-		if v := st.hdr.Values(k); len(v) > 0 {
-			h[k] = append([]string(nil), v...)
-		}
-	}
-	if l.span != nil {
-		e.tr.Inject(ctx, l.span, h)
-	}
-	h.Set("User-Agent", "switchyard")
-	return req, nil
-}
-
-// prefillOut is the outcome of the prefill leg.
-type prefillOut struct {
-	body   []byte
-	params []byte // raw kv_transfer_params of P's response (nil = absent)
-	fail   *failure
-	dur    time.Duration
-}
-
-// runPrefill sends the prefill, reads its whole body and checks it. It
-// records the leg's outcome. ctx is the attempt's context (client and
-// overall deadline), pctx the prefill's own (PrefillTimeout, or cancelled
-// when the sibling failed).
-func (e *Engine) runPrefill(ctx, pctx context.Context, st *reqState, pr *Pair, l *leg, body []byte) (out prefillOut) {
-	who := "prefill worker " + pr.P.Key()
-	defer func() { out.dur = e.o.Now().Sub(l.sent) }()
-	classify := func(err error, during string) *failure {
-		switch {
-		case ctx.Err() != nil || (pctx.Err() == context.Canceled):
-			// the client left, the request deadline passed, or the
-			// sibling leg failed: not this worker's fault
-			l.finish(true)
-			return &failure{leg: "prefill", reason: "canceled", w: pr.P, status: proxy.StatusClientClosed, msg: who + ": canceled"}
-		case pctx.Err() == context.DeadlineExceeded:
-			e.legFailed(l, "timeout", err)
-			return &failure{leg: "prefill", reason: "timeout", w: pr.P, status: http.StatusGatewayTimeout, retry: true,
-				errType: "prefill_timeout", msg: fmt.Sprintf("%s did not complete the prefill within %s", who, e.o.PrefillTimeout)}
-		case proxy.IsDialError(err):
-			e.legFailed(l, "connect", err)
-			return &failure{leg: "prefill", reason: "connect", w: pr.P, status: http.StatusBadGateway, retry: true,
-				errType: "prefill", msg: fmt.Sprintf("%s unreachable: %v", who, unwrapURL(err))}
-		}
-		e.legFailed(l, "error", err)
-		return &failure{leg: "prefill", reason: "error", w: pr.P, status: http.StatusBadGateway, retry: true,
-			errType: "prefill", msg: fmt.Sprintf("%s failed %s: %v", who, during, unwrapURL(err))}
-	}
-	req, err := e.newLegRequest(pctx, st, pr, l, pr.PRank, body)
-	if err != nil {
-		e.legFailed(l, "error", err)
-		return prefillOut{fail: &failure{leg: "prefill", reason: "error", w: pr.P, status: http.StatusBadGateway, retry: true, errType: "prefill", msg: who + ": " + err.Error()}}
-	}
-	resp, err := e.o.Client.Do(req)
-	if err != nil {
-		return prefillOut{fail: classify(err, "before answering")}
-	}
-	tracing.SetStatus(l.span, resp.StatusCode)
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxPrefillBody+1))
-	resp.Body.Close()
-	if err != nil {
-		return prefillOut{fail: classify(err, "while sending its response")}
-	}
-	if resp.StatusCode/100 != 2 {
-		if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusRequestTimeout {
-			e.legFailed(l, "status", nil)
-			return prefillOut{fail: &failure{leg: "prefill", reason: "status", w: pr.P, status: http.StatusBadGateway, retry: true,
-				errType: "prefill", msg: fmt.Sprintf("%s returned HTTP %d: %s", who, resp.StatusCode, snippet(data))}}
-		}
-		// a client error (bad request, prompt too long): relay it as is
-		l.finish(true)
-		if e.m != nil {
-			e.m.PDLegErrors.WithLabelValues("prefill", "status_4xx").Inc()
-		}
-		return prefillOut{fail: &failure{leg: "prefill", reason: "status_4xx", w: pr.P, status: resp.StatusCode,
-			errType: "prefill", msg: fmt.Sprintf("%s returned HTTP %d: %s", who, resp.StatusCode, snippet(data)),
-			relay: &buffered{status: resp.StatusCode, header: resp.Header, body: limit(data, maxErrorBody)}}}
-	}
-	if len(data) > maxPrefillBody {
-		e.legFailed(l, "bad_response", nil)
-		return prefillOut{fail: &failure{leg: "prefill", reason: "bad_response", w: pr.P, status: http.StatusBadGateway, retry: true,
-			errType: "prefill", msg: fmt.Sprintf("%s returned a response larger than %d bytes", who, maxPrefillBody)}}
-	}
-	o, err := rawjson.Parse(data)
-	if err != nil {
-		e.legFailed(l, "bad_response", nil)
-		return prefillOut{fail: &failure{leg: "prefill", reason: "bad_response", w: pr.P, status: http.StatusBadGateway, retry: true,
-			errType: "prefill", msg: fmt.Sprintf("%s returned HTTP %d with a body that is not a JSON object (%v): %s; the decode was not sent",
-				who, resp.StatusCode, err, snippet(data))}}
-	}
-	l.finish(true)
-	return prefillOut{body: data, params: o.Get("kv_transfer_params")}
-}
-
-// decodeOut is the decode leg's response headers (or error).
-type decodeOut struct {
-	resp *http.Response
-	err  error
-}
-
-// firstRead is the decode body's first chunk.
-type firstRead struct {
-	b   []byte
-	err error
-}
+// The causes with which the attempt interrupts the decode's wait for its
+// first byte (context.Cause of the decode's context).
+var (
+	errKVWait        = errors.New("pd: KV-wait timeout")
+	errPrefillEnded  = errors.New("pd: the concurrent prefill failed")
+	errPrefillDown   = errors.New("pd: the prefill went away")
+	errPrefillUnsent = errors.New("pd: the concurrent prefill could not be sent")
+)
 
 // attempt runs one (P, D) pair. It returns nil when a response was written
 // to the client, or the failure when nothing was.
+//
+// The attempt is a fixed sequence of steps, each a method of attemptRun:
+//
+//	prefillFirst   sequential connectors: the prefill completes (and yields
+//	               the decode's kv_transfer_params) before the decode is sent
+//	send           the decode leg and the KV-wait timer are prepared
+//	waitFirstByte  D's request goes out on this goroutine (a concurrent
+//	               connector's prefill follows on its own once D's request is
+//	               written: launchPrefill, watchPrefill) and D's status and
+//	               first body byte are awaited; the KV-wait timer, a failed
+//	               or dead prefill and the client interrupt the wait
+//	               (onInterrupt), and can still fail over to another pair
+//	commit         the KV arrived: the pair and a finished prefill are fine
+//	relay          D's response goes to the client (streamed, or merged with
+//	               the prefill's prompt logprobs)
+//	settle         cancel and drain what still runs, record the legs' outcomes
 func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqState, pr *Pair) *failure {
+	a := e.newAttemptRun(ctx, w, st, pr)
+	defer a.close()
+	dParams, answered, f := a.prefillFirst()
+	if f != nil || answered {
+		return f
+	}
+	if f := a.send(dParams); f != nil {
+		return f
+	}
+	if f := a.waitFirstByte(); f != nil {
+		return f
+	}
+	a.commit()
+	defer a.settle()
+	return a.relay()
+}
+
+// attemptRun is the state of one attempt: its legs and what the decode
+// has produced so far. The decode leg runs on the request's goroutine; a
+// concurrent connector's prefill runs on one more, which interrupts the
+// decode's wait (interrupt) when it fails or its worker goes away.
+type attemptRun struct {
+	e   *Engine
+	ctx context.Context // client and overall deadline
+	w   http.ResponseWriter
+	st  *reqState
+	pr  *Pair
+
+	order  Order
+	labels []string // connector, order: PD timing metric labels
+	pBody  []byte
+
+	pctx    context.Context // the prefill's (PrefillTimeout, or cancelled when the sibling failed)
+	pcancel context.CancelFunc
+	dctx    context.Context // the decode's; its cause says which interrupt ended the wait
+	dcause  context.CancelCauseFunc
+	prof    *profiler
+	kvTimer *time.Timer // KVWaitTimeout for D's first byte (nil = none)
+	dreq    *http.Request
+
+	// waiting: D's first byte is awaited, so interrupts cancel dctx;
+	// waitDone is closed when the wait ends.
+	mu       sync.Mutex
+	waiting  bool
+	waitDone chan struct{}
+
+	// A concurrent prefill is launched once (launchOnce) by the trace
+	// callback of D's request write, or after D's answer if that came
+	// first; the request's goroutine reads pl and launchFail only after
+	// passing launchOnce itself.
+	launchOnce sync.Once
+	launchFail *failure
+
+	pl, dl   *leg
+	pRes     *prefillOut     // the prefill's answer once received
+	pWatch   chan prefillOut // a concurrent prefill's answer, not received yet (nil = none)
+	pDone    atomic.Bool     // the concurrent prefill answered with success
+	dResp    *http.Response  // D's response once its status is known
+	first    []byte          // D's first chunk
+	firstEOF bool            // D's body ended with the first read
+}
+
+func (e *Engine) newAttemptRun(ctx context.Context, w http.ResponseWriter, st *reqState, pr *Pair) *attemptRun {
 	order := e.conn.Order(pr.P)
-	labels := []string{e.conn.Name(), order.String()}
-	pBody := prefillBody(st.kind, st.obj, e.conn.PrefillParams(pr))
+	a := &attemptRun{e: e, ctx: ctx, w: w, st: st, pr: pr, order: order,
+		labels: []string{e.conn.Name(), order.String()},
+		pBody:  prefillBody(st.kind, st.obj, e.conn.PrefillParams(pr)),
+		prof:   e.newProfiler(pr),
+	}
 	e.log.Debug("pd attempt", "prefill", pr.P.Key(), "decode", pr.D.Key(), "order", order.String(),
 		"request_id", pr.RequestID, "transfer_id", pr.TransferID)
-
-	var pctx context.Context
-	var pcancel context.CancelFunc
 	if e.o.PrefillTimeout > 0 {
-		pctx, pcancel = context.WithTimeout(ctx, e.o.PrefillTimeout)
+		a.pctx, a.pcancel = context.WithTimeout(ctx, e.o.PrefillTimeout)
 	} else {
-		pctx, pcancel = context.WithCancel(ctx)
+		a.pctx, a.pcancel = context.WithCancel(ctx)
 	}
-	defer pcancel()
-	dctx, dcancel := context.WithCancel(ctx)
-	defer dcancel()
+	a.dctx, a.dcause = context.WithCancelCause(ctx)
+	a.waitDone = make(chan struct{})
+	return a
+}
 
-	prof := e.newProfiler(pr)
-	defer prof.stopAll()
+func (a *attemptRun) dcancel() { a.dcause(context.Canceled) }
 
-	var (
-		pRes     *prefillOut
-		pWatch   chan prefillOut
-		pDown    <-chan struct{} // closed when P, which answered, is seen dead
-		written  chan struct{}
-		dch      chan decodeOut
-		dResp    *http.Response
-		firstCh  chan firstRead
-		first    []byte
-		firstEOF bool
-		gotFirst bool
-		kvTimer  <-chan time.Time
-		dl       *leg
-		pl       *leg
-	)
-	observeP := func(out prefillOut) {
-		if e.m != nil && !st.warmup && out.fail == nil {
-			e.m.PDPrefillSeconds.WithLabelValues(labels...).Observe(out.dur.Seconds())
-		}
+// interrupt ends the decode's wait for its first byte with cause (a no-op
+// once the wait is over: the response is the client's then).
+func (a *attemptRun) interrupt(cause error) {
+	a.mu.Lock()
+	if a.waiting {
+		a.dcause(cause)
 	}
+	a.mu.Unlock()
+}
 
-	// The prefill's breaker outcome (holdOK) is a success only once its KV
-	// reached the decode (D's first byte) or the attempt ended for another
-	// reason than the transfer: settled here unless recorded before.
-	defer func() {
-		if pl != nil {
-			pl.settle(worker.OutcomeSuccess)
-		}
-	}()
+// stopWaiting ends the wait (idempotent) and returns the interrupt that
+// ended it, if any.
+func (a *attemptRun) stopWaiting() error {
+	a.mu.Lock()
+	if a.waiting {
+		a.waiting = false
+		close(a.waitDone)
+	}
+	a.mu.Unlock()
+	switch c := context.Cause(a.dctx); c {
+	case errKVWait, errPrefillEnded, errPrefillDown, errPrefillUnsent:
+		return c
+	}
+	return nil
+}
 
-	// Sequential: the prefill completes first.
-	var dParams []byte
-	if order == Sequential {
-		var ok bool
-		if pl, ok = e.startLeg(ctx, "prefill", pr.P, st, pr); !ok {
-			return &failure{leg: "prefill", reason: "breaker_open", w: pr.P, status: http.StatusServiceUnavailable, retry: true,
-				errType: "server_selection", msg: "prefill worker " + pr.P.Key() + " circuit breaker is open"}
-		}
-		pl.holdOK = true
-		prof.start(pr.P)
-		out := e.runPrefill(ctx, pctx, st, pr, pl, pBody)
-		prof.stop(pr.P)
-		if out.fail != nil {
-			return e.ctxFailure(ctx, st, out.fail)
-		}
-		observeP(out)
-		pRes = &out
-		if e.conn.NeedsPrefillParams(pr) && string(out.params) == "null" && !st.stream && stoppedAtFirstToken(st.kind, st.obj, out.body) {
-			// P's first token ended the generation (EOS or a stop string):
-			// vLLM hands off no KV, and P's answer is the whole answer.
-			e.writePrefillAnswer(w, st, out.body)
-			return nil
-		}
-		var err error
-		if e.conn.NeedsPrefillParams(pr) {
-			err = requireObject(out.params)
-		}
-		if err == nil {
-			dParams, err = e.conn.DecodeParams(pr, out.params)
-		}
+// close runs when the attempt returns, whatever the step. The prefill's
+// breaker outcome (holdOK) is a success only once its KV reached the decode
+// (D's first byte) or the attempt ended for another reason than the
+// transfer: settled here unless recorded before.
+func (a *attemptRun) close() {
+	if a.kvTimer != nil {
+		a.kvTimer.Stop()
+	}
+	a.stopWaiting()
+	a.launchOnce.Do(func() {}) // a late write report launches nothing
+	if a.pl != nil {
+		a.pl.settle(worker.OutcomeSuccess)
+	}
+	a.prof.stopAll()
+	a.dcancel()
+	a.pcancel()
+}
+
+func (a *attemptRun) observeP(out prefillOut) {
+	if a.e.m != nil && !a.st.warmup && out.fail == nil {
+		a.e.m.PDPrefillSeconds.WithLabelValues(a.labels...).Observe(out.dur.Seconds())
+	}
+}
+
+// prefillFirst is the first step. A sequential connector's prefill runs to
+// completion here; answered reports that P's answer was the whole answer
+// and was written. Both orders end with the decode's kv_transfer_params.
+func (a *attemptRun) prefillFirst() (dParams []byte, answered bool, f *failure) {
+	e, st, pr := a.e, a.st, a.pr
+	if a.order != Sequential {
+		dParams, err := e.conn.DecodeParams(pr, nil)
 		if err != nil {
-			if e.m != nil {
-				e.m.PDLegErrors.WithLabelValues("prefill", "no_params").Inc()
-			}
-			return &failure{leg: "prefill", reason: "no_params", w: pr.P, status: http.StatusBadGateway, errType: "prefill_params",
-				msg: fmt.Sprintf("prefill worker %s: %v; the decode was not sent", pr.P.Key(), err)}
-		}
-	} else {
-		var err error
-		if dParams, err = e.conn.DecodeParams(pr, nil); err != nil {
-			return &failure{leg: "prefill", reason: "no_params", w: pr.P, status: http.StatusServiceUnavailable, retry: true,
+			return nil, false, &failure{leg: "prefill", reason: "no_params", w: pr.P, status: http.StatusServiceUnavailable, retry: true,
 				errType: "server_selection", msg: err.Error()}
 		}
+		return dParams, false, nil
 	}
-	dBody := decodeBody(st.kind, st.obj, dParams, e.o.OutputLength)
-
 	var ok bool
-	if dl, ok = e.startLeg(ctx, "decode", pr.D, st, pr); !ok {
+	if a.pl, ok = e.startLeg(a.ctx, "prefill", pr.P, st, pr); !ok {
+		return nil, false, &failure{leg: "prefill", reason: "breaker_open", w: pr.P, status: http.StatusServiceUnavailable, retry: true,
+			errType: "server_selection", msg: "prefill worker " + pr.P.Key() + " circuit breaker is open"}
+	}
+	a.pl.holdOK = true
+	a.prof.start(pr.P)
+	out := e.runPrefill(a.ctx, a.pctx, st, pr, a.pl, a.pBody)
+	a.prof.stop(pr.P)
+	if out.fail != nil {
+		return nil, false, e.ctxFailure(a.ctx, st, out.fail)
+	}
+	a.observeP(out)
+	a.pRes = &out
+	if e.conn.NeedsPrefillParams(pr) && string(out.params) == "null" && !st.stream && stoppedAtFirstToken(st.kind, st.obj, out.body) {
+		// P's first token ended the generation (EOS or a stop string):
+		// vLLM hands off no KV, and P's answer is the whole answer.
+		e.writePrefillAnswer(a.w, st, out.body)
+		return nil, true, nil
+	}
+	var err error
+	if e.conn.NeedsPrefillParams(pr) {
+		err = requireObject(out.params)
+	}
+	if err == nil {
+		dParams, err = e.conn.DecodeParams(pr, out.params)
+	}
+	if err != nil {
+		if e.m != nil {
+			e.m.PDLegErrors.WithLabelValues("prefill", "no_params").Inc()
+		}
+		return nil, false, &failure{leg: "prefill", reason: "no_params", w: pr.P, status: http.StatusBadGateway, errType: "prefill_params",
+			msg: fmt.Sprintf("prefill worker %s: %v; the decode was not sent", pr.P.Key(), err)}
+	}
+	return dParams, false, nil
+}
+
+// send prepares the decode leg and starts the KV-wait timer; the request
+// itself goes out in waitFirstByte. With a concurrent connector, P is sent
+// once D's request is on the wire (D no later than P); if D cannot even be
+// reached, P is never sent.
+func (a *attemptRun) send(dParams []byte) *failure {
+	e, st, pr := a.e, a.st, a.pr
+	dBody := decodeBody(st.kind, st.obj, dParams, e.o.OutputLength)
+	var ok bool
+	if a.dl, ok = e.startLeg(a.ctx, "decode", pr.D, st, pr); !ok {
 		return &failure{leg: "decode", reason: "breaker_open", w: pr.D, status: http.StatusServiceUnavailable, retry: true,
 			errType: "server_selection", msg: "decode worker " + pr.D.Key() + " circuit breaker is open"}
 	}
-	dreq, err := e.newLegRequest(dctx, st, pr, dl, pr.DRank, dBody)
+	dreq, err := e.newLegRequest(a.dctx, st, pr, a.dl, pr.DRank, dBody)
 	if err != nil {
-		e.legFailed(dl, "error", err)
+		e.legFailed(a.dl, "error", err)
 		return &failure{leg: "decode", reason: "error", w: pr.D, status: http.StatusBadGateway, retry: true, errType: "decode", msg: err.Error()}
 	}
-	prof.start(pr.D)
-	if order == Concurrent {
-		prof.start(pr.P)
-		// P is sent once D's request is on the wire (D no later than P);
-		// if D cannot even be reached, P is never sent.
-		// The trace callback closes its own copy: the attempt may set
-		// written to nil (D answered first) while the callback runs.
-		wc := make(chan struct{})
-		written = wc
-		var once sync.Once
-		dreq = dreq.WithContext(httptrace.WithClientTrace(dctx, &httptrace.ClientTrace{
+	a.prof.start(pr.D)
+	if a.order == Concurrent {
+		a.prof.start(pr.P)
+		dreq = dreq.WithContext(httptrace.WithClientTrace(a.dctx, &httptrace.ClientTrace{
 			WroteRequest: func(i httptrace.WroteRequestInfo) {
 				if i.Err == nil {
-					once.Do(func() { close(wc) })
+					a.launchOnce.Do(a.launchPrefill)
 				}
 			},
 		}))
-		dch = make(chan decodeOut, 1)
-		go func() {
-			resp, err := e.o.Client.Do(dreq)
-			dch <- decodeOut{resp, err}
-		}()
-	} else {
-		dch = make(chan decodeOut, 1)
-		go func() {
-			resp, err := e.o.Client.Do(dreq)
-			dch <- decodeOut{resp, err}
-		}()
 	}
+	a.dreq = dreq
+	a.waiting = true
 	if e.o.KVWaitTimeout > 0 && st.stream {
-		t := time.NewTimer(e.o.KVWaitTimeout)
-		defer t.Stop()
-		kvTimer = t.C
+		a.kvTimer = time.AfterFunc(e.o.KVWaitTimeout, func() { a.interrupt(errKVWait) })
 	}
+	return nil
+}
 
-	// cleanup cancels what is still running and waits for every goroutine
-	// this attempt started, closing any response it produced.
-	cleanup := func(cancelP bool) {
-		dcancel()
-		if cancelP {
-			pcancel()
-		}
-		if dch != nil {
-			if d := <-dch; d.resp != nil {
-				d.resp.Body.Close()
-			}
-			dch = nil
-		}
-		if dResp != nil {
-			dResp.Body.Close()
-		}
-		if firstCh != nil {
-			<-firstCh
-			firstCh = nil
-		}
-		if pWatch != nil {
-			pcancel()
-			observeP(<-pWatch)
-			pWatch = nil
-		}
-		dl.finish(true) // no-op when the outcome was already recorded
-		if pl != nil {
-			pl.finish(true)
-			pl.settle(worker.OutcomeSuccess)
-		}
+// launchPrefill sends a concurrent connector's prefill on its own
+// goroutine. It runs once, on whichever goroutine reports D's request
+// written (or on the request's when D answered first).
+func (a *attemptRun) launchPrefill() {
+	e, pr := a.e, a.pr
+	pl, ok := e.startLeg(a.ctx, "prefill", pr.P, a.st, pr)
+	if !ok {
+		a.launchFail = &failure{leg: "prefill", reason: "breaker_open", w: pr.P, status: http.StatusServiceUnavailable, retry: true,
+			errType: "server_selection", msg: "prefill worker " + pr.P.Key() + " circuit breaker is open"}
+		a.interrupt(errPrefillUnsent)
+		return
 	}
-	decodeFail := func(reason string, status int, retry bool, err error, msg string) *failure {
-		e.legFailed(dl, reason, err)
-		return &failure{leg: "decode", reason: reason, w: pr.D, status: status, retry: retry, errType: "decode", msg: msg}
-	}
-	// kvTimeout: D produced no byte within KVWaitTimeout. The pair failed;
-	// each side's breaker records a failure only if the pair health blames
-	// it (it failed with two distinct partners), else nothing.
-	kvTimeout := func() *failure {
-		blameP, blameD := e.pairs.failed(pr.P.Key(), pr.D.Key())
-		if e.m != nil {
-			e.m.PDLegErrors.WithLabelValues("decode", "kv_wait_timeout").Inc()
-		}
-		tracing.Fail(dl.span, "kv_wait_timeout", nil)
-		e.blame(dl, blameD)
-		if pl != nil {
-			e.blame(pl, blameP)
-		}
-		cleanup(true)
-		return &failure{leg: "decode", reason: "kv_wait_timeout", w: pr.D, status: http.StatusGatewayTimeout, retry: true,
-			errType: "kv_wait_timeout", pair: true, blameP: blameP, blameD: blameD,
-			msg: fmt.Sprintf("decode worker %s produced no output within %s (KV cache from prefill worker %s never arrived?)",
-				pr.D.Key(), e.o.KVWaitTimeout, pr.P.Key())}
-	}
-	startFirstRead := func() {
-		firstCh = make(chan firstRead, 1)
-		body := dResp.Body
-		go func() {
-			buf := make([]byte, 4<<10) // the first event(s); the relay reads the rest
-			for {
-				n, err := body.Read(buf)
-				if n > 0 || err != nil {
-					firstCh <- firstRead{buf[:n], err}
-					return
-				}
-			}
-		}()
-	}
-	onFirst := func(f firstRead) (fatal error) {
-		firstCh = nil
-		if len(f.b) > 0 || errors.Is(f.err, io.EOF) {
-			gotFirst, first, firstEOF = true, f.b, errors.Is(f.err, io.EOF)
-			tracing.Event(dl.span, tracing.EventFirstByte)
-			if e.m != nil && !st.warmup {
-				e.m.PDKVWaitSeconds.WithLabelValues(labels...).Observe(e.o.Now().Sub(dl.sent).Seconds())
-			}
-			return nil
-		}
-		return f.err
-	}
+	pl.holdOK = true
+	a.pl = pl
+	a.pWatch = make(chan prefillOut, 1)
+	go a.watchPrefill(pl, a.pWatch)
+}
 
-	launchP := func() *failure {
-		written = nil
-		if pl, ok = e.startLeg(ctx, "prefill", pr.P, st, pr); !ok {
-			cleanup(true)
-			return &failure{leg: "prefill", reason: "breaker_open", w: pr.P, status: http.StatusServiceUnavailable, retry: true,
-				errType: "server_selection", msg: "prefill worker " + pr.P.Key() + " circuit breaker is open"}
-		}
-		pl.holdOK = true
-		pWatch = make(chan prefillOut, 1)
-		go func(l *leg, ch chan prefillOut) { ch <- e.runPrefill(ctx, pctx, st, pr, l, pBody) }(pl, pWatch)
-		return nil
-	}
-
-	// Wait until D's status is known and D produced its first body byte (or
-	// ended its body). Until then nothing reached the client, so a KV-wait
-	// timeout or a dead prefill can still fail over to another pair.
-	for !(dResp != nil && gotFirst) {
+// watchPrefill runs the concurrent prefill and, once P answered, watches
+// P until D's first byte: D still waits for the KV this P sends after
+// answering, so P seen dead (connect failure, left the registry) or P
+// failing ends the wait. It hands P's answer over on ch.
+func (a *attemptRun) watchPrefill(l *leg, ch chan<- prefillOut) {
+	out := a.e.runPrefill(a.ctx, a.pctx, a.st, a.pr, l, a.pBody)
+	a.prof.stop(a.pr.P)
+	if out.fail != nil {
+		a.interrupt(errPrefillEnded)
+	} else {
+		a.pDone.Store(true)
 		select {
-		case <-written:
-			if f := launchP(); f != nil {
-				return f
-			}
-
-		case out := <-pWatch:
-			pWatch = nil
-			prof.stop(pr.P)
-			if out.fail != nil {
-				// P failed before D's first byte: cancel D so vLLM frees its blocks.
-				cleanup(true)
-				return e.ctxFailure(ctx, st, out.fail)
-			}
-			observeP(out)
-			pRes = &out
-			// D still waits for the KV this P sends after answering: stop
-			// waiting if P is seen dead meanwhile
-			pDown = e.watchDown(pr.P)
-
-		case d := <-dch:
-			dch = nil
-			prof.stop(pr.D)
-			if d.err != nil {
-				var f *failure
-				switch {
-				case ctx.Err() != nil:
-					cleanup(true)
-					return e.ctxFailure(ctx, st, nil)
-				case proxy.IsDialError(d.err):
-					f = decodeFail("connect", http.StatusBadGateway, true, d.err, fmt.Sprintf("decode worker %s unreachable: %v", pr.D.Key(), unwrapURL(d.err)))
-				default:
-					f = decodeFail("error", http.StatusBadGateway, true, d.err, fmt.Sprintf("decode worker %s failed before answering: %v", pr.D.Key(), unwrapURL(d.err)))
-				}
-				cleanup(true)
-				return f
-			}
-			tracing.SetStatus(dl.span, d.resp.StatusCode)
-			if d.resp.StatusCode/100 != 2 {
-				data, _ := io.ReadAll(io.LimitReader(d.resp.Body, maxErrorBody))
-				d.resp.Body.Close()
-				b := &buffered{status: d.resp.StatusCode, header: d.resp.Header, body: data}
-				var f *failure
-				if d.resp.StatusCode >= 500 || d.resp.StatusCode == http.StatusTooManyRequests || d.resp.StatusCode == http.StatusRequestTimeout {
-					f = decodeFail("status", d.resp.StatusCode, true, nil, fmt.Sprintf("decode worker %s returned HTTP %d: %s", pr.D.Key(), d.resp.StatusCode, snippet(data)))
-				} else {
-					dl.finish(true)
-					if e.m != nil {
-						e.m.PDLegErrors.WithLabelValues("decode", "status_4xx").Inc()
-					}
-					f = &failure{leg: "decode", reason: "status_4xx", w: pr.D, status: d.resp.StatusCode, errType: "decode",
-						msg: fmt.Sprintf("decode worker %s returned HTTP %d", pr.D.Key(), d.resp.StatusCode)}
-				}
-				f.relay = b
-				cleanup(true)
-				return f
-			}
-			dResp = d.resp
-			startFirstRead()
-			if written != nil {
-				// D answered before its request write was reported
-				if f := launchP(); f != nil {
-					return f
-				}
-			}
-
-		case fr := <-firstCh:
-			if err := onFirst(fr); err != nil {
-				var f *failure
-				if ctx.Err() != nil {
-					cleanup(true)
-					return e.ctxFailure(ctx, st, nil)
-				}
-				f = decodeFail("error", http.StatusBadGateway, true, err, fmt.Sprintf("decode worker %s failed before its first byte: %v", pr.D.Key(), err))
-				cleanup(true)
-				return f
-			}
-
-		case <-kvTimer:
-			kvTimer = nil
-			return kvTimeout()
-
-		case <-pDown:
-			// P answered, then was seen dead (connect failure, left the
-			// registry) before D produced a byte: its KV may never come.
-			pDown = nil
-			tracing.Fail(pl.span, "down", nil)
-			pl.finish(false)
-			if e.m != nil {
-				e.m.PDPrefillErrors.WithLabelValues(pr.P.Key()).Inc()
-				e.m.PDLegErrors.WithLabelValues("prefill", "down").Inc()
-			}
-			cleanup(true)
-			return &failure{leg: "prefill", reason: "down", w: pr.P, status: http.StatusBadGateway, retry: true, errType: "prefill",
-				msg: fmt.Sprintf("prefill worker %s went away (connect failure or left the registry) before decode worker %s received its KV cache",
-					pr.P.Key(), pr.D.Key())}
-
-		case <-ctx.Done():
-			cleanup(true)
-			return e.ctxFailure(ctx, st, nil)
+		case <-a.e.watchDown(a.pr.P):
+			a.interrupt(errPrefillDown)
+		case <-a.waitDone:
 		}
 	}
+	ch <- out
+}
 
-	// Commit: D's status is known and D produced a byte (or ended its body).
-	// The KV arrived: the pair is fine, and so is a prefill already done.
+// waitFirstByte sends D's request and waits, on the request's goroutine,
+// until D's status is known and D produced its first body byte (or ended
+// its body). Until then nothing reached the client, so a KV-wait timeout
+// or a dead prefill can still fail over to another pair: they interrupt the
+// wait by cancelling D's context with their cause (onInterrupt).
+func (a *attemptRun) waitFirstByte() *failure {
+	resp, err := a.e.o.Client.Do(a.dreq)
+	a.prof.stop(a.pr.D)
+	if a.order == Concurrent {
+		if err == nil {
+			a.launchOnce.Do(a.launchPrefill) // D answered before its request write was reported
+		} else {
+			a.launchOnce.Do(func() {}) // D failed: P is never sent
+		}
+	}
+	if err != nil {
+		if c := a.stopWaiting(); c != nil {
+			return a.onInterrupt(c)
+		}
+		return a.onDecodeError(err, "before answering")
+	}
+	tracing.SetStatus(a.dl.span, resp.StatusCode)
+	if resp.StatusCode/100 != 2 {
+		a.stopWaiting()
+		f := a.decodeStatus(resp)
+		a.drain()
+		return f
+	}
+	a.dResp = resp
+	buf := make([]byte, firstReadSize)
+	var n int
+	for n == 0 && err == nil {
+		n, err = resp.Body.Read(buf)
+	}
+	if c := a.stopWaiting(); c != nil {
+		return a.onInterrupt(c)
+	}
+	if n == 0 && !errors.Is(err, io.EOF) {
+		return a.onDecodeError(err, "before its first byte")
+	}
+	a.first, a.firstEOF = buf[:n], errors.Is(err, io.EOF)
+	tracing.Event(a.dl.span, tracing.EventFirstByte)
+	if a.e.m != nil && !a.st.warmup {
+		a.e.m.PDKVWaitSeconds.WithLabelValues(a.labels...).Observe(a.e.o.Now().Sub(a.dl.sent).Seconds())
+	}
+	return nil
+}
+
+// onInterrupt ends a wait that an interrupt (the cause c) cut short.
+func (a *attemptRun) onInterrupt(c error) *failure {
+	switch c {
+	case errKVWait:
+		return a.kvTimeout()
+	case errPrefillDown:
+		return a.onPrefillDown()
+	case errPrefillUnsent:
+		a.drain()
+		return a.launchFail
+	}
+	// errPrefillEnded: P failed before D's first byte; D is cancelled so
+	// that vLLM frees its blocks.
+	out := <-a.pWatch
+	a.pWatch = nil
+	a.drain()
+	return a.e.ctxFailure(a.ctx, a.st, out.fail)
+}
+
+// onDecodeError ends the attempt after D failed to answer or to send its
+// first byte.
+func (a *attemptRun) onDecodeError(err error, when string) *failure {
+	pr := a.pr
+	if a.ctx.Err() != nil {
+		a.drain()
+		return a.e.ctxFailure(a.ctx, a.st, nil)
+	}
+	var f *failure
+	switch {
+	case a.dResp == nil && proxy.IsDialError(err):
+		f = a.decodeFail("connect", http.StatusBadGateway, true, err, fmt.Sprintf("decode worker %s unreachable: %v", pr.D.Key(), unwrapURL(err)))
+	case a.dResp == nil:
+		f = a.decodeFail("error", http.StatusBadGateway, true, err, fmt.Sprintf("decode worker %s failed %s: %v", pr.D.Key(), when, unwrapURL(err)))
+	default:
+		f = a.decodeFail("error", http.StatusBadGateway, true, err, fmt.Sprintf("decode worker %s failed %s: %v", pr.D.Key(), when, err))
+	}
+	a.drain()
+	return f
+}
+
+// onPrefillDown: P answered, then was seen dead (connect failure, left the
+// registry) before D produced a byte: its KV may never come.
+func (a *attemptRun) onPrefillDown() *failure {
+	e, pr := a.e, a.pr
+	tracing.Fail(a.pl.span, "down", nil)
+	a.pl.finish(false)
+	if e.m != nil {
+		e.m.PDPrefillErrors.WithLabelValues(pr.P.Key()).Inc()
+		e.m.PDLegErrors.WithLabelValues("prefill", "down").Inc()
+	}
+	a.drain()
+	return &failure{leg: "prefill", reason: "down", w: pr.P, status: http.StatusBadGateway, retry: true, errType: "prefill",
+		msg: fmt.Sprintf("prefill worker %s went away (connect failure or left the registry) before decode worker %s received its KV cache",
+			pr.P.Key(), pr.D.Key())}
+}
+
+// decodeStatus is the failure for D's non-2xx answer, with D's response
+// kept to relay.
+func (a *attemptRun) decodeStatus(resp *http.Response) *failure {
+	e, pr := a.e, a.pr
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	resp.Body.Close()
+	b := &buffered{status: resp.StatusCode, header: resp.Header, body: data}
+	var f *failure
+	if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusRequestTimeout {
+		f = a.decodeFail("status", resp.StatusCode, true, nil, fmt.Sprintf("decode worker %s returned HTTP %d: %s", pr.D.Key(), resp.StatusCode, snippet(data)))
+	} else {
+		a.dl.finish(true)
+		if e.m != nil {
+			e.m.PDLegErrors.WithLabelValues("decode", "status_4xx").Inc()
+		}
+		f = &failure{leg: "decode", reason: "status_4xx", w: pr.D, status: resp.StatusCode, errType: "decode",
+			msg: fmt.Sprintf("decode worker %s returned HTTP %d", pr.D.Key(), resp.StatusCode)}
+	}
+	f.relay = b
+	return f
+}
+
+// kvTimeout: D produced no byte within KVWaitTimeout. The pair failed;
+// each side's breaker records a failure only if the pair health blames
+// it (it failed with two distinct partners), else nothing.
+func (a *attemptRun) kvTimeout() *failure {
+	e, pr := a.e, a.pr
+	blameP, blameD := e.pairs.failed(pr.P.Key(), pr.D.Key())
+	if e.m != nil {
+		e.m.PDLegErrors.WithLabelValues("decode", "kv_wait_timeout").Inc()
+	}
+	tracing.Fail(a.dl.span, "kv_wait_timeout", nil)
+	e.blame(a.dl, blameD)
+	if a.pl != nil {
+		e.blame(a.pl, blameP)
+	}
+	a.drain()
+	return &failure{leg: "decode", reason: "kv_wait_timeout", w: pr.D, status: http.StatusGatewayTimeout, retry: true,
+		errType: "kv_wait_timeout", pair: true, blameP: blameP, blameD: blameD,
+		msg: fmt.Sprintf("decode worker %s produced no output within %s (KV cache from prefill worker %s never arrived?)",
+			pr.D.Key(), e.o.KVWaitTimeout, pr.P.Key())}
+}
+
+// decodeFail records a failed decode leg and returns its failure.
+func (a *attemptRun) decodeFail(reason string, status int, retry bool, err error, msg string) *failure {
+	a.e.legFailed(a.dl, reason, err)
+	return &failure{leg: "decode", reason: reason, w: a.pr.D, status: status, retry: retry, errType: "decode", msg: msg}
+}
+
+// commit: D's status is known and D produced a byte (or ended its body).
+// The KV arrived: the pair is fine, and so is a prefill already done.
+func (a *attemptRun) commit() {
+	e, st, pr := a.e, a.st, a.pr
 	e.pairs.succeeded(pr.P.Key(), pr.D.Key())
 	if e.warm != nil {
 		e.warm.used(pr.P, pr.D)
 	}
-	if pl != nil && pWatch == nil {
-		pl.settle(worker.OutcomeSuccess)
+	if a.pWatch != nil && a.pDone.Load() {
+		// P answered before D's first byte: its answer is on its way
+		out := <-a.pWatch
+		a.pWatch = nil
+		a.observeP(out)
+		a.pRes = &out
+	}
+	if a.pl != nil && a.pWatch == nil {
+		a.pl.settle(worker.OutcomeSuccess)
 	}
 	if e.m != nil && !st.warmup {
 		d := e.o.Now().Sub(st.start).Seconds()
 		e.m.PDRequestDur.WithLabelValues(st.route).Observe(d)
 		e.m.GenerateDur.Observe(d) // time to response headers, as on the regular path
 	}
-	finishP := func() {
-		// D is done: a prefill still running has nothing left to give.
-		if pWatch != nil {
-			pcancel()
-			observeP(<-pWatch)
-			pWatch = nil
-		}
-		if pl != nil {
-			pl.finish(true)
-			pl.settle(worker.OutcomeSuccess) // no-op if P failed meanwhile
-		}
-	}
-	defer func() {
-		dcancel()
-		dResp.Body.Close()
-		if firstCh != nil {
-			<-firstCh
-		}
-		finishP()
-		dl.finish(true)
-	}()
+}
 
-	if st.merge {
-		return e.writeMerged(ctx, w, st, pr, dl, dResp, first, firstEOF, &pWatch, pRes, labels, decodeFail)
+// relay writes D's response to the client: streamed as it arrives, or
+// merged with the prefill's prompt logprobs (st.merge). A failure after
+// the status line was sent ends the stream with an SSE error event.
+func (a *attemptRun) relay() *failure {
+	if a.st.merge {
+		return a.relayMerged()
 	}
-
-	h := w.Header()
+	e, st, pr, dl, dResp := a.e, a.st, a.pr, a.dl, a.dResp
+	h := a.w.Header()
 	proxy.CopyResponseHeaders(h, dResp.Header)
 	if !st.stream && dResp.ContentLength >= 0 {
 		// a short body then closes the connection instead of looking complete
 		h.Set("Content-Length", strconv.FormatInt(dResp.ContentLength, 10))
 	}
-	w.WriteHeader(dResp.StatusCode)
+	a.w.WriteHeader(dResp.StatusCode)
 
 	var body io.Reader = dResp.Body
-	if firstEOF {
+	if a.firstEOF {
 		body = http.NoBody
 	}
-	if len(first) > 0 {
-		body = io.MultiReader(bytes.NewReader(first), body)
+	if len(a.first) > 0 {
+		body = io.MultiReader(bytes.NewReader(a.first), body)
 	}
 	// token usage: the decode's own report (the prefill's 1-token leg is never counted)
 	observeUsage, finishUsage := proxy.NewUsageObserver(e.m)
-	res := proxy.Relay(ctx, e.migWriter(st, w, dResp), readCloser{body, dResp.Body}, proxy.RelayOptions{
+	res := proxy.Relay(a.ctx, e.migWriter(st, a.w, dResp), readCloser{body, dResp.Body}, proxy.RelayOptions{
 		IdleTimeout: e.o.StreamIdleTimeout,
 		Observe:     observeUsage,
 		OnFirstByte: func() {
@@ -742,23 +554,97 @@ func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqStat
 	})
 	finishUsage(res.UpstreamErr == nil && res.DownstreamOK && dResp.StatusCode < 300)
 	if e.m != nil && !st.warmup {
-		e.m.PDDecodeSeconds.WithLabelValues(labels...).Observe(e.o.Now().Sub(dl.sent).Seconds())
+		e.m.PDDecodeSeconds.WithLabelValues(a.labels...).Observe(e.o.Now().Sub(dl.sent).Seconds())
 	}
-	if e.migrateAfterRelay(ctx, &res, st, pr, dl) {
+	if e.migrateAfterRelay(a.ctx, &res, st, pr, dl) {
 		return nil
 	}
 	switch {
 	case res.UpstreamErr == nil && res.DownstreamOK:
 		dl.finish(true)
 	case st.cli.Err() != nil:
-		// the client went away: both legs are cancelled by the deferred cleanup
+		// the client went away: both legs are cancelled by settle
 		e.countErr("client_disconnect")
 	default:
 		err := res.UpstreamErr
 		if err == nil {
-			err = ctx.Err()
+			err = a.ctx.Err()
 		}
-		e.endAfterCommit(ctx, w, res, st, pr, dl, err)
+		e.endAfterCommit(a.ctx, a.w, res, st, pr, dl, err)
+	}
+	return nil
+}
+
+// settle ends a committed attempt: D's body is closed, a prefill still
+// running is cancelled and awaited, and both legs' outcomes are recorded
+// (no-ops for outcomes recorded before).
+func (a *attemptRun) settle() { a.drain() }
+
+// drain cancels what is still running and waits for the prefill's
+// goroutine, closing any response the attempt produced; it records a
+// success for each leg whose outcome is not recorded yet. Every step that
+// ends the attempt calls it, and settle after a commit.
+func (a *attemptRun) drain() {
+	a.stopWaiting()
+	a.dcancel()
+	a.pcancel()
+	if a.dResp != nil {
+		a.dResp.Body.Close()
+	}
+	if a.pWatch != nil {
+		// D is done: a prefill still running has nothing left to give.
+		a.observeP(<-a.pWatch)
+		a.pWatch = nil
+	}
+	a.dl.finish(true)
+	if a.pl != nil {
+		a.pl.finish(true)
+		a.pl.settle(worker.OutcomeSuccess) // no-op if P failed meanwhile
+	}
+}
+
+// relayMerged buffers a non-streaming decode response, folds in the
+// prefill's prompt logprobs and writes it with a correct Content-Length.
+func (a *attemptRun) relayMerged() *failure {
+	e, st, pr, dl, dResp := a.e, a.st, a.pr, a.dl, a.dResp
+	data := a.first
+	if !a.firstEOF {
+		rest, err := io.ReadAll(io.LimitReader(dResp.Body, maxMergeBody))
+		if err != nil {
+			if st.cli.Err() != nil || a.ctx.Err() != nil {
+				return e.ctxFailure(a.ctx, st, nil)
+			}
+			return a.decodeFail("error", http.StatusBadGateway, true, err, fmt.Sprintf("decode worker %s failed while sending its response: %v", pr.D.Key(), err))
+		}
+		data = append(append([]byte(nil), a.first...), rest...)
+	}
+	pRes := a.pRes
+	if a.pWatch != nil {
+		select {
+		case out := <-a.pWatch:
+			a.pWatch = nil
+			if out.fail == nil {
+				pRes = &out
+			}
+		case <-a.ctx.Done():
+			return e.ctxFailure(a.ctx, st, nil)
+		}
+	}
+	decoded := data // the decode's own usage is counted, never the prefill's
+	if pRes != nil && dResp.StatusCode/100 == 2 {
+		data, _ = mergeLogprobs(st.kind, pRes.body, data)
+	}
+	h := a.w.Header()
+	proxy.CopyResponseHeaders(h, dResp.Header)
+	h.Set("Content-Length", strconv.Itoa(len(data)))
+	a.w.WriteHeader(dResp.StatusCode)
+	_, _ = a.w.Write(data)
+	if dResp.StatusCode < 300 {
+		proxy.CountUsage(e.m, decoded)
+	}
+	dl.finish(true)
+	if e.m != nil && !st.warmup {
+		e.m.PDDecodeSeconds.WithLabelValues(a.labels...).Observe(e.o.Now().Sub(dl.sent).Seconds())
 	}
 	return nil
 }
@@ -814,52 +700,6 @@ func (e *Engine) endAfterCommit(ctx context.Context, w http.ResponseWriter, res 
 	}
 	// non-streaming: the declared Content-Length is not met, so the server
 	// closes the connection and the client sees the truncation.
-}
-
-// writeMerged buffers a non-streaming decode response, folds in the
-// prefill's prompt logprobs and writes it with a correct Content-Length.
-func (e *Engine) writeMerged(ctx context.Context, w http.ResponseWriter, st *reqState, pr *Pair, dl *leg, dResp *http.Response,
-	first []byte, firstEOF bool, pWatch *chan prefillOut, pRes *prefillOut, labels []string,
-	decodeFail func(string, int, bool, error, string) *failure) *failure {
-	data := first
-	if !firstEOF {
-		rest, err := io.ReadAll(io.LimitReader(dResp.Body, maxMergeBody))
-		if err != nil {
-			if st.cli.Err() != nil || ctx.Err() != nil {
-				return e.ctxFailure(ctx, st, nil)
-			}
-			return decodeFail("error", http.StatusBadGateway, true, err, fmt.Sprintf("decode worker %s failed while sending its response: %v", pr.D.Key(), err))
-		}
-		data = append(append([]byte(nil), first...), rest...)
-	}
-	if *pWatch != nil {
-		select {
-		case out := <-*pWatch:
-			*pWatch = nil
-			if out.fail == nil {
-				pRes = &out
-			}
-		case <-ctx.Done():
-			return e.ctxFailure(ctx, st, nil)
-		}
-	}
-	decoded := data // the decode's own usage is counted, never the prefill's
-	if pRes != nil && dResp.StatusCode/100 == 2 {
-		data, _ = mergeLogprobs(st.kind, pRes.body, data)
-	}
-	h := w.Header()
-	proxy.CopyResponseHeaders(h, dResp.Header)
-	h.Set("Content-Length", strconv.Itoa(len(data)))
-	w.WriteHeader(dResp.StatusCode)
-	_, _ = w.Write(data)
-	if dResp.StatusCode < 300 {
-		proxy.CountUsage(e.m, decoded)
-	}
-	dl.finish(true)
-	if e.m != nil && !st.warmup {
-		e.m.PDDecodeSeconds.WithLabelValues(labels...).Observe(e.o.Now().Sub(dl.sent).Seconds())
-	}
-	return nil
 }
 
 // ctxFailure turns a cancelled attempt into the right failure: the client

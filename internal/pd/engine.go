@@ -180,7 +180,7 @@ func New(o Options) (*Engine, error) {
 		return nil, fmt.Errorf("pd: unknown output length policy %q (want exact or toy-proxy)", o.OutputLength)
 	}
 	if o.Client == nil {
-		o.Client = &http.Client{Transport: proxy.NewTransport(proxy.TransportOptions{})}
+		o.Client = &http.Client{Transport: proxy.NewH1Transport(proxy.TransportOptions{})}
 	}
 	if o.MaxFailovers < 0 {
 		o.MaxFailovers = 0

@@ -258,7 +258,7 @@ func newHarness(t *testing.T, reg *worker.Registry, o Options) *harness {
 	// Loopback connects are instant, but a machine with every core busy
 	// has delayed one past a 1 s deadline (i/o timeout): no test here
 	// depends on the connect timeout.
-	tr := proxy.NewTransport(proxy.TransportOptions{ConnectTimeout: 10 * time.Second})
+	tr := proxy.NewH1Transport(proxy.TransportOptions{ConnectTimeout: 10 * time.Second})
 	t.Cleanup(tr.CloseIdleConnections)
 	o.Registry = reg
 	if o.Client == nil {

@@ -169,7 +169,7 @@ func newFixtureWith(t testing.TB, urls []string, o RegularOptions, bc worker.Bre
 			t.Fatal(err)
 		}
 	}
-	tr := NewTransport(TransportOptions{})
+	tr := NewH1Transport(TransportOptions{})
 	t.Cleanup(tr.CloseIdleConnections)
 	o.Registry = f.reg
 	o.Client = &http.Client{Transport: tr}

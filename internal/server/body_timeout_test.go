@@ -111,11 +111,14 @@ func TestBodyReadTimeout(t *testing.T) {
 // timeout is served, and its deadline does not fire later, during a
 // response that lasts several times the body timeout.
 func TestBodyReadTimeoutNotLeftOnConnection(t *testing.T) {
-	const timeout = 200 * time.Millisecond
+	// The body's pause is a twentieth of the timeout (a loaded machine
+	// must not stretch it past the deadline); the response lasts twice
+	// the timeout.
+	const timeout = time.Second
 	e := newEnv(t, func(o *Options) { o.BodyReadTimeout = timeout })
 	e.gen.fn = func(w http.ResponseWriter, r *http.Request, c *proxy.Call) {
 		select {
-		case <-time.After(3 * timeout):
+		case <-time.After(2 * timeout):
 			writeJSON(w, 200, map[string]any{"ok": true})
 		case <-r.Context().Done():
 			openai.WriteError(w, 500, "request context cancelled during the response")
@@ -125,7 +128,7 @@ func TestBodyReadTimeoutNotLeftOnConnection(t *testing.T) {
 	pr, pw := io.Pipe()
 	go func() {
 		_, _ = io.WriteString(pw, `{"prompt":`)
-		time.Sleep(timeout / 2) // slow, but within the timeout
+		time.Sleep(timeout / 20) // slow, but within the timeout
 		_, _ = io.WriteString(pw, `"x"}`)
 		_ = pw.Close()
 	}()

@@ -57,7 +57,7 @@ func TestIntegrationRegularProxy(t *testing.T) {
 	if _, err := reg.Add(worker.Spec{URL: up.URL, DPRank: -1}); err != nil {
 		t.Fatal(err)
 	}
-	client := &http.Client{Transport: proxy.NewTransport(proxy.TransportOptions{})}
+	client := &http.Client{Transport: proxy.NewH1Transport(proxy.TransportOptions{})}
 	defer client.CloseIdleConnections()
 	rp := proxy.NewRegular(proxy.RegularOptions{Registry: reg, Policy: firstUsable{}, Client: client})
 	e := newEnv(t, func(o *Options) {

@@ -218,7 +218,7 @@ func New(o Options) (*Server, error) {
 	s.inFlight = s.m.InFlight.WithLabelValues(o.Mode)
 	s.client = o.Upstream
 	if s.client == nil {
-		s.client = &http.Client{Transport: proxy.NewTransport(proxy.TransportOptions{})}
+		s.client = &http.Client{Transport: proxy.NewH1Transport(proxy.TransportOptions{})}
 		s.ownClient = true
 	}
 	var err error

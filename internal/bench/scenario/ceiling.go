@@ -59,14 +59,33 @@ type CeilingStep struct {
 	Completed   int
 	Failed      int
 	// PeakConcurrent is the client-measured peak of requests in flight.
-	PeakConcurrent int
-	Row            bench.SweepRow
-	RouterCPU      time.Duration
-	RouterFDs      int   // peak open fds of the router
-	RouterRSS      int64 // peak RSS of the router, bytes
-	Wall           time.Duration
-	Stopped        bool
-	Errors         []string // up to 3 distinct failure reasons
+	PeakConcurrent   int
+	Row              bench.SweepRow
+	RouterCPU        time.Duration
+	RouterFDs        int   // peak open fds of the router
+	RouterRSS        int64 // peak RSS of the router, bytes
+	RouterGoroutines int   // peak go_goroutines of the router (0: not read)
+	Wall             time.Duration
+	Stopped          bool
+	Errors           []string // up to 3 distinct failure reasons
+}
+
+// rssPerStream is the router's peak RSS over the peak of open streams, KiB
+// (the whole process: its idle footprint is included).
+func (s CeilingStep) rssPerStream() float64 {
+	if s.PeakConcurrent == 0 {
+		return 0
+	}
+	return float64(s.RouterRSS) / 1024 / float64(s.PeakConcurrent)
+}
+
+// goroutinesPerStream is the router's peak goroutine count over the peak
+// of open streams (its idle goroutines included).
+func (s CeilingStep) goroutinesPerStream() float64 {
+	if s.PeakConcurrent == 0 {
+		return 0
+	}
+	return float64(s.RouterGoroutines) / float64(s.PeakConcurrent)
 }
 
 // CeilingReport is the result of RunCeiling.
@@ -117,11 +136,11 @@ func (e *env) runCeiling(ctx context.Context, c CeilingConfig, rep *CeilingRepor
 			prompts: promptsFor(conc, c.PromptsPerC, 1), seed: c.Seed, maxDuration: d}
 		rpid := f.r.Pid()
 		cpu0, _ := cpuTime(rpid)
-		smp := startSampler(rpid, 200*time.Millisecond)
+		smp := startSampler(rpid, 200*time.Millisecond, f.r.metrics)
 		t1 := time.Now()
 		res, err := l.run(ctx)
 		wall := time.Since(t1)
-		fds, rss := smp.finish()
+		fds, rss, gor := smp.finish()
 		cpu1, _ := cpuTime(rpid)
 		if err != nil {
 			return fmt.Errorf("C=%d: %w", conc, err)
@@ -129,13 +148,13 @@ func (e *env) runCeiling(ctx context.Context, c CeilingConfig, rep *CeilingRepor
 		st := CeilingStep{
 			Concurrency: conc, Prompts: l.prompts, Completed: res.Metrics.Completed, Failed: res.Metrics.Failed,
 			PeakConcurrent: res.Metrics.MaxConcurrentRequests, Row: sweepRow("switchyard", c.Mode, res),
-			RouterCPU: cpu1 - cpu0, RouterFDs: fds, RouterRSS: rss, Wall: wall, Stopped: res.Stopped,
+			RouterCPU: cpu1 - cpu0, RouterFDs: fds, RouterRSS: rss, RouterGoroutines: gor, Wall: wall, Stopped: res.Stopped,
 			Errors: failureReasons(res, 3),
 		}
 		rep.Steps = append(rep.Steps, st)
-		e.printf("C=%-5d n=%-5d completed %d failed %d peak in flight %d, %.1f req/s, TTFT p50/p99 %s/%s ms, router fds %d RSS %d MiB (%s)%s\n",
+		e.printf("C=%-5d n=%-5d completed %d failed %d peak in flight %d, %.1f req/s, TTFT p50/p99 %s/%s ms, router fds %d RSS %d MiB (%.0f KiB/stream) goroutines %d (%.2f/stream) (%s)%s\n",
 			conc, l.prompts, st.Completed, st.Failed, st.PeakConcurrent, st.Row.RequestThroughput, ms(st.Row.TTFTP50), ms(st.Row.TTFTP99),
-			fds, rss>>20, sec(wall), stoppedMark(st.Stopped))
+			fds, rss>>20, st.rssPerStream(), gor, st.goroutinesPerStream(), sec(wall), stoppedMark(st.Stopped))
 		if derr := f.check(); derr != nil {
 			rep.Notes = append(rep.Notes, fmt.Sprintf("C=%d: %s", conc, firstLine(derr.Error())))
 			return nil // later steps would only measure a dead fleet
@@ -168,13 +187,14 @@ func (r *CeilingReport) WriteMarkdown(w io.Writer) error {
 	} else if len(r.Steps) > 0 {
 		fmt.Fprintf(&b, "**No failed request up to C=%d.**\n\n", r.Steps[len(r.Steps)-1].Concurrency)
 	}
-	b.WriteString("| C | n | Completed | Failed | Peak in flight | Req/s | TTFT P50 / P99 ms | TPOT P50 / P99 ms | Router peak fds | Router peak RSS MiB | Router CPU s / 1k req | Wall s |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| C | n | Completed | Failed | Peak in flight | Req/s | TTFT P50 / P99 ms | TPOT P50 / P99 ms | Router peak fds | Router peak RSS MiB | RSS KiB / stream | Router peak goroutines | Goroutines / stream | Router CPU s / 1k req | Wall s |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, s := range r.Steps {
-		fmt.Fprintf(&b, "| %d | %d | %d | %d | %d | %.1f | %s / %s | %s / %s | %d | %d | %.3f | %.1f |\n",
+		fmt.Fprintf(&b, "| %d | %d | %d | %d | %d | %.1f | %s / %s | %s / %s | %d | %d | %.0f | %d | %.2f | %.3f | %.1f |\n",
 			s.Concurrency, s.Prompts, s.Completed, s.Failed, s.PeakConcurrent, s.Row.RequestThroughput,
 			ms(s.Row.TTFTP50), ms(s.Row.TTFTP99), ms(s.Row.TPOTP50), ms(s.Row.TPOTP99),
-			s.RouterFDs, s.RouterRSS>>20, per1k(s.RouterCPU, s.Completed), s.Wall.Seconds())
+			s.RouterFDs, s.RouterRSS>>20, s.rssPerStream(), s.RouterGoroutines, s.goroutinesPerStream(),
+			per1k(s.RouterCPU, s.Completed), s.Wall.Seconds())
 	}
 	b.WriteString("\n")
 	var notes []string

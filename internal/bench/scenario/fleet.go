@@ -94,6 +94,7 @@ func (g *group) startSim(ctx context.Context, name string, args ...string) (*sim
 type router struct {
 	*proc
 	base      string // http://127.0.0.1:PORT
+	metrics   string // its Prometheus endpoint, http://127.0.0.1:PORT/metrics
 	discovery string // the ZMQ registration address, if any (compare)
 }
 
@@ -151,7 +152,8 @@ func (g *group) startRouter(ctx context.Context, name string, args func(extraPor
 		if err != nil {
 			return nil, 0, err
 		}
-		r := &router{proc: p, base: fmt.Sprintf("http://127.0.0.1:%d", ports[0])}
+		r := &router{proc: p, base: fmt.Sprintf("http://127.0.0.1:%d", ports[0]),
+			metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[1])}
 		err = waitHTTP(ctx, r.proc, r.base+"/liveness", readyTimeout)
 		if err == nil {
 			return r, ports[2], nil

@@ -237,6 +237,24 @@ func TestParseProcStat(t *testing.T) {
 	}
 }
 
+func TestParseGauge(t *testing.T) {
+	text := "# HELP go_goroutines Number of goroutines.\n# TYPE go_goroutines gauge\ngo_goroutines_extra 9\ngo_goroutines 1234\ngo_threads 12\n"
+	for _, tc := range []struct {
+		text, name string
+		want       int
+	}{
+		{text, "go_goroutines", 1234},
+		{text, "go_threads", 12},
+		{text, "missing", 0},
+		{"go_goroutines 1.5e3\n", "go_goroutines", 1500},
+		{"go_goroutines NaN-ish\n", "go_goroutines", 0},
+	} {
+		if got := parseGauge(strings.NewReader(tc.text), tc.name); got != tc.want {
+			t.Errorf("parseGauge(%q) = %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
 func TestParseReadyLine(t *testing.T) {
 	r, err := parseReadyLine(`{"event":"ready","http_address":"127.0.0.1:4000","zmq_address":"host:127.0.0.1,handshake:1,notify:2","role":"prefill"}`)
 	if err != nil || r.HTTPAddress != "127.0.0.1:4000" || r.Role != "prefill" {

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"runtime"
@@ -113,15 +115,19 @@ func parseVmRSS(b []byte) int64 {
 	return 0
 }
 
-// sampler records the peak fd count and RSS of a process while running.
+// sampler records the peak fd count, RSS and goroutine count of a process
+// while running.
 type sampler struct {
-	stop chan struct{}
-	done chan struct{}
-	fds  int
-	rss  int64
+	stop       chan struct{}
+	done       chan struct{}
+	fds        int
+	rss        int64
+	goroutines int // peak go_goroutines of metricsURL (0: not sampled)
 }
 
-func startSampler(pid int, every time.Duration) *sampler {
+// startSampler samples pid every period; with metricsURL (a Prometheus
+// endpoint of that process) it also reads go_goroutines.
+func startSampler(pid int, every time.Duration, metricsURL string) *sampler {
 	s := &sampler{stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
@@ -130,6 +136,9 @@ func startSampler(pid int, every time.Duration) *sampler {
 		for {
 			s.fds = max(s.fds, procFDs(pid))
 			s.rss = max(s.rss, procRSS(pid))
+			if metricsURL != "" {
+				s.goroutines = max(s.goroutines, scrapeGauge(metricsURL, "go_goroutines", every))
+			}
 			select {
 			case <-s.stop:
 				return
@@ -141,10 +150,37 @@ func startSampler(pid int, every time.Duration) *sampler {
 }
 
 // finish stops sampling and returns the peaks.
-func (s *sampler) finish() (fds int, rss int64) {
+func (s *sampler) finish() (fds int, rss int64, goroutines int) {
 	close(s.stop)
 	<-s.done
-	return s.fds, s.rss
+	return s.fds, s.rss, s.goroutines
+}
+
+// scrapeGauge reads one unlabelled gauge from a Prometheus text endpoint
+// (0 when it cannot be read within timeout).
+func scrapeGauge(url, name string, timeout time.Duration) int {
+	c := http.Client{Timeout: timeout}
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	return parseGauge(resp.Body, name)
+}
+
+// parseGauge finds "name value" in a Prometheus text exposition.
+func parseGauge(r io.Reader, name string) int {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err == nil {
+				return int(f)
+			}
+		}
+	}
+	return 0
 }
 
 // machine describes where a scenario ran.

@@ -1,0 +1,201 @@
+package pd
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/switchyard-llm/switchyard/internal/proxy"
+	"github.com/switchyard-llm/switchyard/internal/tracing"
+	"github.com/switchyard-llm/switchyard/internal/worker"
+)
+
+// leg tracks one upstream call: breaker outcome, in-flight slot (and its
+// gauges) and the leg's client span.
+type leg struct {
+	name    string
+	w       *worker.Worker
+	done    func(worker.Outcome)
+	release func()
+	sent    time.Time
+	once    sync.Once // slot, gauges, span
+	outOnce sync.Once // breaker outcome
+	// holdOK: a success passed to finish/end is not recorded; settle records
+	// the outcome later. The prefill of a concurrent connector has done its
+	// job only once its KV reached the decode (D's first byte).
+	holdOK bool
+	warmup bool // a pair warm-up's leg: its connect failure is no health verdict
+
+	running, inflight prometheus.Gauge       // per-worker and per-role in-flight gauges (nil without metrics)
+	outcomes          *prometheus.CounterVec // circuit-breaker outcomes (nil without metrics)
+	span              trace.Span             // nil when tracing is off
+}
+
+// finish records the leg's breaker outcome, releases its in-flight slot and
+// ends its span; only the first call counts.
+func (l *leg) finish(success bool) {
+	if success {
+		l.end(worker.OutcomeSuccess)
+	} else {
+		l.end(worker.OutcomeFailure)
+	}
+}
+
+// end releases the leg's in-flight slot and ends its span (first call only)
+// and records o on the breaker, unless o is a success held by holdOK.
+func (l *leg) end(o worker.Outcome) {
+	l.once.Do(func() {
+		l.release()
+		if l.running != nil {
+			l.running.Dec()
+			l.inflight.Dec()
+		}
+		if l.span != nil {
+			l.span.End()
+		}
+	})
+	if o == worker.OutcomeSuccess && l.holdOK {
+		return
+	}
+	l.settle(o)
+}
+
+// settle records the leg's breaker outcome; only the first call counts.
+// Neutral outcomes are not counted in the outcome metric (the breaker
+// records nothing for them).
+func (l *leg) settle(o worker.Outcome) {
+	l.outOnce.Do(func() {
+		l.done(o)
+		if l.outcomes != nil && o != worker.OutcomeNeutral {
+			l.outcomes.WithLabelValues(l.w.Key(), o.String()).Inc()
+		}
+	})
+}
+
+// startLeg reserves the breaker slot and the in-flight count of w, and
+// starts the leg's client span (child of the server span in ctx).
+func (e *Engine) startLeg(ctx context.Context, name string, w *worker.Worker, st *reqState, pr *Pair) (*leg, bool) {
+	done, ok := w.Breaker().StartOutcome()
+	if !ok && st.panicked { // panic routing overrides the breaker
+		done, ok = w.PanicOutcome(), true
+	}
+	if !ok {
+		return nil, false
+	}
+	l := &leg{name: name, w: w, done: done, release: w.Acquire(), sent: e.o.Now(), warmup: st.warmup}
+	if e.m != nil {
+		key := w.Key()
+		if name == "prefill" {
+			e.m.PDPrefillReqs.WithLabelValues(key).Inc()
+		} else {
+			e.m.PDDecodeReqs.WithLabelValues(key).Inc()
+		}
+		l.running = e.m.RunningRequests.WithLabelValues(key)
+		l.inflight = e.m.WorkerInFlight.WithLabelValues(name)
+		l.outcomes = e.m.CBOutcomes
+		l.running.Inc()
+		l.inflight.Inc()
+	}
+	if e.tr.Enabled() {
+		e.traceLeg(ctx, l, st, pr)
+	}
+	return l, true
+}
+
+// traceLeg starts l's client span with the PD attributes.
+func (e *Engine) traceLeg(ctx context.Context, l *leg, st *reqState, pr *Pair) {
+	rank := pr.PRank
+	if l.w == pr.D {
+		rank = pr.DRank
+	}
+	if rank < 0 && l.w.DPRank >= 0 {
+		rank = l.w.DPRank
+	}
+	l.span = e.tr.StartClient(ctx, tracing.Leg{Phase: l.name, Method: http.MethodPost, URL: l.w.Endpoint(st.path),
+		Route: st.route, Worker: l.w.Key(), DPRank: rank})
+	if !l.span.IsRecording() {
+		return
+	}
+	attrs := make([]attribute.KeyValue, 0, 6)
+	attrs = append(attrs,
+		attribute.String(tracing.AttrConnector, e.conn.Name()),
+		attribute.String(tracing.AttrOrder, e.conn.Order(pr.P).String()),
+		attribute.String(tracing.AttrPDRequestID, pr.RequestID),
+		attribute.Int(tracing.AttrAttempt, st.attempt),
+	)
+	if m := pr.P.TransferMode; m != "" {
+		attrs = append(attrs, attribute.String(tracing.AttrTransferMode, strings.ToUpper(m)))
+	}
+	if pr.TransferID != "" {
+		attrs = append(attrs, attribute.String(tracing.AttrTransferID, pr.TransferID))
+	}
+	l.span.SetAttributes(attrs...)
+}
+
+// legFailed records a failed leg: breaker failure, passive health on
+// connect errors, error metrics, span status. A first connect failure is a
+// hint (the worker is avoided and probed at once), a second within
+// worker.ConnectHintWindow marks it unhealthy (Registry.ConnectFailed); a
+// warm-up's connect failure is neither.
+func (e *Engine) legFailed(l *leg, reason string, err error) {
+	tracing.Fail(l.span, reason, err)
+	l.finish(false)
+	if err != nil && proxy.IsDialError(err) {
+		if !l.warmup {
+			for _, x := range e.o.Registry.ConnectFailed(l.w, time.Now()) {
+				e.log.Warn("worker unreachable (second connect failure), marked unhealthy", "worker", x.Key(), "err", err)
+				if e.m != nil {
+					e.m.WorkerHealth.WithLabelValues(x.Key()).Set(0)
+				}
+			}
+		}
+		e.markDown(l.w)
+	}
+	if e.m != nil {
+		if l.name == "prefill" {
+			e.m.PDPrefillErrors.WithLabelValues(l.w.Key()).Inc()
+		} else {
+			e.m.PDDecodeErrors.WithLabelValues(l.w.Key()).Inc()
+		}
+		e.m.PDLegErrors.WithLabelValues(l.name, reason).Inc()
+	}
+}
+
+// newLegRequest builds one upstream POST with the PD headers. The client's
+// own X-Request-Id is never forwarded. The client's traceparent, tracestate
+// and baggage are copied verbatim, or replaced by the leg span's context
+// when tracing is on.
+func (e *Engine) newLegRequest(ctx context.Context, st *reqState, pr *Pair, l *leg, rank int, body []byte) (*http.Request, error) {
+	w := l.w
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.Endpoint(st.path), bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	h := req.Header
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Request-Id", pr.RequestID)
+	if rank >= 0 {
+		h["X-data-parallel-rank"] = []string{strconv.Itoa(rank)}
+	}
+	if st.auth != "" {
+		h.Set("Authorization", st.auth)
+	}
+	for _, k := range []string{"Traceparent", "Tracestate", "Baggage"} {
+		if v := st.hdr.Values(k); len(v) > 0 {
+			h[k] = append([]string(nil), v...)
+		}
+	}
+	if l.span != nil {
+		e.tr.Inject(ctx, l.span, h)
+	}
+	h.Set("User-Agent", "switchyard")
+	return req, nil
+}

@@ -1,0 +1,413 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// H1Transport is the router's upstream client: plain HTTP/1.1 over pooled
+// keep-alive connections, with no goroutine per connection or request. The
+// calling goroutine writes the request (headers and a body of up to
+// h1InlineBody bytes in one write) and reads the response itself; a
+// request's context closes its connection when it is cancelled
+// (context.AfterFunc), which unblocks any read or write in progress. A
+// response body returns its connection to the pool when read to its end,
+// and closes it when closed before.
+//
+// net/http's Transport runs a read and a write goroutine per connection,
+// idle ones included (docs/BENCHMARKS.md, concurrency ceiling: they were
+// two of the ≈7 goroutines per open PD stream). Requests it does not serve
+// (another scheme than http, a body of unknown length, CONNECT or an
+// upgrade) go to the wrapped net/http Transport.
+type H1Transport struct {
+	std         *http.Transport
+	dial        func(ctx context.Context, network, addr string) (net.Conn, error)
+	idleTimeout time.Duration
+	maxIdle     int
+
+	mu    sync.Mutex
+	idle  map[string][]*h1Conn // by host:port, most recently used last
+	sweep *time.Timer          // armed while idle connections exist
+}
+
+// h1ReadBuffer is each connection's read buffer: it holds a response head
+// and SSE framing (a worker's events are a few hundred bytes; reads larger
+// than the buffer bypass it). At thousands of open streams these buffers
+// are much of the router's memory.
+const h1ReadBuffer = 4 << 10
+
+// h1InlineBody: bodies up to this size are written with the headers in one
+// write.
+const h1InlineBody = 64 << 10
+
+// NewH1Transport returns the upstream client with the settings of
+// NewTransport (which it wraps for the requests it does not serve).
+func NewH1Transport(o TransportOptions) *H1Transport {
+	std := NewTransport(o)
+	return &H1Transport{std: std, dial: std.DialContext, idleTimeout: std.IdleConnTimeout,
+		maxIdle: std.MaxIdleConnsPerHost, idle: map[string][]*h1Conn{}}
+}
+
+// CloseIdleConnections closes every pooled connection.
+func (t *H1Transport) CloseIdleConnections() {
+	t.mu.Lock()
+	idle := t.idle
+	t.idle = map[string][]*h1Conn{}
+	if t.sweep != nil {
+		t.sweep.Stop()
+		t.sweep = nil
+	}
+	t.mu.Unlock()
+	for _, l := range idle {
+		for _, c := range l {
+			c.nc.Close()
+		}
+	}
+	t.std.CloseIdleConnections()
+}
+
+// h1Conn is one upstream connection.
+type h1Conn struct {
+	nc        net.Conn
+	br        *bufio.Reader
+	addr      string
+	idleSince time.Time
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t *H1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Scheme != "http" || req.Method == http.MethodConnect || req.Header.Get("Upgrade") != "" ||
+		(req.Body != nil && req.Body != http.NoBody && req.ContentLength <= 0) {
+		return t.std.RoundTrip(req)
+	}
+	ctx := req.Context()
+	resp, err := t.roundTrip(ctx, req)
+	if err != nil && ctx.Err() != nil {
+		err = ctx.Err()
+	}
+	return resp, err
+}
+
+func (t *H1Transport) roundTrip(ctx context.Context, req *http.Request) (*http.Response, error) {
+	closeBody := func() {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		closeBody()
+		return nil, err
+	}
+	addr := req.URL.Host
+	if req.URL.Port() == "" {
+		addr = net.JoinHostPort(req.URL.Hostname(), "80")
+	}
+	c, err := t.get(ctx, addr)
+	if err != nil {
+		closeBody()
+		return nil, err
+	}
+	bp := h1Bufs.Get().(*[]byte)
+	defer h1Bufs.Put(bp)
+	head, err := appendRequestHead((*bp)[:0], req)
+	*bp = head[:0]
+	if err != nil {
+		closeBody()
+		t.put(c) // unused
+		return nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { c.nc.Close() })
+	fail := func(err error) (*http.Response, error) {
+		stop()
+		c.nc.Close()
+		return nil, err
+	}
+	err = c.writeRequest(bp, head, req)
+	closeBody()
+	if err != nil {
+		return fail(err)
+	}
+	if tr := httptrace.ContextClientTrace(ctx); tr != nil && tr.WroteRequest != nil {
+		tr.WroteRequest(httptrace.WroteRequestInfo{})
+	}
+	resp, err := readResponse(c.br, req)
+	if err != nil {
+		return fail(err)
+	}
+	keep := !resp.Close && !req.Close && !strings.EqualFold(req.Header.Get("Connection"), "close")
+	b := &h1Body{t: t, c: c, rc: resp.Body, stop: stop, keep: keep}
+	if resp.Body == http.NoBody || resp.ContentLength == 0 {
+		b.finish(true)
+		resp.Body = http.NoBody
+		return resp, nil
+	}
+	resp.Body = b
+	return resp, nil
+}
+
+// readResponse reads the final response (skipping 1xx informational ones).
+func readResponse(br *bufio.Reader, req *http.Request) (*http.Response, error) {
+	for {
+		resp, err := http.ReadResponse(br, req)
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, fmt.Errorf("reading the response: %w", err)
+		}
+		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			return resp, nil
+		}
+	}
+}
+
+// excludedHeaders are written by appendRequestHead itself (as net/http's
+// request writer does).
+var excludedHeaders = map[string]bool{"Host": true, "User-Agent": true, "Content-Length": true,
+	"Transfer-Encoding": true, "Trailer": true}
+
+// appendRequestHead appends req's request line and headers to b.
+func appendRequestHead(b []byte, req *http.Request) ([]byte, error) {
+	host := req.Host
+	if host == "" {
+		host = req.URL.Host
+	}
+	b = append(b, req.Method...)
+	b = append(b, ' ')
+	b = append(b, req.URL.RequestURI()...)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, host...)
+	b = append(b, "\r\n"...)
+	if v, ok := req.Header["User-Agent"]; !ok {
+		b = append(b, "User-Agent: Go-http-client/1.1\r\n"...)
+	} else if len(v) > 0 && v[0] != "" {
+		b = append(append(append(b, "User-Agent: "...), v[0]...), "\r\n"...)
+	}
+	switch m := req.Method; {
+	case req.ContentLength > 0:
+		b = append(b, "Content-Length: "...)
+		b = strconv.AppendInt(b, req.ContentLength, 10)
+		b = append(b, "\r\n"...)
+	case m == http.MethodPost || m == http.MethodPut || m == http.MethodPatch:
+		b = append(b, "Content-Length: 0\r\n"...)
+	}
+	if _, ok := req.Header["Connection"]; req.Close && !ok {
+		b = append(b, "Connection: close\r\n"...)
+	}
+	for k, vs := range req.Header {
+		if excludedHeaders[k] {
+			continue
+		}
+		for _, v := range vs {
+			if strings.ContainsAny(k, "\r\n: ") || strings.ContainsAny(v, "\r\n") {
+				return nil, fmt.Errorf("invalid header %q", k)
+			}
+			b = append(b, k...)
+			b = append(b, ": "...)
+			b = append(b, v...)
+			b = append(b, "\r\n"...)
+		}
+	}
+	return append(b, "\r\n"...), nil
+}
+
+// h1Bufs holds request write buffers (head and inline body), shared by
+// all connections so that idle ones hold none.
+var h1Bufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+
+// writeRequest writes the request head and its body of ContentLength
+// bytes: in one write when the body is small. bp is head's pooled buffer.
+func (c *h1Conn) writeRequest(bp *[]byte, head []byte, req *http.Request) error {
+	n := req.ContentLength
+	if req.Body == nil || req.Body == http.NoBody || n <= 0 {
+		_, err := c.nc.Write(head)
+		return err
+	}
+	if n <= h1InlineBody {
+		total := len(head) + int(n)
+		buf := head
+		if cap(buf) < total {
+			buf = make([]byte, len(head), total)
+			copy(buf, head)
+		}
+		buf = buf[:total]
+		*bp = buf[:0]
+		if _, err := io.ReadFull(req.Body, buf[len(head):]); err != nil {
+			return fmt.Errorf("http: ContentLength=%d with a shorter body: %w", n, err)
+		}
+		_, err := c.nc.Write(buf)
+		return err
+	}
+	if _, err := c.nc.Write(head); err != nil {
+		return err
+	}
+	w, err := io.CopyN(c.nc, req.Body, n)
+	if err != nil && w < n {
+		return fmt.Errorf("http: ContentLength=%d with a body of %d bytes: %w", n, w, err)
+	}
+	return nil
+}
+
+// get returns a pooled connection to addr that is still open, or dials one.
+func (t *H1Transport) get(ctx context.Context, addr string) (*h1Conn, error) {
+	now := time.Now()
+	for {
+		t.mu.Lock()
+		l := t.idle[addr]
+		if len(l) == 0 {
+			t.mu.Unlock()
+			break
+		}
+		c := l[len(l)-1]
+		l[len(l)-1] = nil
+		t.idle[addr] = l[:len(l)-1]
+		t.mu.Unlock()
+		if now.Sub(c.idleSince) < t.idleTimeout && c.open() {
+			return c, nil
+		}
+		c.nc.Close()
+	}
+	nc, err := t.dial(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return &h1Conn{nc: nc, br: bufio.NewReaderSize(nc, h1ReadBuffer), addr: addr}, nil
+}
+
+// open reports whether an idle connection is still usable: the worker has
+// neither closed it nor sent anything on it (a peek that would block).
+func (c *h1Conn) open() bool {
+	if c.br.Buffered() > 0 {
+		return false
+	}
+	sc, ok := c.nc.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	alive := false
+	var one [1]byte
+	err = rc.Read(func(fd uintptr) bool {
+		n, _, err := syscall.Recvfrom(int(fd), one[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		alive = n < 0 && (err == syscall.EAGAIN || err == syscall.EWOULDBLOCK)
+		return true // never wait for readiness
+	})
+	return err == nil && alive
+}
+
+// put returns a connection to the pool (closing it when the pool is full).
+func (t *H1Transport) put(c *h1Conn) {
+	c.idleSince = time.Now()
+	t.mu.Lock()
+	l := t.idle[c.addr]
+	if len(l) >= t.maxIdle {
+		t.mu.Unlock()
+		c.nc.Close()
+		return
+	}
+	t.idle[c.addr] = append(l, c)
+	if t.sweep == nil {
+		t.sweep = time.AfterFunc(t.idleTimeout, t.sweepIdle)
+	}
+	t.mu.Unlock()
+}
+
+// sweepIdle closes the connections idle for longer than idleTimeout (a
+// worker closes its side soon after) and re-arms while any remain.
+func (t *H1Transport) sweepIdle() {
+	now := time.Now()
+	var stale []*h1Conn
+	t.mu.Lock()
+	for addr, l := range t.idle {
+		keep := l[:0]
+		for _, c := range l {
+			if now.Sub(c.idleSince) >= t.idleTimeout {
+				stale = append(stale, c)
+			} else {
+				keep = append(keep, c)
+			}
+		}
+		clear(l[len(keep):])
+		if len(keep) == 0 {
+			delete(t.idle, addr)
+		} else {
+			t.idle[addr] = keep
+		}
+	}
+	t.sweep = nil
+	if len(t.idle) > 0 {
+		t.sweep = time.AfterFunc(t.idleTimeout/2, t.sweepIdle)
+	}
+	t.mu.Unlock()
+	for _, c := range stale {
+		c.nc.Close()
+	}
+}
+
+// h1Body is a response body on a pooled connection.
+type h1Body struct {
+	t    *H1Transport
+	c    *h1Conn
+	rc   io.ReadCloser // http.ReadResponse's body: framing (length, chunks)
+	stop func() bool   // the context's AfterFunc
+	keep bool          // the connection may be reused
+	done atomic.Bool
+	eof  atomic.Bool // done after a clean end
+}
+
+func (b *h1Body) Read(p []byte) (int, error) {
+	if b.done.Load() {
+		if b.eof.Load() {
+			return 0, io.EOF
+		}
+		return 0, errBodyClosed
+	}
+	n, err := b.rc.Read(p)
+	switch {
+	case err == nil:
+	case errors.Is(err, io.EOF):
+		b.finish(true)
+	default:
+		b.finish(false)
+	}
+	return n, err
+}
+
+var errBodyClosed = errors.New("http: read on closed response body")
+
+// Close closes the connection unless the body was read to its end; it may
+// run while a Read is blocked (the idle timeout) and unblocks it.
+func (b *h1Body) Close() error {
+	b.finish(false)
+	return nil
+}
+
+// finish releases the connection once: back to the pool after a clean end
+// (when the context did not close it meanwhile), closed otherwise.
+func (b *h1Body) finish(clean bool) {
+	if !b.done.CompareAndSwap(false, true) {
+		return
+	}
+	b.eof.Store(clean)
+	if clean && b.stop() && b.keep && b.c.br.Buffered() == 0 {
+		b.t.put(b.c)
+		return
+	}
+	b.stop()
+	b.c.nc.Close()
+}

@@ -1,0 +1,418 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httptrace"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// h1Server is an upstream that counts the connections it accepted and
+// reports the ones that closed.
+type h1Server struct {
+	*httptest.Server
+	conns  atomic.Int32
+	closed chan struct{} // one value per closed connection
+
+	mu   sync.Mutex
+	last net.Conn // the last accepted connection
+}
+
+func newH1Server(t *testing.T, h http.HandlerFunc) *h1Server {
+	t.Helper()
+	s := &h1Server{closed: make(chan struct{}, 1024)}
+	s.Server = httptest.NewUnstartedServer(h)
+	s.Config.ConnState = func(c net.Conn, st http.ConnState) {
+		switch st {
+		case http.StateNew:
+			s.conns.Add(1)
+			s.mu.Lock()
+			s.last = c
+			s.mu.Unlock()
+		case http.StateClosed, http.StateHijacked:
+			s.closed <- struct{}{}
+		}
+	}
+	s.Start()
+	t.Cleanup(s.Close)
+	return s
+}
+
+// waitClosed waits (bounded) for n connections of s to close.
+func (s *h1Server) waitClosed(t *testing.T, n int) {
+	t.Helper()
+	for range n {
+		select {
+		case <-s.closed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("upstream connection not closed within 10 s")
+		}
+	}
+}
+
+// waitDone waits (bounded) for the request's context: the client went away.
+func waitDone(r *http.Request) bool {
+	select {
+	case <-r.Context().Done():
+		return true
+	case <-time.After(20 * time.Second):
+		return false
+	}
+}
+
+func newH1(t *testing.T, o TransportOptions) *H1Transport {
+	t.Helper()
+	tr := NewH1Transport(o)
+	t.Cleanup(tr.CloseIdleConnections)
+	return tr
+}
+
+func TestH1RequestAndReuse(t *testing.T) {
+	type seen struct {
+		method, uri, host, ua, ct, xr string
+		length                        int64
+		body                          string
+		te                            []string
+	}
+	got := make(chan seen, 16)
+	s := newH1Server(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- seen{r.Method, r.RequestURI, r.Host, r.UserAgent(), r.Header.Get("Content-Type"), r.Header.Get("X-Request-Id"),
+			r.ContentLength, string(b), r.TransferEncoding}
+		w.Header().Set("X-Up", "1")
+		io.WriteString(w, "answer:"+string(b))
+	})
+	tr := newH1(t, TransportOptions{})
+	big := strings.Repeat("x", h1InlineBody+100) // written after the head, not inline
+	for i, tc := range []struct {
+		name, method, path, body, ua string
+		wantUA                       string
+	}{
+		{"post inline body", http.MethodPost, "/v1/completions?x=1", `{"prompt":"hi"}`, "switchyard", "switchyard"},
+		{"post large body", http.MethodPost, "/v1/completions", big, "", "Go-http-client/1.1"},
+		{"get no body", http.MethodGet, "/v1/models", "", "curl/8", "curl/8"},
+		{"post empty body", http.MethodPost, "/x", "", "", "Go-http-client/1.1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var body io.Reader
+			if tc.body != "" {
+				body = bytes.NewReader([]byte(tc.body))
+			}
+			req, _ := http.NewRequest(tc.method, s.URL+tc.path, body)
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-Request-Id", "r1")
+			if tc.ua != "" {
+				req.Header.Set("User-Agent", tc.ua)
+			}
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || string(b) != "answer:"+tc.body || resp.StatusCode != 200 || resp.Header.Get("X-Up") != "1" {
+				t.Fatalf("response %d %q %v %v", resp.StatusCode, b, resp.Header, err)
+			}
+			sv := <-got
+			if sv.method != tc.method || sv.uri != tc.path || sv.host != s.Listener.Addr().String() || sv.ua != tc.wantUA ||
+				sv.ct != "application/json" || sv.xr != "r1" || sv.body != tc.body || sv.length != int64(len(tc.body)) || len(sv.te) != 0 {
+				t.Fatalf("upstream saw %+v", sv)
+			}
+			if n := s.conns.Load(); n != 1 {
+				t.Fatalf("request %d: %d upstream connections, want 1 (keep-alive)", i, n)
+			}
+		})
+	}
+}
+
+func TestH1StreamsChunkByChunk(t *testing.T) {
+	next := make(chan struct{})
+	s := newH1Server(t, func(w http.ResponseWriter, r *http.Request) {
+		for i := range 3 {
+			io.WriteString(w, "data: "+string(rune('a'+i))+"\n\n")
+			w.(http.Flusher).Flush()
+			select {
+			case <-next:
+			case <-r.Context().Done():
+				return
+			}
+		}
+	})
+	tr := newH1(t, TransportOptions{})
+	req, _ := http.NewRequest(http.MethodPost, s.URL+"/v1/completions", strings.NewReader(`{"stream":true}`))
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	buf := make([]byte, 64)
+	for i := range 3 {
+		// each event arrives before the upstream is allowed to send the next
+		n, err := resp.Body.Read(buf)
+		if want := "data: " + string(rune('a'+i)) + "\n\n"; string(buf[:n]) != want || err != nil {
+			t.Fatalf("read %d: %q %v, want %q", i, buf[:n], err, want)
+		}
+		next <- struct{}{}
+	}
+	if b, err := io.ReadAll(resp.Body); len(b) != 0 || err != nil {
+		t.Fatalf("tail %q %v", b, err)
+	}
+	if n, err := resp.Body.Read(buf); n != 0 || err != io.EOF {
+		t.Fatalf("read after EOF: %d %v", n, err)
+	}
+}
+
+func TestH1CancelClosesUpstream(t *testing.T) {
+	gone := make(chan struct{}, 1)
+	s := newH1Server(t, func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		io.WriteString(w, "data: 1\n\n")
+		w.(http.Flusher).Flush()
+		if waitDone(r) { // the router's cancel must reach the worker
+			gone <- struct{}{}
+		}
+	})
+	for _, tc := range []struct {
+		name   string
+		cancel func(resp *http.Response, cancel context.CancelFunc)
+	}{
+		{"context cancelled while reading", func(_ *http.Response, c context.CancelFunc) { c() }},
+		{"body closed while reading (idle timeout)", func(r *http.Response, _ context.CancelFunc) { r.Body.Close() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := newH1(t, TransportOptions{})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/", strings.NewReader("{}"))
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 64)
+			if _, err := resp.Body.Read(buf); err != nil {
+				t.Fatal(err)
+			}
+			readErr := make(chan error, 1)
+			go func() { _, err := resp.Body.Read(buf); readErr <- err }() // blocked: nothing more comes
+			tc.cancel(resp, cancel)
+			select {
+			case err := <-readErr:
+				if err == nil {
+					t.Fatal("blocked read returned no error")
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("blocked read not unblocked within 10 s")
+			}
+			select {
+			case <-gone:
+			case <-time.After(10 * time.Second):
+				t.Fatal("upstream handler never saw the disconnect")
+			}
+			resp.Body.Close()
+			tr.mu.Lock()
+			idle := len(tr.idle)
+			tr.mu.Unlock()
+			if idle != 0 {
+				t.Fatalf("a cancelled connection went back to the pool (%d hosts idle)", idle)
+			}
+		})
+	}
+}
+
+func TestH1CancelBeforeAnswer(t *testing.T) {
+	s := newH1Server(t, func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body) // the server watches for a disconnect once the body is read
+		waitDone(r)
+	})
+	tr := newH1(t, TransportOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/", strings.NewReader("{}"))
+	done := make(chan error, 1)
+	go func() {
+		_, err := tr.RoundTrip(req)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("err %v, want the context's deadline", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("RoundTrip not unblocked by its context within 10 s")
+	}
+	s.waitClosed(t, 1)
+}
+
+func TestH1EarlyCloseIsNotReused(t *testing.T) {
+	s := newH1Server(t, func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, strings.Repeat("y", 100<<10))
+	})
+	tr := newH1(t, TransportOptions{})
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodGet, s.URL+"/", nil)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Read(make([]byte, 10))
+		resp.Body.Close() // unread bytes: the connection cannot carry another response
+	}
+	if n := s.conns.Load(); n != 2 {
+		t.Fatalf("%d connections, want 2 (a half-read one is closed, not reused)", n)
+	}
+}
+
+func TestH1StaleIdleConnection(t *testing.T) {
+	s := newH1Server(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	tr := newH1(t, TransportOptions{})
+	get := func() {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, s.URL+"/", strings.NewReader("{}"))
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b, _ := io.ReadAll(resp.Body); string(b) != "ok" {
+			t.Fatalf("body %q", b)
+		}
+		resp.Body.Close()
+	}
+	get()
+	s.mu.Lock()
+	s.last.Close() // the worker closes the idle keep-alive connection
+	s.mu.Unlock()
+	s.waitClosed(t, 1)
+	get() // must not be written onto the dead connection
+	if n := s.conns.Load(); n != 2 {
+		t.Fatalf("%d connections, want 2", n)
+	}
+}
+
+func TestH1IdleSweep(t *testing.T) {
+	s := newH1Server(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	tr := newH1(t, TransportOptions{IdleTimeout: 100 * time.Millisecond})
+	req, _ := http.NewRequest(http.MethodGet, s.URL+"/", nil)
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.ReadAll(resp.Body)
+	resp.Body.Close()
+	s.waitClosed(t, 1) // closed by the sweep, not by the server
+}
+
+func TestH1Errors(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	tr := newH1(t, TransportOptions{})
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/", strings.NewReader("{}"))
+	if _, err := tr.RoundTrip(req); !IsDialError(err) {
+		t.Fatalf("refused connect: %v, want a DialError", err)
+	}
+
+	s := newH1Server(t, func(w http.ResponseWriter, r *http.Request) {
+		hj, _, _ := w.(http.Hijacker).Hijack()
+		hj.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort"))
+		hj.Close()
+	})
+	req, _ = http.NewRequest(http.MethodPost, s.URL+"/", strings.NewReader("{}"))
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadAll(resp.Body); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("truncated body: %v, want unexpected EOF", err)
+	}
+
+	req, _ = http.NewRequest(http.MethodPost, s.URL+"/", strings.NewReader("{}"))
+	req.Header.Set("X-Bad", "a\r\nInjected: 1")
+	if _, err := tr.RoundTrip(req); err == nil || !strings.Contains(err.Error(), "invalid header") {
+		t.Fatalf("header with CRLF: %v", err)
+	}
+}
+
+func TestH1WroteRequestTrace(t *testing.T) {
+	s := newH1Server(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	tr := newH1(t, TransportOptions{})
+	var wrote atomic.Int32
+	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+		WroteRequest: func(i httptrace.WroteRequestInfo) {
+			if i.Err == nil {
+				wrote.Add(1)
+			}
+		},
+	})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/", strings.NewReader("{}"))
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if wrote.Load() != 1 {
+		t.Fatalf("WroteRequest called %d times, want 1", wrote.Load())
+	}
+}
+
+func TestH1FallsBackForUnknownLength(t *testing.T) {
+	got := make(chan []string, 1)
+	s := newH1Server(t, func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		got <- r.TransferEncoding
+	})
+	tr := newH1(t, TransportOptions{})
+	req, _ := http.NewRequest(http.MethodPost, s.URL+"/", io.NopCloser(strings.NewReader("{}")))
+	req.ContentLength = -1
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if te := <-got; len(te) != 1 || te[0] != "chunked" {
+		t.Fatalf("transfer encoding %v, want chunked (net/http's transport)", te)
+	}
+}
+
+func BenchmarkH1RoundTrip(b *testing.B) {
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, `{"choices":[{"text":"x"}]}`)
+	}))
+	defer s.Close()
+	body := []byte(`{"model":"m","prompt":"hello","max_tokens":1}`)
+	for _, tc := range []struct {
+		name string
+		rt   http.RoundTripper
+	}{
+		{"h1", NewH1Transport(TransportOptions{})},
+		{"net-http", NewTransport(TransportOptions{})},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				req, _ := http.NewRequest(http.MethodPost, s.URL+"/v1/completions", bytes.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := tc.rt.RoundTrip(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			tc.rt.(interface{ CloseIdleConnections() }).CloseIdleConnections()
+		})
+	}
+}

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Regular mode side by side with wrk: one zero-latency vllm-sim, nginx (one
+# worker process, keep-alive upstream: the config of `sybench scenario
+# compare`) and one switchyard per LABEL=BIN_DIR[:ENV=VALUE...] (e.g. an old
+# and a new build, or one build with GOGC=200) in front of it, then
+# interleaved wrk runs (2 threads, CONNS connections, 1-token
+# /v1/completions) against direct, nginx and each router in turn. Prints
+# req/s, latency P50/P99 and non-2xx per run. Needs wrk and nginx
+# (scripts/install-peers.sh) and vllm-sim in the first BIN_DIR.
+# Usage: scripts/bench-wrk-ab.sh SECONDS REPEATS CONNS LABEL=BIN_DIR[:ENV=V...] ...
+set -euo pipefail
+secs=$1; reps=$2; conns=$3; shift 3
+[ $# -gt 0 ] || { echo "usage: $0 SECONDS REPEATS CONNS LABEL=BIN_DIR[:ENV=V...] ..." >&2; exit 2; }
+dir=$(mktemp -d); pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"' EXIT
+freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+first=${1#*=}; first=${first%%:*}
+sp=$(freeport); np=$(freeport)
+"$first/vllm-sim" --role unified --profile-preset zero --port "$sp" > "$dir/sim.log" 2>&1 & pids+=($!)
+mkdir -p "$dir/ngx/tmp"
+cat > "$dir/ngx/nginx.conf" <<NGX
+worker_processes 1; daemon off; master_process on; pid $dir/ngx/nginx.pid; error_log $dir/ngx/error.log warn;
+events { worker_connections 16384; }
+http { access_log off; client_body_temp_path $dir/ngx/tmp/b; proxy_temp_path $dir/ngx/tmp/p;
+  fastcgi_temp_path $dir/ngx/tmp/f; uwsgi_temp_path $dir/ngx/tmp/u; scgi_temp_path $dir/ngx/tmp/s;
+  upstream worker { server 127.0.0.1:$sp; keepalive 1024; }
+  server { listen 127.0.0.1:$np backlog=4096; location / { proxy_pass http://worker; proxy_http_version 1.1;
+    proxy_set_header Connection ""; proxy_buffering off; proxy_request_buffering off; proxy_read_timeout 600s; } } }
+NGX
+nginx -p "$dir/ngx" -c "$dir/ngx/nginx.conf" -e "$dir/ngx/error.log" & pids+=($!)
+targets=("direct=http://127.0.0.1:$sp" "nginx=http://127.0.0.1:$np")
+for spec in "$@"; do
+  label=${spec%%=*}; rest=${spec#*=}; bin=${rest%%:*}; envs=()
+  [[ $rest == *:* ]] && IFS=: read -r -a envs <<< "${rest#*:}"
+  p=$(freeport)
+  env "${envs[@]}" "$bin/switchyard" --host 127.0.0.1 --port "$p" --prometheus-host 127.0.0.1 --prometheus-port "$(freeport)" \
+    --log-level warn --worker-urls "http://127.0.0.1:$sp" --policy round_robin > "$dir/sy-$label.log" 2>&1 & pids+=($!)
+  targets+=("$label=http://127.0.0.1:$p")
+done
+cat > "$dir/c.lua" <<'LUA'
+wrk.method = "POST"
+wrk.body = '{"model":"sim-model","prompt":"hello","max_tokens":1}'
+wrk.headers["Content-Type"] = "application/json"
+LUA
+for t in "${targets[@]}"; do # ready: one completion through each target
+  u=${t#*=}; ok=0
+  for _ in $(seq 1 100); do
+    if curl -sf -o /dev/null -H 'Content-Type: application/json' -d '{"model":"sim-model","prompt":"hi","max_tokens":1}' "$u/v1/completions"; then ok=1; break; fi
+    sleep 0.2
+  done
+  [ $ok = 1 ] || { echo "${t%%=*} never answered" >&2; exit 1; }
+done
+echo "# $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg); wrk -t2 -c$conns -d${secs}s, $reps interleaved repetitions"
+for r in $(seq 1 "$reps"); do
+  for t in "${targets[@]}"; do
+    out=$(wrk -t2 -c"$conns" -d"${secs}s" --latency --timeout 10s -s "$dir/c.lua" "${t#*=}/v1/completions" 2>&1)
+    rps=$(awk '/Requests\/sec/{print $2}' <<< "$out"); p50=$(awk '$1=="50%"{print $2}' <<< "$out")
+    p99=$(awk '$1=="99%"{print $2}' <<< "$out"); non2xx=$(awk '/Non-2xx/{print $4}' <<< "$out")
+    echo "rep=$r ${t%%=*} req/s=$rps p50=$p50 p99=$p99 non2xx=${non2xx:-0}"
+  done
+done
