@@ -1,13 +1,9 @@
 package chaos
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -142,26 +138,9 @@ func (g *bandLoad) one(band string) {
 }
 
 func (g *bandLoad) do(ctx context.Context, band, body string) (kind, int, string) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.base+"/v1/completions", strings.NewReader(body))
-	if err != nil {
-		return kindLost, 0, err.Error()
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("x-gateway-inference-objective", band)
-	resp, err := g.client.Do(req)
-	if err != nil {
-		return transportKind(ctx, err), 0, "before the response: " + err.Error()
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-	if err != nil {
-		return transportKind(ctx, err), resp.StatusCode, fmt.Sprintf("status %d, body cut after %d bytes: %v", resp.StatusCode, len(b), err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		if !json.Valid(b) || !bytes.Contains(b, []byte(`"error"`)) {
-			return kindLost, resp.StatusCode, fmt.Sprintf("status %d without a JSON error body: %q", resp.StatusCode, clip(b))
-		}
-		return kindHTTPErr, resp.StatusCode, firstLine(b)
+	b, k, st, detail, ok := post(ctx, g.client, g.base+"/v1/completions", body, "x-gateway-inference-objective", band)
+	if !ok {
+		return k, st, detail
 	}
 	return classifySSE(b)
 }

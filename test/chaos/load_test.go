@@ -200,26 +200,41 @@ func (l *load) one() {
 
 const errPause = 50 * time.Millisecond
 
-func (l *load) do(ctx context.Context, path, body string, stream bool, want string) (kind, int, string) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.cfg.base+path, strings.NewReader(body))
+// post sends a JSON body (with header name/value pairs hdr) and reads the
+// whole answer. A failure before or during the response, or a non-200
+// answer, is classified here (ok false); a 200 body is the caller's to
+// classify.
+func post(ctx context.Context, c *http.Client, url, body string, hdr ...string) (b []byte, k kind, status int, detail string, ok bool) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
-		return kindLost, 0, err.Error()
+		return nil, kindLost, 0, err.Error(), false
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := l.client.Do(req)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := c.Do(req)
 	if err != nil {
-		return transportKind(ctx, err), 0, "before the response: " + err.Error()
+		return nil, transportKind(ctx, err), 0, "before the response: " + err.Error(), false
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	b, err = io.ReadAll(io.LimitReader(resp.Body, 8<<20))
 	if err != nil {
-		return transportKind(ctx, err), resp.StatusCode, fmt.Sprintf("status %d, body cut after %d bytes: %v", resp.StatusCode, len(b), err)
+		return b, transportKind(ctx, err), resp.StatusCode, fmt.Sprintf("status %d, body cut after %d bytes: %v", resp.StatusCode, len(b), err), false
 	}
 	if resp.StatusCode != http.StatusOK {
 		if !json.Valid(b) || !bytes.Contains(b, []byte(`"error"`)) {
-			return kindLost, resp.StatusCode, fmt.Sprintf("status %d without a JSON error body: %q", resp.StatusCode, clip(b))
+			return b, kindLost, resp.StatusCode, fmt.Sprintf("status %d without a JSON error body: %q", resp.StatusCode, clip(b)), false
 		}
-		return kindHTTPErr, resp.StatusCode, firstLine(b)
+		return b, kindHTTPErr, resp.StatusCode, firstLine(b), false
+	}
+	return b, kindOK, resp.StatusCode, "", true
+}
+
+func (l *load) do(ctx context.Context, path, body string, stream bool, want string) (kind, int, string) {
+	b, k, st, detail, ok := post(ctx, l.client, l.cfg.base+path, body)
+	if !ok {
+		return k, st, detail
 	}
 	if stream {
 		k, st, detail := classifySSE(b)
