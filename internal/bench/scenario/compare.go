@@ -43,6 +43,11 @@ type CompareConfig struct {
 	MoRIPolicy      string
 	// Faults runs scenario 5 on the MoRI-IO WRITE pairs.
 	Faults bool
+	// Turnover runs the READ→WRITE fleet turnover fault (scenario 5) on
+	// fresh MoRI-IO pairs per router.
+	Turnover bool
+	// Sections, when set, limits the run to these of CompareSections.
+	Sections []string
 	// CeilingConcurrency is the PD ramp of scenario 4 (empty: skipped).
 	CeilingConcurrency          []int
 	CeilingPreset               string
@@ -71,6 +76,7 @@ func DefaultCompareConfig() CompareConfig {
 		MoRIConcurrency:    []int{16, 64, 256},
 		MoRIPolicy:         "consistent_hash",
 		Faults:             true,
+		Turnover:           true,
 		CeilingConcurrency: []int{256, 1024, 2048, 4096},
 		CeilingPreset:      "default",
 		CeilingInput:       128,
@@ -136,6 +142,7 @@ type CompareReport struct {
 	Commands []string
 	Rows     []CompareRow
 	Faults   []FaultRow
+	Turnover []TurnoverRow
 	Notes    []string
 	Elapsed  time.Duration
 }
@@ -173,17 +180,43 @@ func (e *env) runCompare(ctx context.Context, c CompareConfig, rep *CompareRepor
 		}
 		all = keep
 	}
-	if err := e.compareRegular(ctx, c, rep, all); err != nil {
-		return err
+	steps := []struct {
+		name string
+		run  func(context.Context, CompareConfig, *CompareReport, []peer) error
+	}{
+		{CompareRegular, e.compareRegular},
+		{ComparePD, e.comparePD},
+		{CompareMoRI, e.compareMoRI},
+		{CompareTurnover, func(ctx context.Context, c CompareConfig, rep *CompareReport, all []peer) error {
+			if !c.Turnover {
+				return nil
+			}
+			return e.compareTurnover(ctx, c, rep, all)
+		}},
+		{CompareCeiling, e.compareCeiling},
 	}
-	if err := e.comparePD(ctx, c, rep, all); err != nil {
-		return err
+	for _, st := range steps {
+		if len(c.Sections) > 0 && !contains(c.Sections, st.name) {
+			continue
+		}
+		if err := st.run(ctx, c, rep, all); err != nil {
+			return err
+		}
 	}
-	if err := e.compareMoRI(ctx, c, rep, all); err != nil {
-		return err
-	}
-	return e.compareCeiling(ctx, c, rep, all)
+	return nil
 }
+
+// The parts of the compare scenario (--sections).
+const (
+	CompareRegular  = "regular"
+	ComparePD       = "pd"
+	CompareMoRI     = "moriio"
+	CompareTurnover = "turnover"
+	CompareCeiling  = "ceiling"
+)
+
+// CompareSections lists the parts in run order.
+var CompareSections = []string{CompareRegular, ComparePD, CompareMoRI, CompareTurnover, CompareCeiling}
 
 func contains(list []string, s string) bool {
 	for _, x := range list {

@@ -44,39 +44,42 @@ type probeResult struct {
 // error event.
 func probe(ctx context.Context, base string, n int) []probeResult {
 	client := &http.Client{Timeout: faultClientTimeout}
+	defer client.CloseIdleConnections()
 	out := make([]probeResult, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() {
-			body := fmt.Sprintf(`{"model":%q,"prompt":"fault probe %d","max_tokens":16,"ignore_eos":true,"stream":true}`, simModel, i)
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", strings.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-			t0 := time.Now()
-			resp, err := client.Do(req)
-			if err != nil {
-				out[i] = probeResult{dur: time.Since(t0), err: err.Error()}
-				return
-			}
-			b, rerr := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-			resp.Body.Close()
-			r := probeResult{dur: time.Since(t0)}
-			switch {
-			case rerr != nil:
-				r.err = "body: " + rerr.Error()
-			case resp.StatusCode != http.StatusOK:
-				r.err = fmt.Sprintf("HTTP %d", resp.StatusCode)
-			case bytes.Contains(b, []byte(`"error"`)):
-				r.err = "SSE error event"
-			case !bytes.Contains(b, []byte("[DONE]")):
-				r.err = "stream ended without [DONE]"
-			default:
-				r.ok = true
-			}
-			out[i] = r
-		})
+		wg.Go(func() { out[i] = probeOne(ctx, client, base, i) })
 	}
 	wg.Wait()
 	return out
+}
+
+// probeOne sends the i-th probe request and reads it to its end.
+func probeOne(ctx context.Context, client *http.Client, base string, i int) probeResult {
+	body := fmt.Sprintf(`{"model":%q,"prompt":"fault probe %d","max_tokens":16,"ignore_eos":true,"stream":true}`, simModel, i)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	t0 := time.Now()
+	resp, err := client.Do(req)
+	if err != nil {
+		return probeResult{dur: time.Since(t0), err: err.Error()}
+	}
+	b, rerr := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	r := probeResult{dur: time.Since(t0)}
+	switch {
+	case rerr != nil:
+		r.err = "body: " + rerr.Error()
+	case resp.StatusCode != http.StatusOK:
+		r.err = fmt.Sprintf("HTTP %d", resp.StatusCode)
+	case bytes.Contains(b, []byte(`"error"`)):
+		r.err = "SSE error event"
+	case !bytes.Contains(b, []byte("[DONE]")):
+		r.err = "stream ended without [DONE]"
+	default:
+		r.ok = true
+	}
+	return r
 }
 
 // faultRow summarises a probe.

@@ -329,6 +329,7 @@ func (r *CompareReport) WriteMarkdown(w io.Writer) error {
 		r.streamTable(&b, moriSection(m), fmt.Sprintf("PD MoRI-IO %s, ZMQ discovery, --policy %s (one prefill/decode pair per router)", m, r.Config.MoRIPolicy))
 	}
 	r.faultTable(&b)
+	r.turnoverTable(&b)
 	r.ceilingTable(&b)
 	if bh := r.behind(); len(bh) > 0 {
 		b.WriteString("## Where Switchyard is behind (by more than 5 %)\n\n")

@@ -409,16 +409,24 @@ func parseCompare(args []string, o *Options, stderr io.Writer) (CompareConfig, e
 	fs.StringVar(&c.MoRIPolicy, "moriio-policy", c.MoRIPolicy, "--policy of the MoRI-IO section (the published setup's)")
 	noMoRI := fs.Bool("no-moriio", false, "skip the MoRI-IO section")
 	fs.BoolVar(&c.Faults, "faults", c.Faults, "inject faults into the MoRI-IO WRITE pairs after their measurements (needs WRITE in --moriio-modes)")
+	fs.BoolVar(&c.Turnover, "turnover", c.Turnover, "run the MoRI-IO READ→WRITE fleet turnover (fresh pairs per router, about 30 s each per variant)")
 	fs.IntVar(&c.Input, "input-len", c.Input, "--random-input-len")
 	fs.IntVar(&c.MinPrompts, "min-prompts", c.MinPrompts, "lower bound of --num-prompts")
 	fs.IntVar(&c.Repeats, "repeats", c.Repeats, "interleaved repetitions of every point")
 	fs.DurationVar(&c.PointTimeout, "point-max-duration", c.PointTimeout, "bound on one sybench run")
-	only := strList(c.Only)
+	only, secs := strList(c.Only), strList(c.Sections)
+	fs.Var(&secs, "sections", "only these parts, in their fixed order: "+strings.Join(CompareSections, ","))
 	fs.Var(&only, "routers", "only these routers (direct always runs): switchyard,vllm-router,sglang-router,nginx,nixl-toy-proxy")
 	if err := finishParse(fs, args); err != nil {
 		return c, err
 	}
 	c.WrkConns, c.StreamConcurrency, c.PDConcurrency, c.Only, c.CeilingConcurrency = wrk, sc, pc, only, cc
+	c.Sections = secs
+	for _, s := range c.Sections {
+		if !contains(CompareSections, s) {
+			return c, fmt.Errorf("--sections: unknown part %q (want some of %s)", s, strings.Join(CompareSections, ","))
+		}
+	}
 	if *noCeiling {
 		c.CeilingConcurrency = nil
 	}
