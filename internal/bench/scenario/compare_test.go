@@ -166,7 +166,8 @@ func TestCompareQuick(t *testing.T) {
 	c.WrkConns = []int{8}
 	c.CeilingConcurrency = []int{8}
 	c.MoRIConcurrency = []int{8}
-	c.Turnover = false // TestCompareTurnover
+	// The turnover has its own test; the real pair is test/interop's.
+	c.Sections = []string{CompareRegular, ComparePD, CompareMoRI, CompareCeiling}
 	out := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
