@@ -487,7 +487,11 @@ func (e *env) comparePD(ctx context.Context, c CompareConfig, rep *CompareReport
 	if err != nil {
 		return err
 	}
-	return e.streams(ctx, c, rep, SectionPD, c.PDConcurrency, rs, sims[0].proc, sims[1].proc)
+	if err := e.streams(ctx, c, rep, SectionPD, c.PDConcurrency, rs, sims[0].proc, sims[1].proc); err != nil || !c.Faults {
+		return err
+	}
+	e.stopPeers(rs)
+	return e.compareKillNIXL(ctx, c, rep, all)
 }
 
 func joinArgs(a []string) string {

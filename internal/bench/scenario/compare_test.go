@@ -202,7 +202,8 @@ func TestCompareQuick(t *testing.T) {
 			faults[f.Fault] = f
 		}
 	}
-	if kill := faults["decode killed mid-load"]; len(faults) != 3 || kill.Sent != 32 || kill.OK == kill.Sent || kill.Note != "" {
+	kill, killNIXL := faults[killName], faults[killNameNIXL]
+	if len(faults) != 4 || kill.Sent != 32 || kill.OK == kill.Sent || kill.Note != "" || killNIXL.Sent != 32 || killNIXL.OK == killNIXL.Sent || killNIXL.Note != "" {
 		t.Fatalf("switchyard fault rows = %+v", faults)
 	}
 	vr, _ := rep.agg(SectionPD, PeerVLLMRouter, 8)
@@ -304,5 +305,28 @@ func TestCompareTurnover(t *testing.T) {
 	rep.turnoverTable(&md)
 	if !strings.Contains(md.String(), "| "+turnoverDrain+" | switchyard | ") {
 		t.Fatalf("table:\n%s", md.String())
+	}
+}
+
+func TestParseKVSources(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		in         string
+		ext, local float64
+	}{
+		{"none", "# HELP x\nvllm:num_requests_running{engine=\"0\"} 3\n", 0, 0},
+		{"both, two engines", `vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="external_kv_transfer"} 927.0
+vllm:prompt_tokens_by_source_total{engine="1",model_name="m",source="external_kv_transfer"} 3.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 2.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_cache_hit"} 64.0
+`, 930, 2},
+		{"garbage value", `vllm:prompt_tokens_by_source_total{source="local_compute"} x` + "\n", 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ext, local := parseKVSources(strings.NewReader(tc.in))
+			if ext != tc.ext || local != tc.local {
+				t.Fatalf("parseKVSources = %v, %v; want %v, %v", ext, local, tc.ext, tc.local)
+			}
+		})
 	}
 }
