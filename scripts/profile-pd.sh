@@ -120,11 +120,11 @@ run_load() { # ROUTER C N RESULTFILE [TIMEFILE: sybench's user and system CPU]
   [ -n "${5:-}" ] && timer=(/usr/bin/time -f '%U %S' -o "$5")
   "${timer[@]}" "$bin/sybench" --backend vllm --base-url "http://127.0.0.1:${rport[$1]}" --model sim-model --dataset-name random \
     --random-input-len "$INPUT" --random-output-len "$OUTPUT" --ignore-eos --max-concurrency "$2" --num-prompts "$3" \
-    --num-warmups 0 --seed 1234 --metric-percentiles 50,99 --save-result --result-dir "$out" --result-filename "$4" \
+    --num-warmups 0 --seed 1234 --metric-percentiles 50,99 --percentile-metrics ttft,tpot,itl,e2el --save-result --result-dir "$out" --result-filename "$4" \
     >"$out/$4.txt" 2>&1
 }
 
-echo "router c rep completed reqps ttft_p50 ttft_p99 tpot_p50 router_user_s_1k router_sys_s_1k workers_cpu_s_1k sybench_cpu_s_1k ctxsw_per_req syscalls_per_req reads_per_req writes_per_req epoll_per_req futex_per_req connects threads goroutines upstream_conns" >"$out/rows.txt"
+echo "router c rep completed reqps ttft_p50 ttft_p99 tpot_p50 e2el_p50 e2el_p99 router_user_s_1k router_sys_s_1k workers_cpu_s_1k sybench_cpu_s_1k ctxsw_per_req syscalls_per_req reads_per_req eagain_reads_per_req writes_per_req epoll_per_req futex_per_req connects threads goroutines upstream_conns" >"$out/rows.txt"
 for c in $C_LIST; do
   n=$((c * PROMPTS_PER_C))
   for rep in $(seq 1 "$REPS"); do
@@ -137,7 +137,8 @@ for c in $C_LIST; do
       mp=0; [ "$r" = switchyard ] && mp=${rmport[$r]}
       sample "$pg" "$out/sample-$r-$c-$rep" "$mp" &
       spid=$!
-      perf stat -x, -o "$out/perf-$r-$c-$rep.csv" -e "$events" -p "$gp" &
+      perf stat -x, -o "$out/perf-$r-$c-$rep.csv" -e "$events" \
+        -e syscalls:sys_exit_read --filter 'ret == -11' -e syscalls:sys_exit_recvfrom --filter 'ret == -11' -p "$gp" &
       ppid=$!
       sleep 0.2
       run_load "$r" "$c" "$n" "res-$r-$c-$rep.json" "$out/time-$r-$c-$rep"
@@ -168,9 +169,9 @@ tu, ts = map(float, open(f"{out}/time-{r}-{c}-{rep}").read().split())
 thr, gor = open(f"{out}/sample-{r}-{c}-{rep}").read().split() if n else ("0", "0")
 k = 1000.0 / n if n else 0
 print(r, c, rep, n, f'{res["request_throughput"]:.1f}', f'{res["median_ttft_ms"]:.2f}', f'{res["p99_ttft_ms"]:.2f}',
-      f'{res["median_tpot_ms"]:.2f}', f"{(u1-u0)/hz*k:.3f}", f"{(s1-s0)/hz*k:.3f}", f"{(wu1-wu0+ws1-ws0)/hz*k:.3f}",
+      f'{res["median_tpot_ms"]:.2f}', f'{res["median_e2el_ms"]:.1f}', f'{res["p99_e2el_ms"]:.1f}', f"{(u1-u0)/hz*k:.3f}", f"{(s1-s0)/hz*k:.3f}", f"{(wu1-wu0+ws1-ws0)/hz*k:.3f}",
       f"{(tu+ts)*k:.3f}", f'{per("context-switches"):.1f}', f'{per("raw_syscalls:sys_enter"):.1f}',
-      f'{sc("read","readv","recvfrom","recvmsg"):.1f}', f'{sc("write","writev","sendto","sendmsg"):.1f}',
+      f'{sc("read","readv","recvfrom","recvmsg"):.1f}', f'{per("syscalls:sys_exit_read") + per("syscalls:sys_exit_recvfrom"):.1f}', f'{sc("write","writev","sendto","sendmsg"):.1f}',
       f'{sc("epoll_wait","epoll_pwait","epoll_ctl"):.1f}', f'{sc("futex"):.1f}', int(ev.get("syscalls:sys_enter_connect", 0)),
       thr, gor, conns)
 EOF
@@ -188,8 +189,8 @@ for r in switchyard vllm-router; do
   sleep 0.2
   run_load "$r" "$cmax" "$((cmax * PROMPTS_PER_C))" "rec-$r.json"
   kill -INT "$ppid"; wait "$ppid" || true
-  perf report -i "$out/perf-$r.data" --no-children --sort dso --stdio 2>/dev/null | grep -v '^#' | grep -v '^$' | head -8 >"$out/report-dso-$r.txt" || true
-  perf report -i "$out/perf-$r.data" --no-children --sort sym --stdio -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -25 >"$out/report-sym-$r.txt" || true
+  perf report -i "$out/perf-$r.data" --no-children --sort dso --stdio -g none 2>/dev/null | grep '%' | head -6 >"$out/report-dso-$r.txt" || true
+  perf report -i "$out/perf-$r.data" --no-children --sort dso,sym --stdio -g none 2>/dev/null | grep '%' >"$out/report-sym-$r.txt" || true
 done
 
 python3 - "$out/rows.txt" <<'EOF'
@@ -211,6 +212,36 @@ for (c, r), rs in sorted(groups.items()):
 EOF
 for r in switchyard vllm-router; do
   echo; echo "## $r: perf record at C=$cmax, by shared object"; cat "$out/report-dso-$r.txt"
-  echo; echo "## $r: top symbols"; cat "$out/report-sym-$r.txt"
+  echo; echo "## $r: by category (symbols grouped by name)"
+  python3 - "$out/report-sym-$r.txt" <<'EOF'
+import re, sys
+rules = [  # first match wins; applied to "dso sym"
+    ("kernel", r"\[k\]"),
+    ("libc malloc/free", r"libc.*(malloc|free|_int_|unlink_chunk|realloc|consolidate|tcache)"),
+    ("libc other (memmove, ...)", r"libc"),
+    ("Go GC", r"runtime\.(gc|mark|scan|sweep|tryDefer|findObject|greyobject|heapBits|wbBuf|bulkBarrier|spanOf|\(\*mspan\)|\(\*spanSet\)|\(\*sweepLocked\)|\(\*unwinder\)|step|pcvalue|funcInfo|scanobject|scanstack)|gc/scan|gcDrain"),
+    ("Go allocation", r"runtime\.(malloc|memclr|nextFree|newobject|makeslice|growslice|\(\*mcache\)|\(\*mcentral\)|\(\*mheap\))"),
+    ("Go scheduler, channels, locks", r"runtime\.(select|chan|gopark|goready|schedule|findRunnable|park|ready|lock|unlock|sellock|selunlock|futex|notesleep|notewakeup|netpoll|stealWork|runq|execute|mcall|casgstatus|semacquire|semrelease|wakep|startm|stopm|procyield|gfget|gfput|newproc|goexit|systemstack|mPark|resetspinning|injectglist|checkTimers|runOneTimer|\(\*timer)|sync\.|procyieldAsm"),
+    ("memmove", r"memmove"),
+    ("encoding/json", r"encoding/json"),
+    ("net/http, textproto, bufio", r"net/http|net/textproto|bufio|net/url|mime"),
+    ("Go net, poll, syscall", r"internal/poll|syscall\.|net\.|runtime\.entersyscall|runtime\.exitsyscall"),
+    ("switchyard packages", r"github\.com/switchyard-llm"),
+    ("Go runtime other", r"runtime\.|internal/runtime|internal/abi"),
+    ("Go maps, context, strings", r"internal/runtime/maps|context\.|strings\.|aeshash|strconv"),
+    ("hyper, axum, reqwest, h2", r"hyper|axum|reqwest|http_body|h2::|tower"),
+    ("tokio", r"tokio"),
+    ("vllm_router_rs other", r"vllm_router_rs"),
+]
+agg = {}
+for l in open(sys.argv[1]):
+    m = re.match(r"\s*([\d.]+)%\s+(.*)", l)
+    if not m:
+        continue
+    name = next((k for k, rx in rules if re.search(rx, m.group(2))), "other")
+    agg[name] = agg.get(name, 0) + float(m.group(1))
+print(", ".join(f"{k} {v:.1f} %" for k, v in sorted(agg.items(), key=lambda x: -x[1])))
+EOF
+  echo; echo "## $r: top symbols"; head -15 "$out/report-sym-$r.txt" | cut -c1-160
 done
 log "raw files in $out"
