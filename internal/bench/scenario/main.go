@@ -31,7 +31,8 @@ tables; with --out-dir it also writes them (Markdown, and a PNG for pd).
             band, then two tenants at 10:1                -> flow.md
   compare   head to head: switchyard vs vllm-router, sglang-router, nginx
             and vLLM's NIXL toy proxy on the same fleets (wrk, sybench,
-            faults, ceiling; peers from scripts/install-peers.sh)
+            faults, READ→WRITE turnover, ceiling, a real vLLM CPU
+            pair; peers from scripts/install-peers.sh)
                                                           -> compare.md/.png
 
 Run "sybench scenario NAME --help" for the flags of one scenario.
@@ -389,7 +390,7 @@ func parseKV(args []string, o *Options, stderr io.Writer) (KVConfig, error) {
 
 func parseCompare(args []string, o *Options, stderr io.Writer) (CompareConfig, error) {
 	c := configFor(args, DefaultCompareConfig, QuickCompareConfig)
-	fs := scenarioFlags("compare", stderr, "The same fleet and load through switchyard, vllm-router, sglang-router, nginx and vLLM's NIXL toy proxy in turn (run scripts/install-peers.sh first): regular mode with wrk and sybench streams, PD NIXL with static workers, PD MoRI-IO WRITE/READ with ZMQ discovery, faults on the MoRI-IO WRITE pairs, and a PD NIXL concurrency ramp. Writes compare.md and compare.png.", o, 30*time.Minute, loadFlags{
+	fs := scenarioFlags("compare", stderr, "The same fleet and load through switchyard, vllm-router, sglang-router, nginx and vLLM's NIXL toy proxy in turn (run scripts/install-peers.sh first): regular mode with wrk and sybench streams, PD NIXL with static workers, PD MoRI-IO WRITE/READ with ZMQ discovery, faults on the MoRI-IO WRITE pairs and a fresh NIXL pair, a MoRI-IO READ→WRITE fleet turnover without a restart, a PD NIXL concurrency ramp, and the same small load over a real vLLM CPU NIXL pair (scripts/install-interop.sh) with a token-identity check. Writes compare.md and compare.png.", o, 30*time.Minute, loadFlags{
 		preset: &c.Preset, policy: &c.Policy, seed: &c.Seed, outputLen: &c.OutputLen, promptsPerC: &c.PromptsPerC,
 		workers: "every worker", policyHelp: "--policy of every router", outputHelp: "--random-output-len of the sybench points",
 		promptsHelp: "--num-prompts = max(--min-prompts, ceil(this × C))",
