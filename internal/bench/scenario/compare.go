@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -131,9 +132,12 @@ type CompareRow struct {
 	// wrk figures (latencies in ms).
 	Wrk wrkResult
 	// sybench figures.
-	Row       bench.SweepRow
-	Completed int
-	Failed    int
+	Row bench.SweepRow
+	// E2EP50 and E2EP99 are the end-to-end latency percentiles of the
+	// completed requests, ms (sybench streams).
+	E2EP50, E2EP99 float64
+	Completed      int
+	Failed         int
 	// RouterCPU is the router's process-group CPU time during the run;
 	// RouterRSS its summed RSS right after it.
 	RouterCPU time.Duration
@@ -421,6 +425,7 @@ func (e *env) streams(ctx context.Context, c CompareConfig, rep *CompareReport, 
 					stopped = res.Stopped
 					sr := sweepRow(rr.name, section, res)
 					return CompareRow{Section: section, Concurrency: conc, Rep: k, Row: sr,
+						E2EP50: e2ePct(res, 50), E2EP99: e2ePct(res, 99),
 						Completed: res.Metrics.Completed, Failed: n - res.Metrics.Completed}, nil
 				})
 				if err == nil && stopped && row.Failed > 0 {
@@ -503,4 +508,13 @@ func joinArgs(a []string) string {
 		s += x
 	}
 	return s
+}
+
+// e2ePct is a percentile of a run's end-to-end latency (NaN when nothing
+// completed).
+func e2ePct(res *bench.Result, p float64) float64 {
+	if res.Metrics.Completed == 0 {
+		return math.NaN()
+	}
+	return res.Percentile(bench.MetricE2EL, p)
 }
