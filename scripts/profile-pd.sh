@@ -41,6 +41,7 @@ done
 
 pids=()
 cleanup() {
+  [ ${#pids[@]} -gt 0 ] || return 0
   for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null || true; done
   sleep 1
   for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; done
@@ -48,12 +49,13 @@ cleanup() {
 trap cleanup EXIT
 
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-# start NAME CMD...: runs CMD in its own session (its pid is its process group).
+# start NAME CMD...: runs CMD in its own session (its pid, in $started, is
+# its process group) and remembers it for cleanup (not in a subshell).
 start() {
   local name=$1; shift
   setsid "$@" >"$out/$name.log" 2>&1 &
-  pids+=($!)
-  echo $!
+  started=$!
+  pids+=("$started")
 }
 wait_ok() { # URL [BODY]: until it answers 200, at most 60 s
   local i
@@ -72,8 +74,10 @@ group_pids() { ps -o pid= -g "$1" | tr -s ' \n' ',' | sed 's/^,//; s/,$//'; }
 cpu() { for p in "$@"; do awk '{print $14, $15}' "/proc/$p/stat" 2>/dev/null || true; done | awk '{u+=$1; s+=$2} END {print u+0, s+0}'; }
 
 pp=$(freeport); dp=$(freeport)
-prefill=$(start prefill "$bin/vllm-sim" --host 127.0.0.1 --port "$pp" --model sim-model --log-level warn --role prefill --kv-connector nixl --profile-preset zero)
-decode=$(start decode "$bin/vllm-sim" --host 127.0.0.1 --port "$dp" --model sim-model --log-level warn --role decode --kv-connector nixl --profile-preset zero)
+start prefill "$bin/vllm-sim" --host 127.0.0.1 --port "$pp" --model sim-model --log-level warn --role prefill --kv-connector nixl --profile-preset zero
+prefill=$started
+start decode "$bin/vllm-sim" --host 127.0.0.1 --port "$dp" --model sim-model --log-level warn --role decode --kv-connector nixl --profile-preset zero
+decode=$started
 wait_ok "http://127.0.0.1:$pp/health"; wait_ok "http://127.0.0.1:$dp/health"
 
 declare -A rpid rport rmport
@@ -88,7 +92,8 @@ for r in switchyard vllm-router; do
     --policy round_robin --vllm-pd-disaggregation --kv-connector nixl
     --prefill "http://127.0.0.1:$pp" --decode "http://127.0.0.1:$dp" "${extra[@]}")
   echo "$exe ${args[*]}" >>"$out/commands.txt"
-  rpid[$r]=$(start "$r" "$exe" "${args[@]}")
+  start "$r" "$exe" "${args[@]}"
+  rpid[$r]=$started
   rport[$r]=$port; rmport[$r]=$mport
   wait_ok "http://127.0.0.1:$port/v1/completions" "$body"
 done
