@@ -135,7 +135,7 @@ func peers(binDir, peersDir, policy string) []peer {
 					return nil, fmt.Errorf("%w: PD only", errUnsupported)
 				}
 				if f.discovery != "" {
-					return nil, fmt.Errorf("%w: NIXL static workers only (vLLM's MoRI-IO toy proxy, examples/disaggregated/disaggregated_serving/moriio_toy_proxy_server.py, imports vllm.distributed...moriio_common, which needs vLLM and torch installed)", errUnsupported)
+					return nil, fmt.Errorf("%w: NIXL static workers only (vLLM's MoRI-IO toy proxy, examples/disaggregated/disaggregated_serving/moriio_toy_proxy_server.py, imports vllm.distributed...moriio_common, i.e. vLLM and torch, which only the real-engine tier's venv has; not wired into this scenario yet)", errUnsupported)
 				}
 				ph, pp, err := hostPort(f.prefill)
 				if err != nil {
