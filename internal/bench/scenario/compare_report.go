@@ -98,7 +98,7 @@ func (r *CompareReport) points(section string) []int {
 }
 
 // routerOrder is the order of the tables' rows (and the plot's colours).
-var routerOrder = []string{PeerDirect, PeerSwitchyard, PeerVLLMRouter, PeerSGLangRouter, PeerNginx, PeerNIXLToyProxy}
+var routerOrder = []string{PeerDirect, PeerSwitchyard, PeerVLLMRouter, PeerSGLangRouter, PeerNginx, PeerNIXLToyProxy, PeerMoRIToyProxy}
 
 // routers lists the routers seen in a section, in routerOrder.
 func (r *CompareReport) routers(section string) []string {

@@ -230,23 +230,27 @@ func TestTurnoverRow(t *testing.T) {
 		want TurnoverRow
 	}{
 		{"clean", []timedResult{at(1, true, 0.1, ""), at(6, true, 0.1, ""), at(20, true, 0.1, "")},
-			TurnoverRow{Sent: 3, OK: 3, TailSent: 1, TailOK: 1}},
+			TurnoverRow{Sent: 3, OK: 3, TailSent: 1, TailOK: 1, ByWrite: 1}},
 		{"outage then recovered", []timedResult{
 			at(4, false, 0.1, "HTTP 503"), at(6, false, 0.5, "dial tcp 127.0.0.1:1: connect: connection refused"),
 			at(9, false, 1, "HTTP 502"), at(12, true, 0.1, ""), at(20, true, 0.1, "")},
 			TurnoverRow{Sent: 5, OK: 2, FailedBefore: 1, FailedAfter: 2, Outage: 4 * time.Second, TailSent: 1, TailOK: 1,
-				Errors: "HTTP 502 ×1, HTTP 503 ×1, connection refused ×1"}},
+				ByWrite: 1, Errors: "HTTP 502 ×1, HTTP 503 ×1, connection refused ×1"}},
 		{"never recovered", []timedResult{at(6, false, 0.1, "HTTP 503"), at(19, false, 0.1, "HTTP 503"), at(21, false, 0.1, "HTTP 503")},
 			TurnoverRow{Sent: 3, FailedAfter: 3, Outage: 15*time.Second + 100*time.Millisecond, TailSent: 2, Errors: "HTTP 503 ×3"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := turnoverRow("v", "r", tc.rs, cut, tail)
+			got.ByWrite = tc.want.ByWrite // set by the caller from the WRITE decode
 			tc.want.Variant, tc.want.Router = "v", "r"
 			if got != tc.want {
 				t.Fatalf("turnoverRow = %+v\nwant %+v", got, tc.want)
 			}
 			if rec := got.Recovered(); rec != (tc.name != "never recovered") {
 				t.Fatalf("Recovered = %v", rec)
+			}
+			if got.ByWrite = 0; got.TailSent > 0 && got.Recovered() {
+				t.Fatal("Recovered with a tail the WRITE pair did not serve")
 			}
 		})
 	}

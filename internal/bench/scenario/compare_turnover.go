@@ -2,6 +2,7 @@ package scenario
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -30,14 +31,20 @@ type TurnoverRow struct {
 	// TailSent and TailOK are the requests of the load's last
 	// turnoverTail: served there means the WRITE pair took over.
 	TailSent, TailOK int
+	// ByWrite is the requests the WRITE pair's decode served (its
+	// decode_leg count at the end of the load).
+	ByWrite int
 	// Errors counts the failures by their first error.
 	Errors string
 	Note   string
 }
 
-// Recovered reports whether every request of the last turnoverTail
-// succeeded.
-func (r TurnoverRow) Recovered() bool { return r.TailSent > 0 && r.TailOK == r.TailSent }
+// Recovered reports whether the WRITE pair took over: every request of
+// the last turnoverTail succeeded and the WRITE decode served at least as
+// many.
+func (r TurnoverRow) Recovered() bool {
+	return r.TailSent > 0 && r.TailOK == r.TailSent && r.ByWrite >= r.TailSent
+}
 
 // Turnover timing: the READ pair serves alone for turnoverLead, the WRITE
 // pair registers and gets turnoverRegister to be heard, then the READ pair
@@ -266,7 +273,8 @@ func (e *env) turnoverOne(ctx context.Context, c CompareConfig, p peer, variant 
 		finish()
 		return TurnoverRow{}, ctx.Err()
 	}
-	if _, err := startPair("WRITE", r.discovery); err != nil {
+	writePair, err := startPair("WRITE", r.discovery)
+	if err != nil {
 		finish()
 		return TurnoverRow{}, err
 	}
@@ -287,6 +295,7 @@ func (e *env) turnoverOne(ctx context.Context, c CompareConfig, p peer, variant 
 	sleepCtx(ctx, time.Until(end))
 	finish()
 	row := turnoverRow(variant, p.name, rs, cut, end.Add(-turnoverTail))
+	row.ByWrite = decodeLegs(ctx, writePair[1])
 	if stopErr != nil {
 		row.Note = oneLine(stopErr.Error(), 200)
 	}
@@ -296,6 +305,25 @@ func (e *env) turnoverOne(ctx context.Context, c CompareConfig, p peer, variant 
 		row.Note = strings.TrimSpace(fmt.Sprintf("%s router log: %d transfer-mode mismatch line(s)", row.Note, n))
 	}
 	return row, ctx.Err()
+}
+
+// decodeLegs is a decode worker's served decode legs (-1 when unknown).
+func decodeLegs(ctx context.Context, s *sim) int {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.URL()+"/sim/stats", nil)
+	resp, err := (&http.Client{Timeout: httpGetTimeout}).Do(req)
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Requests struct {
+			DecodeLeg int `json:"decode_leg"`
+		} `json:"requests"`
+	}
+	if json.NewDecoder(resp.Body).Decode(&st) != nil {
+		return -1
+	}
+	return st.Requests.DecodeLeg
 }
 
 // logMentions counts the lines of p's log that contain s.
@@ -334,13 +362,13 @@ func (r *CompareReport) turnoverTable(b *strings.Builder) {
 		return
 	}
 	b.WriteString("## Fault: MoRI-IO READ→WRITE fleet turnover without a router restart\n\n")
-	fmt.Fprintf(b, "Each router is started once (the same command line as in the MoRI-IO sections) and learns a READ prefill/decode pair over ZMQ discovery (heartbeat 1 s). %d clients each send a streaming 16-token completion at most every %v (client timeout %v). After %v a WRITE pair registers on the same address; %v later the READ pair goes away (the variant says how) and the load runs %v more, past both routers' discovery TTL (switchyard 9 s, vllm-router 5 s). Failed before = failures while READ served and WRITE was registering; outage = first failure after the cut to the end of the last failed request; last %v = the requests started in the load's last %v (all served means the WRITE pair took over).\n\n",
+	fmt.Fprintf(b, "Each router is started once (the same command line as in the MoRI-IO sections) and learns a READ prefill/decode pair over ZMQ discovery (heartbeat 1 s). %d clients each send a streaming 16-token completion at most every %v (client timeout %v). After %v a WRITE pair registers on the same address; %v later the READ pair goes away (the variant says how) and the load runs %v more, past both routers' discovery TTL (switchyard 9 s, vllm-router 5 s). Failed before = failures while READ served and WRITE was registering; outage = first failure after the cut to the end of the last failed request; last %v = the requests started in the load's last %v; served by the WRITE pair = the WRITE decode's decode legs at the end (the WRITE pair took over when it served the whole tail; a router that keeps the READ pair serves the tail without it).\n\n",
 		turnoverClients, turnoverPeriod, faultClientTimeout, turnoverLead, turnoverRegister, turnoverAfter, turnoverTail, turnoverTail)
-	fmt.Fprintf(b, "| Variant | Router | OK / sent | Failed before | Failed after | Outage | Last %v OK / sent | Errors | Note |\n", turnoverTail)
-	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(b, "| Variant | Router | OK / sent | Failed before | Failed after | Outage | Last %v OK / sent | Served by the WRITE pair | Errors | Note |\n", turnoverTail)
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, t := range r.Turnover {
 		if t.Sent == 0 {
-			fmt.Fprintf(b, "| %s | %s | — | — | — | — | — | — | %s |\n", t.Variant, t.Router, t.Note)
+			fmt.Fprintf(b, "| %s | %s | — | — | — | — | — | — | — | %s |\n", t.Variant, t.Router, t.Note)
 			continue
 		}
 		outage := "0"
@@ -350,8 +378,8 @@ func (r *CompareReport) turnoverTable(b *strings.Builder) {
 				outage = "not recovered"
 			}
 		}
-		fmt.Fprintf(b, "| %s | %s | %d / %d | %d | %d | %s | %d / %d | %s | %s |\n",
-			t.Variant, t.Router, t.OK, t.Sent, t.FailedBefore, t.FailedAfter, outage, t.TailOK, t.TailSent, t.Errors, t.Note)
+		fmt.Fprintf(b, "| %s | %s | %d / %d | %d | %d | %s | %d / %d | %d | %s | %s |\n",
+			t.Variant, t.Router, t.OK, t.Sent, t.FailedBefore, t.FailedAfter, outage, t.TailOK, t.TailSent, t.ByWrite, t.Errors, t.Note)
 	}
 	b.WriteString("\n")
 }

@@ -417,7 +417,7 @@ func parseCompare(args []string, o *Options, stderr io.Writer) (CompareConfig, e
 	fs.DurationVar(&c.PointTimeout, "point-max-duration", c.PointTimeout, "bound on one sybench run")
 	only, secs := strList(c.Only), strList(c.Sections)
 	fs.Var(&secs, "sections", "only these parts, in their fixed order: "+strings.Join(CompareSections, ","))
-	fs.Var(&only, "routers", "only these routers (direct always runs): switchyard,vllm-router,sglang-router,nginx,nixl-toy-proxy")
+	fs.Var(&only, "routers", "only these routers (direct always runs): switchyard,vllm-router,sglang-router,nginx,nixl-toy-proxy,moriio-toy-proxy")
 	if err := finishParse(fs, args); err != nil {
 		return c, err
 	}
@@ -445,7 +445,7 @@ func parseCompare(args []string, o *Options, stderr io.Writer) (CompareConfig, e
 		return c, errors.New("--wrk-duration must be at least 1s; --repeats, --output-len and --prompts-per-concurrency must be positive")
 	}
 	for _, r := range c.Only {
-		if !contains([]string{PeerSwitchyard, PeerVLLMRouter, PeerSGLangRouter, PeerNginx, PeerNIXLToyProxy}, r) {
+		if !contains([]string{PeerSwitchyard, PeerVLLMRouter, PeerSGLangRouter, PeerNginx, PeerNIXLToyProxy, PeerMoRIToyProxy}, r) {
 			return c, fmt.Errorf("--routers: unknown router %q", r)
 		}
 	}
