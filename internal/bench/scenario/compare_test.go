@@ -236,6 +236,9 @@ func TestTurnoverRow(t *testing.T) {
 			at(9, false, 1, "HTTP 502"), at(12, true, 0.1, ""), at(20, true, 0.1, "")},
 			TurnoverRow{Sent: 5, OK: 2, FailedBefore: 1, FailedAfter: 2, Outage: 4 * time.Second, TailSent: 1, TailOK: 1,
 				ByWrite: 1, Errors: "HTTP 502 ×1, HTTP 503 ×1, connection refused ×1"}},
+		{"in flight at the cut", []timedResult{at(4.9, false, 0.2, "stream ended without [DONE]"), at(20, true, 0.1, "")},
+			TurnoverRow{Sent: 2, OK: 1, FailedAfter: 1, Outage: 200 * time.Millisecond, TailSent: 1, TailOK: 1, ByWrite: 1,
+				Errors: "stream ended without [DONE] ×1"}},
 		{"never recovered", []timedResult{at(6, false, 0.1, "HTTP 503"), at(19, false, 0.1, "HTTP 503"), at(21, false, 0.1, "HTTP 503")},
 			TurnoverRow{Sent: 3, FailedAfter: 3, Outage: 15*time.Second + 100*time.Millisecond, TailSent: 2, Errors: "HTTP 503 ×3"}},
 	} {

@@ -20,8 +20,9 @@ import (
 type TurnoverRow struct {
 	Variant, Router string
 	Sent, OK        int
-	// FailedBefore are the failures before the READ pair went away (the
-	// WRITE pair's registrations must not disturb READ traffic).
+	// FailedBefore are the failures that ended before the READ pair went
+	// away (the WRITE pair's registrations must not disturb READ traffic);
+	// requests in flight at the cut count as after it.
 	FailedBefore int
 	// FailedAfter are the failures from then to the end of the load.
 	FailedAfter int
@@ -135,7 +136,7 @@ func turnoverRow(variant, router string, rs []timedResult, cut, tail time.Time) 
 			continue
 		}
 		errs[errClass(r.err)]++
-		if r.start.Before(cut) {
+		if r.start.Add(r.dur).Before(cut) { // in flight at the cut: after
 			row.FailedBefore++
 			continue
 		}
@@ -362,7 +363,7 @@ func (r *CompareReport) turnoverTable(b *strings.Builder) {
 		return
 	}
 	b.WriteString("## Fault: MoRI-IO READ→WRITE fleet turnover without a router restart\n\n")
-	fmt.Fprintf(b, "Each router is started once (the same command line as in the MoRI-IO sections) and learns a READ prefill/decode pair over ZMQ discovery (heartbeat 1 s). %d clients each send a streaming 16-token completion at most every %v (client timeout %v). After %v a WRITE pair registers on the same address; %v later the READ pair goes away (the variant says how) and the load runs %v more, past both routers' discovery TTL (switchyard 9 s, vllm-router 5 s). Failed before = failures while READ served and WRITE was registering; outage = first failure after the cut to the end of the last failed request; last %v = the requests started in the load's last %v; served by the WRITE pair = the WRITE decode's decode legs at the end (the WRITE pair took over when it served the whole tail; a router that keeps the READ pair serves the tail without it).\n\n",
+	fmt.Fprintf(b, "Each router is started once (the same command line as in the MoRI-IO sections) and learns a READ prefill/decode pair over ZMQ discovery (heartbeat 1 s). %d clients each send a streaming 16-token completion at most every %v (client timeout %v). After %v a WRITE pair registers on the same address; %v later the READ pair goes away (the variant says how) and the load runs %v more, past both routers' discovery TTL (switchyard 9 s, vllm-router 5 s). Failed before = failed requests that ended while READ served and WRITE was registering (those in flight at the cut count as after); outage = first failure after the cut to the end of the last failed request; last %v = the requests started in the load's last %v; served by the WRITE pair = the WRITE decode's decode legs at the end (the WRITE pair took over when it served the whole tail; a router that keeps the READ pair serves the tail without it).\n\n",
 		turnoverClients, turnoverPeriod, faultClientTimeout, turnoverLead, turnoverRegister, turnoverAfter, turnoverTail, turnoverTail)
 	fmt.Fprintf(b, "| Variant | Router | OK / sent | Failed before | Failed after | Outage | Last %v OK / sent | Served by the WRITE pair | Errors | Note |\n", turnoverTail)
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
