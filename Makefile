@@ -4,7 +4,7 @@ GO ?= go
 BIN := bin
 export CGO_ENABLED ?= 1
 
-.PHONY: all build run test test-short lint vet fmt bench bench-smoke fuzz-smoke e2e bench-pd bench-overhead bench-ceiling bench-kv bench-flow bench-warmup bench-compare chaos deps clean dashboard-snapshot dashboard-json interop interop-deps
+.PHONY: all build run test test-short lint vet fmt bench bench-smoke fuzz-smoke e2e bench-pd bench-overhead bench-ceiling bench-kv bench-flow bench-warmup bench-compare bench-profile-pd chaos deps clean dashboard-snapshot dashboard-json interop interop-deps
 
 all: build
 
@@ -77,6 +77,13 @@ bench-compare:
 	$(GO) build -o $(BIN)/ ./cmd/...
 	@[ -x .venv-peers/bin/vllm-router ] || ./scripts/install-peers.sh
 	$(BIN)/sybench scenario compare --bin-dir $(BIN) --out-dir $(BENCH_OUT) $(SCENARIO_FLAGS)
+
+# switchyard and vllm-router profiled side by side in PD NIXL at C=256 and
+# 1024 (perf stat per request, CPU by category); needs perf.
+bench-profile-pd:
+	$(GO) build -o $(BIN)/ ./cmd/...
+	@[ -x .venv-peers/bin/vllm-router ] || ./scripts/install-peers.sh
+	./scripts/profile-pd.sh
 
 bench-warmup:
 	./scripts/bench-warmup.sh

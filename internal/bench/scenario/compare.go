@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -43,6 +44,16 @@ type CompareConfig struct {
 	MoRIPolicy      string
 	// Faults runs scenario 5 on the MoRI-IO WRITE pairs.
 	Faults bool
+	// Turnover runs the READ→WRITE fleet turnover fault (scenario 5) on
+	// fresh MoRI-IO pairs per router.
+	Turnover bool
+	// RealConcurrency, RealInput, RealOutput, RealPrompts and RealRepeats
+	// are the small load over the real vLLM pair.
+	RealConcurrency                    []int
+	RealInput, RealOutput, RealPrompts int
+	RealRepeats                        int
+	// Sections, when set, limits the run to these of CompareSections.
+	Sections []string
 	// CeilingConcurrency is the PD ramp of scenario 4 (empty: skipped).
 	CeilingConcurrency          []int
 	CeilingPreset               string
@@ -71,6 +82,12 @@ func DefaultCompareConfig() CompareConfig {
 		MoRIConcurrency:    []int{16, 64, 256},
 		MoRIPolicy:         "consistent_hash",
 		Faults:             true,
+		Turnover:           true,
+		RealConcurrency:    []int{4},
+		RealInput:          64,
+		RealOutput:         16,
+		RealPrompts:        32,
+		RealRepeats:        3,
 		CeilingConcurrency: []int{256, 1024, 2048, 4096},
 		CeilingPreset:      "default",
 		CeilingInput:       128,
@@ -93,6 +110,7 @@ func QuickCompareConfig() CompareConfig {
 	c.CeilingConcurrency = []int{64, 256}
 	c.MoRIModes = []string{"WRITE"}
 	c.MoRIConcurrency = []int{16}
+	c.RealRepeats = 1
 	return c
 }
 
@@ -114,9 +132,12 @@ type CompareRow struct {
 	// wrk figures (latencies in ms).
 	Wrk wrkResult
 	// sybench figures.
-	Row       bench.SweepRow
-	Completed int
-	Failed    int
+	Row bench.SweepRow
+	// E2EP50 and E2EP99 are the end-to-end latency percentiles of the
+	// completed requests, ms (sybench streams).
+	E2EP50, E2EP99 float64
+	Completed      int
+	Failed         int
 	// RouterCPU is the router's process-group CPU time during the run;
 	// RouterRSS its summed RSS right after it.
 	RouterCPU time.Duration
@@ -136,6 +157,8 @@ type CompareReport struct {
 	Commands []string
 	Rows     []CompareRow
 	Faults   []FaultRow
+	Turnover []TurnoverRow
+	Real     []RealRow
 	Notes    []string
 	Elapsed  time.Duration
 }
@@ -173,17 +196,45 @@ func (e *env) runCompare(ctx context.Context, c CompareConfig, rep *CompareRepor
 		}
 		all = keep
 	}
-	if err := e.compareRegular(ctx, c, rep, all); err != nil {
-		return err
+	steps := []struct {
+		name string
+		run  func(context.Context, CompareConfig, *CompareReport, []peer) error
+	}{
+		{CompareRegular, e.compareRegular},
+		{ComparePD, e.comparePD},
+		{CompareMoRI, e.compareMoRI},
+		{CompareTurnover, func(ctx context.Context, c CompareConfig, rep *CompareReport, all []peer) error {
+			if !c.Turnover {
+				return nil
+			}
+			return e.compareTurnover(ctx, c, rep, all)
+		}},
+		{CompareCeiling, e.compareCeiling},
+		{CompareReal, e.compareReal},
 	}
-	if err := e.comparePD(ctx, c, rep, all); err != nil {
-		return err
+	for _, st := range steps {
+		if len(c.Sections) > 0 && !contains(c.Sections, st.name) {
+			continue
+		}
+		if err := st.run(ctx, c, rep, all); err != nil {
+			return err
+		}
 	}
-	if err := e.compareMoRI(ctx, c, rep, all); err != nil {
-		return err
-	}
-	return e.compareCeiling(ctx, c, rep, all)
+	return nil
 }
+
+// The parts of the compare scenario (--sections).
+const (
+	CompareRegular  = "regular"
+	ComparePD       = "pd"
+	CompareMoRI     = "moriio"
+	CompareTurnover = "turnover"
+	CompareCeiling  = "ceiling"
+	CompareReal     = "real"
+)
+
+// CompareSections lists the parts in run order.
+var CompareSections = []string{CompareRegular, ComparePD, CompareMoRI, CompareTurnover, CompareCeiling, CompareReal}
 
 func contains(list []string, s string) bool {
 	for _, x := range list {
@@ -374,6 +425,7 @@ func (e *env) streams(ctx context.Context, c CompareConfig, rep *CompareReport, 
 					stopped = res.Stopped
 					sr := sweepRow(rr.name, section, res)
 					return CompareRow{Section: section, Concurrency: conc, Rep: k, Row: sr,
+						E2EP50: e2ePct(res, 50), E2EP99: e2ePct(res, 99),
 						Completed: res.Metrics.Completed, Failed: n - res.Metrics.Completed}, nil
 				})
 				if err == nil && stopped && row.Failed > 0 {
@@ -440,7 +492,11 @@ func (e *env) comparePD(ctx context.Context, c CompareConfig, rep *CompareReport
 	if err != nil {
 		return err
 	}
-	return e.streams(ctx, c, rep, SectionPD, c.PDConcurrency, rs, sims[0].proc, sims[1].proc)
+	if err := e.streams(ctx, c, rep, SectionPD, c.PDConcurrency, rs, sims[0].proc, sims[1].proc); err != nil || !c.Faults {
+		return err
+	}
+	e.stopPeers(rs)
+	return e.compareKillNIXL(ctx, c, rep, all)
 }
 
 func joinArgs(a []string) string {
@@ -452,4 +508,13 @@ func joinArgs(a []string) string {
 		s += x
 	}
 	return s
+}
+
+// e2ePct is a percentile of a run's end-to-end latency (NaN when nothing
+// completed).
+func e2ePct(res *bench.Result, p float64) float64 {
+	if res.Metrics.Completed == 0 {
+		return math.NaN()
+	}
+	return res.Percentile(bench.MetricE2EL, p)
 }

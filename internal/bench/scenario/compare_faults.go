@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -44,39 +47,42 @@ type probeResult struct {
 // error event.
 func probe(ctx context.Context, base string, n int) []probeResult {
 	client := &http.Client{Timeout: faultClientTimeout}
+	defer client.CloseIdleConnections()
 	out := make([]probeResult, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() {
-			body := fmt.Sprintf(`{"model":%q,"prompt":"fault probe %d","max_tokens":16,"ignore_eos":true,"stream":true}`, simModel, i)
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", strings.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-			t0 := time.Now()
-			resp, err := client.Do(req)
-			if err != nil {
-				out[i] = probeResult{dur: time.Since(t0), err: err.Error()}
-				return
-			}
-			b, rerr := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-			resp.Body.Close()
-			r := probeResult{dur: time.Since(t0)}
-			switch {
-			case rerr != nil:
-				r.err = "body: " + rerr.Error()
-			case resp.StatusCode != http.StatusOK:
-				r.err = fmt.Sprintf("HTTP %d", resp.StatusCode)
-			case bytes.Contains(b, []byte(`"error"`)):
-				r.err = "SSE error event"
-			case !bytes.Contains(b, []byte("[DONE]")):
-				r.err = "stream ended without [DONE]"
-			default:
-				r.ok = true
-			}
-			out[i] = r
-		})
+		wg.Go(func() { out[i] = probeOne(ctx, client, base, i) })
 	}
 	wg.Wait()
 	return out
+}
+
+// probeOne sends the i-th probe request and reads it to its end.
+func probeOne(ctx context.Context, client *http.Client, base string, i int) probeResult {
+	body := fmt.Sprintf(`{"model":%q,"prompt":"fault probe %d","max_tokens":16,"ignore_eos":true,"stream":true}`, simModel, i)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	t0 := time.Now()
+	resp, err := client.Do(req)
+	if err != nil {
+		return probeResult{dur: time.Since(t0), err: err.Error()}
+	}
+	b, rerr := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	r := probeResult{dur: time.Since(t0)}
+	switch {
+	case rerr != nil:
+		r.err = "body: " + rerr.Error()
+	case resp.StatusCode != http.StatusOK:
+		r.err = fmt.Sprintf("HTTP %d", resp.StatusCode)
+	case bytes.Contains(b, []byte(`"error"`)):
+		r.err = "SSE error event"
+	case !bytes.Contains(b, []byte("[DONE]")):
+		r.err = "stream ended without [DONE]"
+	default:
+		r.ok = true
+	}
+	return r
 }
 
 // faultRow summarises a probe.
@@ -193,34 +199,85 @@ func (e *env) compareFaults(ctx context.Context, rep *CompareReport, pairs []fau
 			rep.Faults = append(rep.Faults, row)
 		}
 	}
-	const killName = "decode killed mid-load"
 	for _, p := range pairs {
-		// Hold every first token 500 ms so the requests are mid-flight at the kill.
-		if err := setFaults(ctx, p.decode, `{"stall_first_token_ms":500}`); err != nil {
-			rep.Faults = append(rep.Faults, FaultRow{Fault: killName, Router: p.rr.name, Note: oneLine(err.Error(), 200)})
+		rep.Faults = append(rep.Faults, e.killDecode(ctx, killName, p))
+	}
+}
+
+// Names of the decode-kill faults.
+const (
+	killName     = "decode killed mid-load"
+	killNameNIXL = "decode killed mid-load, NIXL static"
+)
+
+// killDecode holds every first token of p's decode 500 ms, sends 32
+// streams through the router and SIGKILLs the decode 200 ms later, while
+// they are in flight (it ends the pair).
+func (e *env) killDecode(ctx context.Context, name string, p faultPair) FaultRow {
+	if err := setFaults(ctx, p.decode, `{"stall_first_token_ms":500}`); err != nil {
+		return FaultRow{Fault: name, Router: p.rr.name, Note: oneLine(err.Error(), 200)}
+	}
+	var rs []probeResult
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rs = probe(ctx, p.rr.base, 32)
+	}()
+	t := time.NewTimer(200 * time.Millisecond)
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	t.Stop()
+	_ = syscall.Kill(p.decode.Pid(), syscall.SIGKILL)
+	<-done
+	row := faultRow(name, p.rr.name, rs)
+	if p.rr.r.exited() {
+		row.Note = "router exited"
+	}
+	e.printf("fault %-40s %-12s ok %d/%d, error after %v (max %v), %d client timeouts %s\n",
+		name, p.rr.name, row.OK, row.Sent, row.ErrP50.Round(time.Millisecond), row.ErrMax.Round(time.Millisecond), row.TimedOut, row.Note)
+	return row
+}
+
+// compareKillNIXL kills the decode mid-load under the static NIXL setup,
+// each router on its own fresh pair (the kill ends it).
+func (e *env) compareKillNIXL(ctx context.Context, c CompareConfig, rep *CompareReport, all []peer) error {
+	for _, p := range all {
+		if p.name == PeerDirect {
 			continue
 		}
-		var rs []probeResult
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			rs = probe(ctx, p.rr.base, 32)
-		}()
-		t := time.NewTimer(200 * time.Millisecond)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
+		if _, err := p.args(fleetURLs{prefill: "http://127.0.0.1:1", decode: "http://127.0.0.1:2"}, 1, 2, ""); errors.Is(err, errUnsupported) {
+			continue // its PD section row says why
 		}
-		_ = syscall.Kill(p.decode.Pid(), syscall.SIGKILL)
-		<-done
-		row := faultRow(killName, p.rr.name, rs)
-		if p.rr.r.exited() {
-			row.Note = "router exited"
+		if _, err := e.budget(faultClientTimeout+time.Minute, time.Minute); err != nil {
+			return err
 		}
-		e.printf("fault %-40s %-12s ok %d/%d, error after %v (max %v), %d client timeouts %s\n",
-			killName, p.rr.name, row.OK, row.Sent, row.ErrP50.Round(time.Millisecond), row.ErrMax.Round(time.Millisecond), row.TimedOut, row.Note)
-		rep.Faults = append(rep.Faults, row)
+		sims, err := e.startNIXLPair(ctx, "kill-"+p.name, c.Preset)
+		if err != nil {
+			e.stopSims(sims)
+			return err
+		}
+		dir := filepath.Join(e.o.LogDir, p.name+"-kill-nixl")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			e.stopSims(sims)
+			return err
+		}
+		r, _, err := e.g.startPeer(ctx, p, fleetURLs{prefill: sims[0].URL(), decode: sims[1].URL()}, dir, nil)
+		if err != nil {
+			e.stopSims(sims)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			rep.Faults = append(rep.Faults, FaultRow{Fault: killNameNIXL, Router: p.name, Note: "did not run: " + oneLine(err.Error(), 240)})
+			continue
+		}
+		rr := running{peer: p, r: r, base: r.base}
+		rep.Faults = append(rep.Faults, e.killDecode(ctx, killNameNIXL, faultPair{rr: rr, prefill: sims[0], decode: sims[1]}))
+		e.g.stop(r.proc)
+		e.stopSims(sims)
 	}
+	return nil
 }
 
 // faultTable writes the fault rows.
@@ -228,7 +285,7 @@ func (r *CompareReport) faultTable(b *strings.Builder) {
 	if len(r.Faults) == 0 {
 		return
 	}
-	b.WriteString("## Faults (PD MoRI-IO WRITE, each router's own pair, after its measurements)\n\n")
+	b.WriteString("## Faults (PD MoRI-IO WRITE, each router's own pair, after its measurements; the NIXL row on a fresh static pair per router)\n\n")
 	fmt.Fprintf(b, "Injected with vllm-sim's `POST /sim/faults` on the prefill (or SIGKILL of the decode) while streaming 16-token completions are sent at once; the client gives each request %v. Error after = time from sending a failed request to the client seeing its error; decode left waiting = the decode's `waiting_for_remote_kv` a few seconds after the last answer (requests the router never cancelled; the simulated decode, like vLLM, waits for KV forever).\n\n", faultClientTimeout)
 	b.WriteString("| Fault | Router | OK / sent | Error after P50 / max | No answer within the client timeout | Decode left waiting | Note |\n")
 	b.WriteString("|---|---|---|---|---|---|---|\n")

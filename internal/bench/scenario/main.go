@@ -31,7 +31,8 @@ tables; with --out-dir it also writes them (Markdown, and a PNG for pd).
             band, then two tenants at 10:1                -> flow.md
   compare   head to head: switchyard vs vllm-router, sglang-router, nginx
             and vLLM's NIXL toy proxy on the same fleets (wrk, sybench,
-            faults, ceiling; peers from scripts/install-peers.sh)
+            faults, READ→WRITE turnover, ceiling, a real vLLM CPU
+            pair; peers from scripts/install-peers.sh)
                                                           -> compare.md/.png
 
 Run "sybench scenario NAME --help" for the flags of one scenario.
@@ -389,7 +390,7 @@ func parseKV(args []string, o *Options, stderr io.Writer) (KVConfig, error) {
 
 func parseCompare(args []string, o *Options, stderr io.Writer) (CompareConfig, error) {
 	c := configFor(args, DefaultCompareConfig, QuickCompareConfig)
-	fs := scenarioFlags("compare", stderr, "The same fleet and load through switchyard, vllm-router, sglang-router, nginx and vLLM's NIXL toy proxy in turn (run scripts/install-peers.sh first): regular mode with wrk and sybench streams, PD NIXL with static workers, PD MoRI-IO WRITE/READ with ZMQ discovery, faults on the MoRI-IO WRITE pairs, and a PD NIXL concurrency ramp. Writes compare.md and compare.png.", o, 30*time.Minute, loadFlags{
+	fs := scenarioFlags("compare", stderr, "The same fleet and load through switchyard, vllm-router, sglang-router, nginx and vLLM's NIXL toy proxy in turn (run scripts/install-peers.sh first): regular mode with wrk and sybench streams, PD NIXL with static workers, PD MoRI-IO WRITE/READ with ZMQ discovery, faults on the MoRI-IO WRITE pairs and a fresh NIXL pair, a MoRI-IO READ→WRITE fleet turnover without a restart, a PD NIXL concurrency ramp, and the same small load over a real vLLM CPU NIXL pair (scripts/install-interop.sh) with a token-identity check. Writes compare.md and compare.png.", o, 30*time.Minute, loadFlags{
 		preset: &c.Preset, policy: &c.Policy, seed: &c.Seed, outputLen: &c.OutputLen, promptsPerC: &c.PromptsPerC,
 		workers: "every worker", policyHelp: "--policy of every router", outputHelp: "--random-output-len of the sybench points",
 		promptsHelp: "--num-prompts = max(--min-prompts, ceil(this × C))",
@@ -409,16 +410,24 @@ func parseCompare(args []string, o *Options, stderr io.Writer) (CompareConfig, e
 	fs.StringVar(&c.MoRIPolicy, "moriio-policy", c.MoRIPolicy, "--policy of the MoRI-IO section (the published setup's)")
 	noMoRI := fs.Bool("no-moriio", false, "skip the MoRI-IO section")
 	fs.BoolVar(&c.Faults, "faults", c.Faults, "inject faults into the MoRI-IO WRITE pairs after their measurements (needs WRITE in --moriio-modes)")
+	fs.BoolVar(&c.Turnover, "turnover", c.Turnover, "run the MoRI-IO READ→WRITE fleet turnover (fresh pairs per router, about 30 s each per variant)")
 	fs.IntVar(&c.Input, "input-len", c.Input, "--random-input-len")
 	fs.IntVar(&c.MinPrompts, "min-prompts", c.MinPrompts, "lower bound of --num-prompts")
 	fs.IntVar(&c.Repeats, "repeats", c.Repeats, "interleaved repetitions of every point")
 	fs.DurationVar(&c.PointTimeout, "point-max-duration", c.PointTimeout, "bound on one sybench run")
-	only := strList(c.Only)
-	fs.Var(&only, "routers", "only these routers (direct always runs): switchyard,vllm-router,sglang-router,nginx,nixl-toy-proxy")
+	only, secs := strList(c.Only), strList(c.Sections)
+	fs.Var(&secs, "sections", "only these parts, in their fixed order: "+strings.Join(CompareSections, ","))
+	fs.Var(&only, "routers", "only these routers (direct always runs): switchyard,vllm-router,sglang-router,nginx,nixl-toy-proxy,moriio-toy-proxy")
 	if err := finishParse(fs, args); err != nil {
 		return c, err
 	}
 	c.WrkConns, c.StreamConcurrency, c.PDConcurrency, c.Only, c.CeilingConcurrency = wrk, sc, pc, only, cc
+	c.Sections = secs
+	for _, s := range c.Sections {
+		if !contains(CompareSections, s) {
+			return c, fmt.Errorf("--sections: unknown part %q (want some of %s)", s, strings.Join(CompareSections, ","))
+		}
+	}
 	if *noCeiling {
 		c.CeilingConcurrency = nil
 	}
@@ -436,7 +445,7 @@ func parseCompare(args []string, o *Options, stderr io.Writer) (CompareConfig, e
 		return c, errors.New("--wrk-duration must be at least 1s; --repeats, --output-len and --prompts-per-concurrency must be positive")
 	}
 	for _, r := range c.Only {
-		if !contains([]string{PeerSwitchyard, PeerVLLMRouter, PeerSGLangRouter, PeerNginx, PeerNIXLToyProxy}, r) {
+		if !contains([]string{PeerSwitchyard, PeerVLLMRouter, PeerSGLangRouter, PeerNginx, PeerNIXLToyProxy, PeerMoRIToyProxy}, r) {
 			return c, fmt.Errorf("--routers: unknown router %q", r)
 		}
 	}

@@ -149,6 +149,11 @@ func newGroup(binDir, logDir string) *group { return &group{binDir: binDir, logD
 // start runs binDir/bin with args; stdout's first line is delivered on
 // proc.firstLine; stdout and stderr go to logDir/<name>.log.
 func (g *group) start(name, bin string, args ...string) (*proc, error) {
+	return g.startEnv(name, bin, nil, args...)
+}
+
+// startEnv is start with the child's environment (nil: sybench's own).
+func (g *group) startEnv(name, bin string, env []string, args ...string) (*proc, error) {
 	g.mu.Lock()
 	g.seq++
 	seq := g.seq
@@ -170,6 +175,7 @@ func (g *group) start(name, bin string, args ...string) (*proc, error) {
 	}
 	fmt.Fprintf(lf, "# %s %s\n", path, strings.Join(args, " "))
 	cmd := exec.Command(path, args...)
+	cmd.Env = env
 	lc := &lineCatcher{w: lf, ch: make(chan string, 1)}
 	cmd.Stdout = lc
 	cmd.Stderr = lf
