@@ -185,6 +185,9 @@ type migView struct {
 	usage    map[string]float64
 	prompts  int      // chunks carrying prompt_token_ids
 	errors   []string // error events
+	// heldBack: the last token chunk had token ids but no text (vLLM holds
+	// back the bytes of a character not yet complete).
+	heldBack bool
 }
 
 // readMigView parses a whole SSE answer; framing errors fail t, error
@@ -225,6 +228,9 @@ func readMigView(t *testing.T, body string) migView {
 		for _, ch := range c.Choices {
 			v.text += ch.Text + ch.Delta.Content
 			v.tokenIDs = append(v.tokenIDs, ch.TokenIDs...)
+			if len(ch.TokenIDs) > 0 {
+				v.heldBack = ch.Text+ch.Delta.Content == ""
+			}
 			if ch.Delta.Role != nil {
 				v.roles++
 			}
@@ -350,7 +356,7 @@ func migrationRun(t *testing.T, r *harnessRouter, oracleURL, victimURL string, v
 
 // checkMigrated checks one answer against the uninterrupted one. What is
 // guaranteed on a real engine (docs/RELIABILITY.md, "Mid-stream migration",
-// and docs/INTEROP.md, "Migration on a real engine"): no error event,
+// and docs/INTEROP.md, "Mid-stream migration on real engines"): no error event,
 // [DONE], one id and created, one role delta, finish_reason "length" and
 // migTokens completion tokens, no token ids for a client that did not ask,
 // the text before the cut is the oracle's. Completions whose client asked
@@ -359,7 +365,9 @@ func migrationRun(t *testing.T, r *harnessRouter, oracleURL, victimURL string, v
 // continuations (completions without token ids, chat) re-tokenize the text
 // so far, which a byte-level tokenizer cannot always do faithfully (a
 // token that is an incomplete UTF-8 sequence is held back or shows as
-// U+FFFD): where they differ is logged, not failed.
+// U+FFFD): where they differ is logged, not failed. So is a token-id
+// continuation whose cut followed a token with held-back text: its tokens
+// must be exact, its text is vLLM's echo of the prompt (see above).
 func checkMigrated(t *testing.T, s *liveStream, body string, want migView, cut migView, migrated bool) {
 	t.Helper()
 	v := readMigView(t, body)
@@ -422,6 +430,14 @@ func checkMigrated(t *testing.T, s *liveStream, body string, want migView, cut m
 		}
 		d += fmt.Sprintf("; token ids differ at %d: got %v, want %v", i,
 			v.tokenIDs[max(0, i-3):min(len(v.tokenIDs), i+4)], want.tokenIDs[max(0, i-3):min(len(want.tokenIDs), i+4)])
+	}
+	if exactRoute && migrated && cut.heldBack && slices.Equal(v.tokenIDs, want.tokenIDs) {
+		// The continuation's token-id prompt ends inside a character: vLLM
+		// 0.32 then streams the whole prompt's text with the continuation's
+		// first token (docs/INTEROP.md, difference 15). The tokens are
+		// exact; the text is not, until the router handles this cut.
+		t.Logf("%s; the cut followed a token whose text was held back: tokens exact, text not (vLLM echoes the token-id prompt's text)", d)
+		return
 	}
 	if exactRoute {
 		t.Error(d)
@@ -489,4 +505,66 @@ func TestMigrationPDNixlRealEngines(t *testing.T) {
 	if logs := r.Logs.String(); !named {
 		t.Errorf("no request log line names the killed decode in migrated_from:\n%s", harness.Tail(logs, 2000))
 	}
+}
+
+// TestEngineTokenPromptEndingMidCharacter pins what makes a token-id
+// continuation's text inexact on vLLM 0.32 (docs/INTEROP.md, difference
+// 15): a greedy answer's token whose text is held back (part of a UTF-8
+// character) streams with empty text; a completion whose token-id prompt
+// ends with that token streams, with its first token, the text of the
+// whole prompt. The tokens after it are the uninterrupted answer's.
+func TestEngineTokenPromptEndingMidCharacter(t *testing.T) {
+	needEnv(t)
+	c := migCase{name: "completions+token_ids", tokenIDs: true}
+	code, _, b := post(t, ctxT(t, 90*time.Second), unified.URL()+c.path(), c.body("The router moves a stream to another engine when"))
+	if code != 200 {
+		t.Fatalf("%d %s", code, b)
+	}
+	var prompt []int
+	var pieces []string
+	var ids []int
+	harness.EachSSEData(t, b, func(data []byte) {
+		var ch struct {
+			Choices []struct {
+				Text           string `json:"text"`
+				TokenIDs       []int  `json:"token_ids"`
+				PromptTokenIDs []int  `json:"prompt_token_ids"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal(data, &ch); err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range ch.Choices {
+			if x.PromptTokenIDs != nil {
+				prompt = x.PromptTokenIDs
+			}
+			for _, id := range x.TokenIDs {
+				ids = append(ids, id)
+				pieces = append(pieces, x.Text)
+			}
+		}
+	})
+	k := slices.Index(pieces, "")
+	if k < 0 || k+2 >= len(ids) || len(prompt) == 0 {
+		t.Fatalf("no held-back token in the answer (prompt %v, %d tokens)", prompt, len(ids))
+	}
+	cont := append(slices.Clone(prompt), ids[:k+1]...)
+	body, _ := json.Marshal(map[string]any{"model": modelDir, "prompt": cont, "max_tokens": 2, "temperature": 0,
+		"ignore_eos": true, "stream": true, "return_token_ids": true})
+	code, _, b = post(t, ctxT(t, 60*time.Second), unified.URL()+"/v1/completions", string(body))
+	if code != 200 {
+		t.Fatalf("%d %s", code, b)
+	}
+	v := readMigView(t, string(b))
+	if !slices.Equal(v.tokenIDs, ids[k+1:k+3]) {
+		t.Fatalf("continuation tokens %v, the answer's %v", v.tokenIDs, ids[k+1:k+3])
+	}
+	var promptText strings.Builder
+	for _, p := range pieces[:k] {
+		promptText.WriteString(p)
+	}
+	if !strings.Contains(v.text, "The router moves a stream") || !strings.Contains(v.text, promptText.String()) {
+		t.Fatalf("token %d (id %d) held back; the continuation's text %q does not echo the prompt: vLLM changed, update docs/INTEROP.md difference 15 and the migration tests", k, ids[k], v.text)
+	}
+	t.Logf("token %d (id %d) streamed with empty text; continuing from it, the first chunk's text is %q", k, ids[k], v.text)
 }
