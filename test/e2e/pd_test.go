@@ -205,7 +205,24 @@ func TestPDClientDisconnectCancelsBothLegs(t *testing.T) {
 // restarting the router; a WRITE instance is held while READ instances are
 // live, and prefill/decode of different modes are never paired.
 func TestPDModeRollout(t *testing.T) {
-	f := startDiscoveredFleet(t, "moriio", "READ")
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		failover bool
+	}{
+		{"discovery TTL 1.5 s", nil, false},
+		// a TTL far past the wait: only the failover can switch in time
+		{"discovery TTL 60 s", []string{"--discovery-ttl-secs", "60"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) { pdModeRollout(t, tc.failover, tc.args...) })
+	}
+}
+
+// pdModeRollout: a READ pair serves, a WRITE pair registers and is held,
+// the READ pair is killed, and the WRITE pair serves (failover: before the
+// READ instances' TTL, the router having seen they cannot serve).
+func pdModeRollout(t *testing.T, failover bool, routerArgs ...string) {
+	f := startDiscoveredFleet(t, "moriio", "READ", routerArgs...)
 	f.checkOutputs(t)
 	addr := ""
 	for i, a := range f.r.Cmd.Args {
@@ -236,10 +253,14 @@ func TestPDModeRollout(t *testing.T) {
 	f.p[0].Kill()
 	f.d[0].Kill()
 	f.p, f.d = []*sim{wp}, []*sim{wd}
-	waitFor(t, 5*time.Second, "fleet switched to WRITE", func() bool {
+	took := waitFor(t, 15*time.Second, "fleet switched to WRITE", func() bool {
 		code, _, _ := post(t, ctxT(t, 5*time.Second), f.r.Base+"/v1/completions", `{"prompt":"x","max_tokens":2}`)
 		return code == 200 && wd.Stats(t).Requests.DecodeLeg > 0
 	})
+	t.Logf("the WRITE pair served %v after the READ pair was killed", took)
+	if failover && !strings.Contains(f.r.Logs.String(), "failing over to the held instances") {
+		t.Fatalf("the fleet switched without the failover: %s", harness.Tail(f.r.Logs.String(), 2000))
+	}
 	f.checkOutputs(t)
 }
 

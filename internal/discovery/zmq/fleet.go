@@ -260,6 +260,78 @@ func (f *fleet) reconcileLocked() {
 	f.switchMode(next.reg.TransferMode, "every "+f.mode+" instance expired")
 }
 
+// FailoverCheckInterval is how often a MoRI-IO listener with held
+// instances checks whether its fleet can still serve (failover).
+const FailoverCheckInterval = 250 * time.Millisecond
+
+// failover switches a MoRI-IO fleet whose mode can no longer serve to a
+// held mode that can, without waiting for the dead instances' TTL: when
+// the fleet mode has no healthy routable prefill or no healthy routable
+// decode (kill -9 of a pair: its workers fail their probes within a
+// second), and the held instances of another mode have both, that mode
+// becomes the fleet and the old instances are held in its place (they are
+// routable again if the new mode's instances expire, as in a rollout).
+// It never switches away from a fleet that can serve, so a fleet does not
+// flap on one failed probe. It reports whether it switched.
+func (f *fleet) failover() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.gated || f.mode == "" || f.held == 0 || f.serves(f.mode, false) {
+		return false
+	}
+	var next *instance
+	for _, e := range f.byKey {
+		if e.held && e.reg.TransferMode != f.mode && (next == nil || e.seq < next.seq) && f.serves(e.reg.TransferMode, true) {
+			next = e
+		}
+	}
+	if next == nil {
+		return false
+	}
+	old := f.mode
+	for _, e := range f.byKey {
+		if e.held || e.reg.TransferMode != old {
+			continue
+		}
+		e.held = true
+		f.held++
+		for _, w := range e.workers {
+			w.SetRoutable(false)
+		}
+	}
+	f.log.Warn("zmq discovery: MoRI-IO fleet cannot serve (no healthy prefill or decode); failing over to the held instances",
+		"from", old, "to", next.reg.TransferMode)
+	f.switchMode(next.reg.TransferMode, "no healthy "+old+" prefill or decode")
+	if f.m != nil {
+		f.m.DiscoveryUpdates.Inc()
+	}
+	f.publishLocked()
+	return true
+}
+
+// serves reports whether the instances of mode (held ones if held, else
+// routable ones) have a healthy prefill worker and a healthy decode worker.
+func (f *fleet) serves(mode string, held bool) bool {
+	var p, d bool
+	for _, e := range f.byKey {
+		if e.held != held || e.reg.TransferMode != mode {
+			continue
+		}
+		for _, w := range e.workers {
+			if !w.Healthy() {
+				continue
+			}
+			switch w.Role {
+			case worker.RolePrefill:
+				p = true
+			case worker.RoleDecode:
+				d = true
+			}
+		}
+	}
+	return p && d
+}
+
 // switchMode makes mode the fleet mode and releases the held instances that
 // run it. Callers guarantee no routable instance runs another mode.
 func (f *fleet) switchMode(mode, why string) {

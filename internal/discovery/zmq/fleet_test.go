@@ -450,3 +450,69 @@ func TestFleetReaddsAfterExternalRemoval(t *testing.T) {
 		t.Fatalf("logs %q", e.log.lines)
 	}
 }
+
+// TestFleetModeFailover: a READ fleet whose decode dies (its worker fails
+// its probes) fails over to the held WRITE instances at the next check,
+// without waiting for the READ instances' TTL; a fleet that can still
+// serve never switches, and neither does one whose held mode cannot serve.
+func TestFleetModeFailover(t *testing.T) {
+	e := newFleetEnv(t, true)
+	pR := reg(worker.RolePrefill, "10.0.0.1:8000", ModeRead)
+	dR := reg(worker.RoleDecode, "10.0.0.2:8000", ModeRead)
+	pW := reg(worker.RolePrefill, "10.0.0.3:8000", ModeWrite)
+	dW := reg(worker.RoleDecode, "10.0.0.4:8000", ModeWrite)
+	for _, r := range []Registration{pR, dR, pW, dW} {
+		e.observe(t, r, 0)
+	}
+	setHealthy := func(addr string, h bool) { e.reg.Get("http://" + addr).SetHealthy(h) }
+	for _, a := range []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000"} {
+		setHealthy(a, true)
+	}
+	steps := []struct {
+		name    string
+		healthy map[string]bool
+		switch_ bool
+		mode    string
+	}{
+		{"every worker healthy", nil, false, ModeRead},
+		{"the READ prefill alone down: the held WRITE decode is down too", map[string]bool{"10.0.0.1:8000": false, "10.0.0.4:8000": false}, false, ModeRead},
+		{"the READ fleet serves again", map[string]bool{"10.0.0.1:8000": true}, false, ModeRead},
+		{"the READ decode dies, WRITE healthy again", map[string]bool{"10.0.0.2:8000": false, "10.0.0.4:8000": true}, true, ModeWrite},
+		{"the READ decode comes back: no switch back", map[string]bool{"10.0.0.2:8000": true}, false, ModeWrite},
+	}
+	for _, st := range steps {
+		for a, h := range st.healthy {
+			setHealthy(a, h)
+		}
+		if got := e.f.failover(); got != st.switch_ || e.f.FleetMode() != st.mode {
+			t.Fatalf("%s: switched %v (want %v), mode %q (want %q)", st.name, got, st.switch_, e.f.FleetMode(), st.mode)
+		}
+		checkNeverMixed(t, e)
+	}
+	if got := routable(e.reg, worker.RoleDecode); len(got) != 1 || got[0] != "http://10.0.0.4:8000" {
+		t.Fatalf("routable decodes %v after the failover", got)
+	}
+	if w := e.reg.Get("http://10.0.0.2:8000"); w == nil || w.Routable() || w.Note() != "held: transfer_mode READ differs from fleet WRITE" {
+		t.Fatalf("the old READ decode is not held: %+v", w)
+	}
+	if v := metricValue(t, e.m.DiscoveryHeld); v != 2 {
+		t.Fatalf("held gauge %v, want the 2 READ instances", v)
+	}
+	if e.log.count("WARN", "failing over") != 1 {
+		t.Fatalf("logs %q", e.log.lines)
+	}
+	// The WRITE instances expire while the READ ones keep registering: the
+	// held READ instances are the fleet again, as in a rollout.
+	e.observe(t, pR, 8*time.Second)
+	e.observe(t, dR, 8*time.Second)
+	e.f.expire(e.at(DefaultTTL + time.Second))
+	if e.f.FleetMode() != ModeRead {
+		t.Fatalf("mode %q after the WRITE instances expired", e.f.FleetMode())
+	}
+	checkNeverMixed(t, e)
+	// An ungated (non-MoRI-IO) fleet never fails over.
+	u := newFleetEnv(t, false)
+	if u.f.failover() {
+		t.Fatal("an ungated fleet failed over")
+	}
+}

@@ -195,6 +195,12 @@ func (l *Listener) Run(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	var failover <-chan time.Time // MoRI-IO only: a fleet that cannot serve fails over
+	if l.f.gated {
+		t := time.NewTicker(FailoverCheckInterval)
+		defer t.Stop()
+		failover = t.C
+	}
 	for {
 		if next, ok := l.f.nextExpiry(); ok {
 			// A timer to the next expiry, not a poll; at least 1 ms so an odd
@@ -211,6 +217,8 @@ func (l *Listener) Run(ctx context.Context) error {
 		case <-l.kick:
 		case <-timer.C:
 			l.f.expire(l.now())
+		case <-failover:
+			l.f.failover()
 		}
 	}
 }
