@@ -219,6 +219,9 @@ func (f *fleet) expire(now time.Time) int {
 	}
 	if n > 0 {
 		f.reconcileLocked()
+		// one role of the fleet expired before the other (their heartbeats
+		// are not in step): the fleet cannot serve, a held one may
+		f.failoverLocked()
 		f.publishLocked()
 	}
 	return n
@@ -276,6 +279,10 @@ const FailoverCheckInterval = 250 * time.Millisecond
 func (f *fleet) failover() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.failoverLocked()
+}
+
+func (f *fleet) failoverLocked() bool {
 	if !f.gated || f.mode == "" || f.held == 0 || f.serves(f.mode, false) {
 		return false
 	}
@@ -311,6 +318,9 @@ func (f *fleet) failover() bool {
 
 // serves reports whether the instances of mode (held ones if held, else
 // routable ones) have a healthy prefill worker and a healthy decode worker.
+// A held worker must also have passed a probe: a fleet never fails over to
+// instances no probe has vouched for (while a routable one just replaced
+// in place, not probed yet, still counts as serving).
 func (f *fleet) serves(mode string, held bool) bool {
 	var p, d bool
 	for _, e := range f.byKey {
@@ -318,7 +328,7 @@ func (f *fleet) serves(mode string, held bool) bool {
 			continue
 		}
 		for _, w := range e.workers {
-			if !w.Healthy() {
+			if !w.Healthy() || (held && !w.Probed()) {
 				continue
 			}
 			switch w.Role {

@@ -274,23 +274,36 @@ func TestFleetModeRolloutReadToWrite(t *testing.T) {
 		t.Fatal("held warning repeated on heartbeat")
 	}
 
-	// The READ instances stop; the WRITE ones keep pinging. The READ prefill
-	// expires first: the READ decode is still live, so nothing switches.
-	e.observe(t, dR, 3*time.Second)
+	for _, k := range []string{"http://10.0.0.3:8000", "http://10.0.0.4:8000"} {
+		e.reg.Get(k).MarkProbed() // the health checker's first probe passed
+	}
+	// The READ instances stop; the WRITE ones keep pinging. While only the
+	// READ decode has stopped, the READ fleet still serves: nothing switches.
+	e.observe(t, pR, 3*time.Second)
 	e.observe(t, pW, 6*time.Second)
 	e.observe(t, dW, 6*time.Second)
-	e.f.expire(e.at(DefaultTTL))
+	e.f.expire(e.at(DefaultTTL - time.Millisecond))
 	checkNeverMixed(t, e)
 	if e.f.FleetMode() != ModeRead || e.reg.Get("http://10.0.0.3:8000").Routable() {
-		t.Fatal("switched while a READ instance was live")
+		t.Fatal("switched while the READ fleet could serve")
 	}
-	// The last READ instance expires: the fleet switches to WRITE.
+	// The READ decode expires first (heartbeats are not in step): the READ
+	// prefill alone cannot serve, so the fleet switches to WRITE at once and
+	// the READ prefill is held until it expires too.
 	e.observe(t, pW, 9*time.Second)
 	e.observe(t, dW, 9*time.Second)
-	e.f.expire(e.at(3*time.Second + DefaultTTL))
+	e.f.expire(e.at(DefaultTTL))
 	checkNeverMixed(t, e)
 	if e.f.FleetMode() != ModeWrite {
 		t.Fatalf("mode %q", e.f.FleetMode())
+	}
+	if w := e.reg.Get("http://10.0.0.1:8000"); w == nil || w.Routable() {
+		t.Fatalf("the READ prefill left alone is not held: %+v", w)
+	}
+	e.f.expire(e.at(3*time.Second + DefaultTTL))
+	checkNeverMixed(t, e)
+	if e.reg.Get("http://10.0.0.1:8000") != nil {
+		t.Fatal("the READ prefill did not expire")
 	}
 	for _, k := range []string{"http://10.0.0.3:8000", "http://10.0.0.4:8000"} {
 		w := e.reg.Get(k)
@@ -465,8 +478,13 @@ func TestFleetModeFailover(t *testing.T) {
 		e.observe(t, r, 0)
 	}
 	setHealthy := func(addr string, h bool) { e.reg.Get("http://" + addr).SetHealthy(h) }
+	setHealthy("10.0.0.2:8000", false) // the READ fleet cannot serve
+	if e.f.failover() {
+		t.Fatal("failed over to instances no probe has passed")
+	}
+	setHealthy("10.0.0.2:8000", true)
 	for _, a := range []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000"} {
-		setHealthy(a, true)
+		e.reg.Get("http://" + a).MarkProbed()
 	}
 	steps := []struct {
 		name    string
