@@ -317,3 +317,62 @@ func TestEnding(t *testing.T) {
 		})
 	}
 }
+
+// TestHeldBackTokensGeneratedAgain: the cut follows tokens whose text the
+// engine held back (parts of one UTF-8 character). The token-id
+// continuation restarts before them, so its prompt never ends
+// mid-character; the stitcher drops the ids the client already has and
+// passes the rest, whose text completes the character.
+func TestHeldBackTokensGeneratedAgain(t *testing.T) {
+	req := NewRequest("/v1/completions", []byte(`{"prompt":"hi","max_tokens":10,"stream":true,"return_token_ids":true,"stream_options":{"include_usage":true}}`))
+	tr := track(t, sse(false,
+		cmplChunk(" a", `,"prompt_token_ids":[7,8],"token_ids":[1]`),
+		cmplChunk("", `,"token_ids":[2]`),
+		cmplChunk("", `,"token_ids":[3]`)))
+	if tr.HeldBack() != 2 || tr.Tokens() != 3 {
+		t.Fatalf("held back %d of %d tokens, want 2 of 3", tr.HeldBack(), tr.Tokens())
+	}
+	b, err := req.Continue(tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	if compact(m["prompt"]) != "[7,8,1]" || compact(m["max_tokens"]) != "9" {
+		t.Fatalf("continuation prompt %s max_tokens %s, want [7,8,1] and 9", m["prompt"], m["max_tokens"])
+	}
+	s := NewStitcher(req, tr)
+	steps := []struct{ in, want string }{
+		{cmplChunk("", `,"prompt_token_ids":[7,8,1],"token_ids":[2]`), ""},
+		{cmplChunk("", `,"token_ids":[3]`), ""},
+		{cmplChunk("é", `,"token_ids":[4]`),
+			`{"choices":[{"finish_reason":null,"index":0,"logprobs":null,"text":"é","token_ids":[4]}],"created":111,"id":"cmpl-a","model":"m","object":"text_completion"}`},
+		{`{"id":"cmpl-b","object":"text_completion","created":2,"model":"m","choices":[],"usage":{"prompt_tokens":3,"total_tokens":6,"completion_tokens":3}}`,
+			`{"choices":[],"created":111,"id":"cmpl-a","model":"m","object":"text_completion","usage":{"completion_tokens":4,"prompt_tokens":2,"total_tokens":6}}`},
+	}
+	for i, st := range steps {
+		out, _ := s.Rewrite([]byte("data: " + st.in + "\n\n"))
+		if st.want == "" {
+			if out != nil {
+				t.Errorf("step %d: not dropped: %s", i, out)
+			}
+			continue
+		}
+		if got := compact(eventData(out)); got != st.want {
+			t.Errorf("step %d:\n got  %s\n want %s", i, got, st.want)
+		}
+	}
+	// a chunk carrying a re-generated id and a new one keeps the new one
+	s = NewStitcher(req, tr)
+	out, _ := s.Rewrite([]byte("data: " + cmplChunk("", `,"token_ids":[2,3,4]`) + "\n\n"))
+	if got := compact(eventData(out)); !strings.Contains(got, `"token_ids":[4]`) {
+		t.Errorf("mixed chunk: %s", got)
+	}
+	// chat never restarts early (its continuation is text)
+	chat := NewRequest("/v1/chat/completions", []byte(`{"messages":[{"role":"user","content":"q"}],"max_tokens":10}`))
+	if chat.redo(tr) != 0 {
+		t.Error("a chat continuation restarts before held-back tokens")
+	}
+}

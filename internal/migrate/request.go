@@ -239,7 +239,7 @@ func (r *Request) Continue(t *Tracker) ([]byte, error) {
 	if why := r.Refusal(t); why != "" {
 		return nil, fmt.Errorf("migrate: cannot continue: %s", why)
 	}
-	k := t.Tokens()
+	k := t.Tokens() - r.redo(t)
 	var edits []rawjson.Edit
 	if r.maxKey != "" {
 		left := r.maxTokens - k
@@ -274,10 +274,25 @@ func (r *Request) promptEdit(t *Tracker) rawjson.Edit {
 		if r.promptIDs != nil {
 			prompt = r.promptIDs
 		}
+		gen = gen[:len(gen)-r.redo(t)]
 		ids := make([]uint32, 0, len(prompt)+len(gen))
 		return rawjson.SetJSON("prompt", append(append(ids, prompt...), gen...))
 	}
 	return rawjson.SetJSON("prompt", *r.promptText+t.Text())
+}
+
+// redo is how many delivered tokens the continuation generates again: a
+// completion continued from token ids restarts before the trailing tokens
+// whose text the engine still held back (greedy decoding gives the same
+// ids; the stitcher drops them, and their text then arrives whole).
+func (r *Request) redo(t *Tracker) int {
+	if r.chat {
+		return 0
+	}
+	if _, _, ok := t.TokenIDs(); !ok {
+		return 0
+	}
+	return t.HeldBack()
 }
 
 // chatEdits puts the partial answer in an open final assistant message.

@@ -13,7 +13,8 @@ import (
 type Stitcher struct {
 	t      *Tracker
 	chat   bool
-	base   int // tokens delivered before this leg
+	base   int // tokens delivered before this leg, less those it generates again
+	skip   int // ids this leg generates again: already delivered, dropped
 	prompt int // the original prompt's tokens (-1: derive from the leg's usage)
 	// Stop-string seam: the tail of the delivered text that a stop string
 	// could start in, and how much of the leg's text may still complete one.
@@ -26,7 +27,8 @@ type Stitcher struct {
 // NewStitcher prepares the rewrite of a continuation leg of req after what
 // t has recorded.
 func NewStitcher(req *Request, t *Tracker) *Stitcher {
-	s := &Stitcher{t: t, chat: req.chat, base: t.Tokens(), prompt: t.PromptTokens(), stops: req.stops}
+	redo := req.redo(t)
+	s := &Stitcher{t: t, chat: req.chat, base: t.Tokens() - redo, skip: redo, prompt: t.PromptTokens(), stops: req.stops}
 	longest := 0
 	for _, st := range req.stops {
 		longest = max(longest, len(st))
@@ -134,6 +136,15 @@ func (s *Stitcher) choices(raw []byte, cs []choice) (out []byte, drop, final boo
 				m["delta"], _ = json.Marshal(dm)
 				changed = true
 			}
+		}
+		if s.skip > 0 && len(ch.TokenIDs) > 0 {
+			n := min(s.skip, len(ch.TokenIDs))
+			s.skip -= n
+			if n == len(ch.TokenIDs) && piece == "" && len(cs) == 1 && ch.FinishReason == nil {
+				return nil, true, false // a token the client already has, with no text
+			}
+			m["token_ids"], _ = json.Marshal(ch.TokenIDs[n:])
+			changed = true
 		}
 		if s.seamLeft > 0 && piece != "" {
 			if stop, hit := s.seam(piece); hit {

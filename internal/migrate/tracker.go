@@ -55,6 +55,10 @@ type Tracker struct {
 	idsOK     bool // every token chunk so far carried token_ids
 	promptIDs []uint32
 	tokens    int
+	// heldBack: the trailing delivered ids whose chunks had no text (vLLM
+	// holds back the text of a token that ends mid-character until the
+	// character is complete).
+	heldBack  int
 	usageCT   int // completion_tokens of the latest usage seen (-1 none)
 	promptTok int // prompt_tokens of the first usage seen (-1 none)
 
@@ -153,6 +157,11 @@ func (t *Tracker) choice(ch choice, u *usage) {
 	case ch.TokenIDs != nil:
 		t.ids = append(t.ids, ch.TokenIDs...)
 		t.tokens += len(ch.TokenIDs)
+		if piece == "" {
+			t.heldBack += len(ch.TokenIDs)
+		} else {
+			t.heldBack = 0
+		}
 	case u != nil:
 		t.idsOK = t.idsOK && piece == ""
 		t.tokens = u.CompletionTokens
@@ -173,6 +182,13 @@ func (t *Tracker) Text() string { return t.text.String() }
 // non-empty chunk (vLLM streams one token per chunk unless speculative
 // decoding or a stream interval batches them).
 func (t *Tracker) Tokens() int { return t.tokens }
+
+// HeldBack is how many of the last delivered tokens came without text
+// (their text is held back by the engine until a character completes).
+// A token-id continuation restarts before them: a token-id prompt that
+// ends mid-character makes vLLM 0.32 stream the whole prompt's text with
+// its first token.
+func (t *Tracker) HeldBack() int { return t.heldBack }
 
 // TokenIDs returns the generated ids and the prompt's, and whether every
 // token the client received came with its id (return_token_ids).
