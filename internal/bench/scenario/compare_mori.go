@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -59,6 +60,12 @@ func (e *env) moriMode(ctx context.Context, c CompareConfig, rep *CompareReport,
 		}
 		var pair []*sim
 		startPair := func(addr string) error {
+			// A retried start replaces the pair registered with the last router.
+			for _, s := range pair {
+				e.g.stop(s.proc)
+				workers = slices.DeleteFunc(workers, func(w *proc) bool { return w == s.proc })
+			}
+			pair = pair[:0]
 			for _, role := range []string{"prefill", "decode"} {
 				s, err := e.g.startSim(ctx, fmt.Sprintf("sim-%s-%s-%s", role, strings.ToLower(mode), p.name), simArgs(role, addr)...)
 				if err != nil {

@@ -267,25 +267,24 @@ func (g *group) startPeer(ctx context.Context, p peer, f fleetURLs, dir string, 
 		return nil, "", fmt.Errorf("%w: %s not installed (run scripts/install-peers.sh)", errUnsupported, p.exe)
 	}
 	var lastErr error
+	zmqDiscovery := f.discovery == "zmq"
 	for range startAttempts {
-		ports, err := freePorts(2)
+		// Every attempt takes fresh ports: the HTTP and metrics ports and,
+		// with ZMQ discovery, the router's ZMQ listener.
+		n := 2
+		if zmqDiscovery {
+			n = 3
+		}
+		ports, err := freePorts(n)
 		if err != nil {
 			return nil, "", err
+		}
+		if zmqDiscovery {
+			f.discovery = fmt.Sprintf("127.0.0.1:%d", ports[2])
 		}
 		args, err := p.args(f, ports[0], ports[1], dir)
 		if err != nil {
 			return nil, "", err
-		}
-		if f.discovery == "zmq" { // a free port for the router's ZMQ listener
-			zp, err := freePort()
-			if err != nil {
-				return nil, "", err
-			}
-			f.discovery = fmt.Sprintf("127.0.0.1:%d", zp)
-			args, err = p.args(f, ports[0], ports[1], dir)
-			if err != nil {
-				return nil, "", err
-			}
 		}
 		if p.prepare != nil {
 			if err := p.prepare(f, ports[0], dir); err != nil {

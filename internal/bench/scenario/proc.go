@@ -90,6 +90,12 @@ func (p *proc) crashSummary() string {
 		status = p.waitErr.Error()
 	}
 	b, _ := os.ReadFile(p.logPath)
+	// The log opens with the command line; the reason is in what follows.
+	if bytes.HasPrefix(b, []byte("# ")) {
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			b = b[i+1:]
+		}
+	}
 	if i := bytes.Index(b, []byte("panic: ")); i >= 0 {
 		line := b[i:]
 		if j := bytes.IndexByte(line, '\n'); j >= 0 {
