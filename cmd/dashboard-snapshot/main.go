@@ -24,7 +24,6 @@ import (
 	"fmt"
 	"image/png"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -35,6 +34,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/dashboard"
+	"github.com/switchyard-llm/switchyard/internal/freeport"
 )
 
 func main() {
@@ -222,14 +222,7 @@ func (p *procs) stopAll() {
 	}
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+func freePort() (int, error) { return freeport.Pick() }
 
 // sim starts a vllm-sim and waits for its ready line.
 func (p *procs) sim(args ...string) (*child, error) {

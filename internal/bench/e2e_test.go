@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -15,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/freeport"
 )
 
 type fakeReq struct {
@@ -283,13 +284,11 @@ func TestEndToEndChat(t *testing.T) {
 }
 
 func unreachableURL(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Pick()
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := "http://" + ln.Addr().String()
-	ln.Close()
-	return u
+	return fmt.Sprintf("http://127.0.0.1:%d", port)
 }
 
 func TestEndToEndFailures(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/switchyard-llm/switchyard/internal/freeport"
 	"github.com/switchyard-llm/switchyard/internal/policy"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
 	"github.com/switchyard-llm/switchyard/internal/rawjson"
@@ -233,13 +235,11 @@ func addWorker(t *testing.T, reg *worker.Registry, url string, role worker.Role,
 // deadURL is an http URL on a port nothing listens on.
 func deadURL(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Pick()
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	l.Close()
-	return "http://" + addr
+	return fmt.Sprintf("http://127.0.0.1:%d", port)
 }
 
 // ---------------------------------------------------------------------------

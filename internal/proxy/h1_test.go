@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -14,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/freeport"
 )
 
 // h1Server is an upstream that counts the connections it accepted and
@@ -312,12 +315,11 @@ func TestH1IdleSweep(t *testing.T) {
 }
 
 func TestH1Errors(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Pick() // nothing listens there
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	tr := newH1(t, TransportOptions{})
 	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/", strings.NewReader("{}"))
 	if _, err := tr.RoundTrip(req); !IsDialError(err) {

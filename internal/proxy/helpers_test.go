@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -19,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/switchyard-llm/switchyard/internal/freeport"
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/policy"
 	"github.com/switchyard-llm/switchyard/internal/rawjson"
@@ -133,13 +133,11 @@ func (f *fakeWorker) lastRequest() (*http.Request, []byte) {
 // deadURL returns a URL whose port refuses connections.
 func deadURL(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Pick()
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := "http://" + l.Addr().String()
-	l.Close()
-	return u
+	return fmt.Sprintf("http://127.0.0.1:%d", port)
 }
 
 type fixture struct {

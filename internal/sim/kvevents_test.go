@@ -3,7 +3,6 @@ package sim
 import (
 	"fmt"
 	"io"
-	mathrand "math/rand/v2"
 	"net"
 	"net/http"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/switchyard-llm/switchyard/internal/freeport"
 	"github.com/switchyard-llm/switchyard/internal/kvevents"
 	"github.com/switchyard-llm/switchyard/internal/sim/engine"
 )
@@ -435,32 +435,14 @@ func TestKVEventsDPPortOffset(t *testing.T) {
 	}
 }
 
-// freePortRun returns a base port whose next n-1 ports looked free. It
-// looks below the ephemeral range (Linux: 32768-60999), where a busy
-// machine's outgoing connections do not take ports.
+// freePortRun returns a base port whose next n-1 ports are free too.
 func freePortRun(t *testing.T, n int) int {
 	t.Helper()
-	for range 200 {
-		base := 20000 + mathrand.IntN(12000)
-		var lns []net.Listener
-		ok := true
-		for o := range n {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+o))
-			if err != nil {
-				ok = false
-				break
-			}
-			lns = append(lns, l)
-		}
-		for _, l := range lns {
-			_ = l.Close()
-		}
-		if ok {
-			return base
-		}
+	base, err := freeport.Run(n)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no free run of ports")
-	return 0
+	return base
 }
 
 // TestKVEventsPublisherConnects: an endpoint without a wildcard makes the

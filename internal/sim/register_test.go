@@ -2,13 +2,15 @@ package sim
 
 import (
 	"context"
-	"net"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/switchyard-llm/switchyard/internal/freeport"
 )
 
 // discovery is a test stand-in for the router's ZMQ discovery ROUTER.
@@ -145,12 +147,11 @@ func TestRegistrationFormats(t *testing.T) {
 func TestRegistrationSurvivesRouterRestartAndToggle(t *testing.T) {
 	ctx := testCtx(t)
 	// Reserve a port for the discovery ROUTER.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Pick()
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
 
 	// The worker starts before the router exists.
 	p := startSim(t, "--role", "prefill", "--proxy-address", addr, "--heartbeat-interval", "200ms")

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -15,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/switchyard-llm/switchyard/internal/freeport"
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
 	"github.com/switchyard-llm/switchyard/internal/rawjson"
@@ -239,12 +239,11 @@ func TestDispatchForwardsClientAuth(t *testing.T) {
 }
 
 func TestDispatchConnectFailure(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Pick() // nothing listens there
 	if err != nil {
 		t.Fatal(err)
 	}
-	url := "http://" + ln.Addr().String()
-	ln.Close()
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
 	s := newBackend(t, url, nil)
 	st, _, body := s.post(t, "/v1/chat/completions", `{"model":"m"}`)
 	if st != 502 || !strings.Contains(body, "after 3 attempt(s)") || !strings.Contains(body, url) {

@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -24,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/freeport"
 	"github.com/switchyard-llm/switchyard/test/internal/harness"
 )
 
@@ -291,30 +291,7 @@ func stopFleet() {
 	}
 }
 
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	seen := map[int]bool{}
-	for len(ports) < n {
-		p, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		if !seen[p] {
-			seen[p] = true
-			ports = append(ports, p)
-		}
-	}
-	return ports, nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+func freePorts(n int) ([]int, error) { return freeport.PickN(n) }
 
 // needEnv skips t when the environment is absent, and otherwise starts
 // the fleet if it is not running yet.

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/freeport"
 )
 
 // Names of the binaries a scenario starts (built into Options.BinDir).
@@ -99,34 +101,9 @@ type router struct {
 }
 
 // freePort returns a port that was free a moment ago on 127.0.0.1.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+func freePort() (int, error) { return freeport.Pick() }
 
-func freePorts(n int) ([]int, error) {
-	// Hold all listeners at once so the n ports differ.
-	ls := make([]net.Listener, 0, n)
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
+func freePorts(n int) ([]int, error) { return freeport.PickN(n) }
 
 // routerArgs are the flags every scenario router gets: loopback, free
 // ports, quiet logs (per-request INFO lines would cost CPU the benchmark

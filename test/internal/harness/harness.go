@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/freeport"
 )
 
 // Build builds the main packages pkgs (paths relative to the test's working
@@ -284,15 +285,15 @@ func (s *Sim) SetFaults(t testing.TB, faults map[string]any) {
 	}
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// FreePort returns a free TCP port on 127.0.0.1, below the ephemeral
+// range (see internal/freeport).
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freeport.Pick()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // Router is a started switchyard.
@@ -303,8 +304,23 @@ type Router struct {
 }
 
 // StartRouter starts switchyard on free ports with b.RouterArgs and args,
-// and waits (up to 15 s) until /liveness answers.
+// and waits (up to 15 s) until /liveness answers. A port taken between
+// FreePort and the router's bind (another process's outgoing connection
+// can take it) is retried on fresh ports.
 func (b *Bins) StartRouter(t testing.TB, args ...string) *Router {
+	t.Helper()
+	for range 3 {
+		if r := b.startRouter(t, args); r != nil {
+			return r
+		}
+	}
+	t.Fatal("switchyard: its ports were taken on three attempts")
+	return nil
+}
+
+// startRouter makes one attempt; it returns nil when a port of its own was
+// taken, and fails the test on any other early exit.
+func (b *Bins) startRouter(t testing.TB, args []string) *Router {
 	t.Helper()
 	port, mport := FreePort(t), FreePort(t)
 	all := []string{"--host", "127.0.0.1", "--port", fmt.Sprint(port), "--prometheus-port", fmt.Sprint(mport)}
@@ -316,7 +332,14 @@ func (b *Bins) StartRouter(t testing.TB, args ...string) *Router {
 	for time.Now().Before(deadline) {
 		select {
 		case <-p.Done:
-			t.Fatalf("switchyard exited early: %s", p.Logs.String())
+			logs := p.Logs.String()
+			own := fmt.Sprintf("127.0.0.1:%d: bind: address already in use", port)
+			ownM := fmt.Sprintf("127.0.0.1:%d: bind: address already in use", mport)
+			if strings.Contains(logs, own) || strings.Contains(logs, ownM) {
+				t.Logf("switchyard: port taken, retrying on fresh ports: %s", logs)
+				return nil
+			}
+			t.Fatalf("switchyard exited early: %s", logs)
 		default:
 		}
 		resp, err := http.Get(r.Base + "/liveness")
