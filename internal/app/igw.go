@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path"
 	"strings"
 	"time"
@@ -28,7 +29,12 @@ import (
 // buildIGW sets the server up for --enable-igw.
 func (a *app) buildIGW(sopts *server.Options, ropts proxy.RegularOptions) error {
 	cfg := a.cfg
+	ups, err := a.igwUpstreams(ropts, os.LookupEnv)
+	if err != nil {
+		return err
+	}
 	rt, err := igw.New(igw.Options{
+		Upstreams:     ups,
 		Registry:      a.reg,
 		DefaultPolicy: cfg.Policy,
 		PrefillPolicy: cfg.EffectivePrefillPolicy(),
@@ -63,6 +69,7 @@ func (a *app) buildIGW(sopts *server.Options, ropts proxy.RegularOptions) error 
 	sopts.Passthrough = http.HandlerFunc(rt.ServePassthrough)
 	sopts.AddWorkerSpec = a.adminAddIGW
 	sopts.ModelsStatus = func() any { return rt.Status() }
+	sopts.ExtraModels = rt.ModelEntries
 	sopts.Policies = map[string]string{"policy": cfg.Policy, "prefill": cfg.EffectivePrefillPolicy(), "decode": cfg.EffectiveDecodePolicy(), "mode": "igw"}
 	return nil
 }
@@ -168,6 +175,9 @@ func (a *app) adminAddIGW(ctx context.Context, req server.AddWorkerRequest) ([]*
 // checkModelKind refuses a worker that would make its URL serve two
 // models, or mix regular and prefill/decode workers in one model's fleet.
 func (a *app) checkModelKind(base, model string, role worker.Role) error {
+	if err := a.upstreamModel(model); err != nil {
+		return err
+	}
 	pd := role != worker.RoleRegular
 	for _, w := range a.reg.Snapshot().All {
 		if w.URL == base && w.ModelID != model {

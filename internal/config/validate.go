@@ -459,8 +459,8 @@ func (c *Config) validateFlow(add func(*Error)) {
 // cross models, so asking for them explicitly is refused.
 func (c *Config) validateIGW(add func(*Error)) {
 	if c.Backend == BackendOpenAI {
-		add(&Error{Kind: KindNotSupported, Field: "--backend openai", Reason: "with --enable-igw: not implemented yet for multi-model fleets " +
-			"(workers join through --worker-urls, --prefill/--decode, POST /workers, --vllm-discovery-address and --service-discovery)"})
+		add(&Error{Kind: KindNotSupported, Field: "--backend openai", Reason: "with --enable-igw: an OpenAI-compatible upstream serves one model there; " +
+			"name it in the config file (models: {MODEL: {upstream: URL, api_key_env: VAR}}) beside the vLLM models"})
 	}
 	if c.ServiceDiscovery {
 		if c.ServiceDiscoveryPort == 0 {

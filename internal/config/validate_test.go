@@ -92,7 +92,7 @@ func TestValidate(t *testing.T) {
 			"invalid value for --decode: d:1 - URL must start with http:// or https://",
 		}},
 		{name: "igw refusals", args: []string{"--enable-igw", "--kv-connector", "moriio", "--panic-routing", "--pd-warmup=true", "--service-discovery", "--backend", "openai"}, want: []string{
-			"not supported: --backend openai (with --enable-igw: not implemented yet for multi-model fleets (workers join through --worker-urls, --prefill/--decode, POST /workers, --vllm-discovery-address and --service-discovery))",
+			"not supported: --backend openai (with --enable-igw: an OpenAI-compatible upstream serves one model there; name it in the config file (models: {MODEL: {upstream: URL, api_key_env: VAR}}) beside the vLLM models)",
 			"validation failed: --enable-igw with service discovery requires a non-empty --selector, --prefill-selector or --decode-selector",
 			"not supported: --panic-routing (with --enable-igw: panic routing picks among every registered worker, whatever its model (it is off there; drop the flag))",
 			"not supported: --pd-warmup (with --enable-igw: the warm-up pairs prefill and decode workers across models (it is off there; drop the flag))",

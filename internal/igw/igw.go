@@ -14,6 +14,10 @@
 // served by its own PD engine (built by Options.NewPD) whose policies only
 // see that model's workers. A PD model missing one role, or whose workers
 // of one role are all down, is a 503 saying which role.
+//
+// A model of Options.Upstreams is served by an OpenAI-compatible provider
+// (its dispatcher is an upstream.Backend); it is listed in /v1/models and
+// /workers beside the vLLM models, and no registry worker can join it.
 package igw
 
 import (
@@ -80,6 +84,8 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer receives the per-model metrics (nil = not exported).
 	Registerer prometheus.Registerer
+	// Upstreams are the models served by OpenAI-compatible providers.
+	Upstreams map[string]Upstream
 }
 
 // ModelSettings are one model's configured settings. A configured policy
@@ -118,7 +124,8 @@ type Router struct {
 	policies map[string]string // model → policy asked for (labels.policy)
 	closed   bool
 
-	limits map[string]*limiter // configured models with MaxConcurrent > 0; read-only
+	limits  map[string]*limiter // configured models with MaxConcurrent > 0; read-only
+	started time.Time           // the upstream models' "created"
 
 	requests  *prometheus.CounterVec   // model (a registered one), outcome: routed|no_live_workers|limited
 	rejected  *prometheus.CounterVec   // reason: unknown_model|bad_model|model_required
@@ -136,7 +143,12 @@ type fleet struct {
 	// pass serves the non-generation routes: the regular dispatcher, or
 	// for a PD fleet one over its prefill workers (which serve plain
 	// requests like any vLLM).
-	pass *proxy.Regular
+	pass passer
+}
+
+// passer serves a non-generation route.
+type passer interface {
+	ServePassthrough(w http.ResponseWriter, r *http.Request)
 }
 
 var _ proxy.Dispatcher = (*Router)(nil)
@@ -152,7 +164,13 @@ func New(o Options) (*Router, error) {
 	o.PrefillPolicy = cmp.Or(o.PrefillPolicy, o.DefaultPolicy)
 	o.DecodePolicy = cmp.Or(o.DecodePolicy, o.DefaultPolicy)
 	o.Regular.Panic = nil
-	rt := &Router{o: o, log: o.Logger, fleets: map[string]*fleet{}, policies: map[string]string{}, limits: map[string]*limiter{}}
+	rt := &Router{o: o, log: o.Logger, fleets: map[string]*fleet{}, policies: map[string]string{}, limits: map[string]*limiter{}, started: time.Now()}
+	for m, up := range o.Upstreams {
+		if up.Dispatcher == nil || up.Worker == nil {
+			return nil, fmt.Errorf("igw: upstream model %q needs a Dispatcher and a Worker", m)
+		}
+		rt.fleets[m] = upstreamFleet(m, up)
+	}
 	for m, st := range o.Models {
 		if st.MaxConcurrent > 0 {
 			rt.limits[m] = &limiter{max: int64(st.MaxConcurrent)}
@@ -198,7 +216,7 @@ func (rt *Router) Close() {
 	for _, f := range rt.fleets {
 		fs = append(fs, f)
 	}
-	rt.fleets = map[string]*fleet{}
+	clear(rt.fleets)
 	rt.mu.Unlock()
 	for _, f := range fs {
 		if f.pd != nil {
@@ -240,7 +258,7 @@ func (rt *Router) forgetGone(c worker.Change) {
 	defer rt.mu.Unlock()
 	for _, w := range c.Removed {
 		m := w.ModelID
-		if left[m] {
+		if _, up := rt.o.Upstreams[m]; left[m] || up {
 			continue
 		}
 		delete(rt.policies, m)
@@ -316,6 +334,9 @@ func (rt *Router) fleetFor(model string, kind Kind) (*fleet, error) {
 	}
 	var f *fleet
 	var err error
+	if kind == KindUpstream { // built in New; gone only at Close
+		return nil, fmt.Errorf("model %q has no upstream fleet", model)
+	}
 	if kind == KindPD {
 		f, err = rt.newPDFleet(model)
 	} else {
@@ -373,7 +394,7 @@ func (rt *Router) newPDFleet(model string) (*fleet, error) {
 
 // Dispatch routes one generation request to its model's fleet.
 func (rt *Router) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call) {
-	model, st, ok := rt.route(w, c.Obj.Get("model"), true)
+	model, kind, ok := rt.route(w, c.Obj.Get("model"), true)
 	if !ok {
 		return
 	}
@@ -385,7 +406,7 @@ func (rt *Router) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call
 		}
 		defer l.release()
 	}
-	f, err := rt.fleetFor(model, st.Kind())
+	f, err := rt.fleetFor(model, kind)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error(), "model")
 		return
@@ -407,9 +428,15 @@ func (rt *Router) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call
 // route picks the model a request names (v: its body's "model", nil when
 // absent) and answers the request itself (ok false) when that model
 // cannot be served.
-func (rt *Router) route(w http.ResponseWriter, v []byte, generation bool) (model string, st ModelState, ok bool) {
+func (rt *Router) route(w http.ResponseWriter, v []byte, generation bool) (model string, kind Kind, ok bool) {
 	states := States(rt.o.Registry.Snapshot())
 	all := slices.Sorted(maps.Keys(states))
+	for _, m := range rt.upstreamModels() {
+		if _, dup := states[m]; !dup {
+			all = append(all, m)
+		}
+	}
+	slices.Sort(all)
 	model, err := requestModel(v, all)
 	if err != nil {
 		reason := "bad_model"
@@ -418,22 +445,26 @@ func (rt *Router) route(w http.ResponseWriter, v []byte, generation bool) (model
 		}
 		rt.rejected.WithLabelValues(reason).Inc()
 		writeError(w, http.StatusBadRequest, err.Error(), "model")
-		return "", st, false
+		return "", "", false
+	}
+	if _, up := rt.o.Upstreams[model]; up {
+		// The upstream's breaker answers a failing provider (503).
+		return model, KindUpstream, true
 	}
 	st, known := states[model]
 	if !known {
 		rt.rejected.WithLabelValues("unknown_model").Inc()
 		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", model), "model")
-		return "", st, false
+		return "", "", false
 	}
 	if why := st.Unavailable(model); why != "" {
 		if generation {
 			rt.requests.WithLabelValues(model, "no_live_workers").Inc()
 		}
 		writeError(w, http.StatusServiceUnavailable, why, "model")
-		return "", st, false
+		return "", "", false
 	}
-	return model, st, true
+	return model, st.Kind(), true
 }
 
 // ServePassthrough serves the non-generation routes (/tokenize,
@@ -458,11 +489,11 @@ func (rt *Router) ServePassthrough(w http.ResponseWriter, r *http.Request) {
 			v = obj.Get("model")
 		}
 	}
-	model, st, ok := rt.route(w, v, false)
+	model, kind, ok := rt.route(w, v, false)
 	if !ok {
 		return
 	}
-	f, err := rt.fleetFor(model, st.Kind())
+	f, err := rt.fleetFor(model, kind)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error(), "model")
 		return

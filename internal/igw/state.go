@@ -128,5 +128,8 @@ func (rt *Router) Status() map[string]ModelStatus {
 		}
 		out[m] = st
 	}
+	for m, up := range rt.o.Upstreams {
+		out[m] = rt.upstreamStatus(m, up)
+	}
 	return out
 }

@@ -457,3 +457,46 @@ func TestNoPassthrough(t *testing.T) {
 		}
 	}
 }
+
+// TestModelsExtra: Options.ExtraModels (--enable-igw's upstream models)
+// are listed after the workers' models, win over a worker listing the
+// same id, and are the answer when no worker is registered or answers.
+func TestModelsExtra(t *testing.T) {
+	extra := []json.RawMessage{json.RawMessage(`{"id":"gpt","object":"model","owned_by":"api.example.com"}`)}
+	e := newEnv(t, func(o *Options) { o.ExtraModels = func() []json.RawMessage { return extra } })
+	ids := func(r resp) []string {
+		t.Helper()
+		var l struct {
+			Data []struct {
+				ID string
+			}
+		}
+		if r.status != 200 {
+			t.Fatalf("/v1/models: %d %s", r.status, r.body)
+		}
+		if err := json.Unmarshal([]byte(r.body), &l); err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, d := range l.Data {
+			out = append(out, d.ID)
+		}
+		return out
+	}
+	if got := ids(e.do("GET", "/v1/models", "")); !slices.Equal(got, []string{"gpt"}) {
+		t.Fatalf("no workers: %v", got)
+	}
+	w := newFakeWorker(t, "m")
+	wk := e.add(w.URL, worker.RoleRegular, -1, 1)
+	if got := ids(e.do("GET", "/v1/models", "")); !slices.Equal(got, []string{"m", "gpt"}) {
+		t.Fatalf("a worker beside the upstream: %v", got)
+	}
+	w.setStatus("/v1/models", 500)
+	if got := ids(e.do("GET", "/v1/models", "")); !slices.Equal(got, []string{"gpt"}) {
+		t.Fatalf("the worker failing: %v", got)
+	}
+	wk.SetHealthy(false)
+	if got := ids(e.do("GET", "/v1/models", "")); !slices.Equal(got, []string{"gpt"}) {
+		t.Fatalf("the worker unhealthy: %v", got)
+	}
+}

@@ -189,14 +189,29 @@ type modelList struct {
 // the /v1/models answers of every healthy instance, asked concurrently.
 // Decode workers come first in PD mode. If no worker answers 200 but one
 // answered with an HTTP error (e.g. 401), that answer's status is returned.
+// Options.ExtraModels (the upstream models of --enable-igw) come last, and
+// are the answer when no worker is registered or none answers.
 func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
+	var extra []json.RawMessage
+	if s.o.ExtraModels != nil {
+		extra = s.o.ExtraModels()
+	}
+	only := modelList{Object: "list", Data: append([]json.RawMessage{}, extra...)}
 	snap := s.reg.Snapshot()
 	if len(snap.All) == 0 {
+		if len(extra) > 0 {
+			writeJSON(w, http.StatusOK, only)
+			return
+		}
 		s.writeError(w, r, http.StatusServiceUnavailable, "no_available_workers", "No workers available")
 		return
 	}
 	urls := instanceURLs(snap, true, s.infoRoles()...)
 	if len(urls) == 0 {
+		if len(extra) > 0 {
+			writeJSON(w, http.StatusOK, only)
+			return
+		}
 		s.writeError(w, r, http.StatusServiceUnavailable, "no_available_workers", "No healthy workers available")
 		return
 	}
@@ -224,6 +239,11 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 	seen := map[string]bool{}
 	answered, failStatus := 0, 0
 	var errs []string
+	// The extras are appended last, but their ids win: a worker listing an
+	// upstream model's id does not serve it.
+	for _, m := range extra {
+		seen[modelID(m)] = true
+	}
 	for i, a := range answers {
 		if a.err != nil {
 			errs = append(errs, urls[i]+": "+a.err.Error())
@@ -234,19 +254,23 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 		}
 		answered++
 		for _, m := range a.list.Data {
-			var id struct {
-				ID string `json:"id"`
-			}
-			if json.Unmarshal(m, &id) != nil || id.ID == "" || seen[id.ID] {
+			id := modelID(m)
+			if id == "" || seen[id] {
 				continue
 			}
-			seen[id.ID] = true
+			seen[id] = true
 			out.Data = append(out.Data, m)
 		}
 	}
+	out.Data = append(out.Data, extra...)
 	if answered == 0 {
 		if r.Context().Err() != nil {
 			stateFrom(r.Context()).logOnly = 499
+			return
+		}
+		if len(extra) > 0 {
+			s.log.Warn("/v1/models: no worker answered; listing the upstream models only", "request_id", RequestID(r.Context()), "errors", errs)
+			writeJSON(w, http.StatusOK, only)
 			return
 		}
 		status := http.StatusBadGateway
@@ -260,6 +284,17 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 		s.log.Warn("/v1/models: some workers did not answer", "request_id", RequestID(r.Context()), "errors", errs)
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// modelID is a /v1/models entry's id ("" when it has none).
+func modelID(m json.RawMessage) string {
+	var id struct {
+		ID string `json:"id"`
+	}
+	if json.Unmarshal(m, &id) != nil {
+		return ""
+	}
+	return id.ID
 }
 
 // handleModelInfo relays /get_model_info from the first healthy worker.

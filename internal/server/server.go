@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -84,6 +85,9 @@ type Options struct {
 	// object (--history-backend memory): retrieval and cancel go to that
 	// worker only. nil → every worker is asked (--history-backend none).
 	History *history.Store
+	// ExtraModels are /v1/models entries the router serves without a
+	// registered worker (--enable-igw's upstream models); nil = none.
+	ExtraModels func() []json.RawMessage
 	// ModelsStatus groups the workers by model for /workers (--enable-igw);
 	// nil → no "models" key.
 	ModelsStatus func() any
