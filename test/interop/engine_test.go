@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/freeport"
+	"github.com/switchyard-llm/switchyard/internal/interopenv"
 	"github.com/switchyard-llm/switchyard/test/internal/harness"
 )
 
@@ -187,29 +188,12 @@ func (e *engine) restart(t *testing.T) {
 
 func findEnv() string {
 	root, _ := filepath.Abs("../..")
-	venv = os.Getenv("INTEROP_VENV")
-	if venv == "" {
-		cache := os.Getenv("XDG_CACHE_HOME")
-		if cache == "" {
-			home, _ := os.UserHomeDir()
-			cache = filepath.Join(home, ".cache")
-		}
-		venv = filepath.Join(cache, "switchyard-interop", "venv")
-	}
-	modelDir = os.Getenv("INTEROP_MODEL")
-	if modelDir == "" {
-		modelDir = filepath.Join(root, ".interop", "model", "tiny-llama")
-	}
+	e, missing := interopenv.Find(root)
+	venv, modelDir = e.Venv, e.Model
 	if os.Getenv("INTEROP") == "0" {
 		return "INTEROP=0"
 	}
-	if _, err := os.Stat(filepath.Join(venv, "bin", "vllm")); err != nil {
-		return fmt.Sprintf("no vLLM environment at %s (run scripts/install-interop.sh)", venv)
-	}
-	if _, err := os.Stat(filepath.Join(modelDir, "config.json")); err != nil {
-		return fmt.Sprintf("no tiny model at %s (run scripts/install-interop.sh)", modelDir)
-	}
-	return ""
+	return missing
 }
 
 func TestMain(m *testing.M) {

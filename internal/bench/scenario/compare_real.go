@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/interopenv"
 )
 
 // SectionReal is the head to head over a real vLLM CPU prefill/decode pair
@@ -48,29 +50,8 @@ var realPrompts = []string{
 // realEnv finds the real-engine tier's virtual environment and tiny model
 // (INTEROP_VENV, INTEROP_MODEL as in test/interop), or says why not.
 func realEnv() (venv, model, why string) {
-	venv = os.Getenv("INTEROP_VENV")
-	if venv == "" {
-		cache := os.Getenv("XDG_CACHE_HOME")
-		if cache == "" {
-			home, _ := os.UserHomeDir()
-			cache = filepath.Join(home, ".cache")
-		}
-		venv = filepath.Join(cache, "switchyard-interop", "venv")
-	}
-	model = os.Getenv("INTEROP_MODEL")
-	if model == "" {
-		model = filepath.Join(".interop", "model", "tiny-llama")
-	}
-	if a, err := filepath.Abs(model); err == nil {
-		model = a
-	}
-	if _, err := os.Stat(filepath.Join(venv, "bin", "vllm")); err != nil {
-		return venv, model, fmt.Sprintf("no vLLM environment at %s (run scripts/install-interop.sh)", venv)
-	}
-	if _, err := os.Stat(filepath.Join(model, "config.json")); err != nil {
-		return venv, model, fmt.Sprintf("no tiny model at %s (run scripts/install-interop.sh)", model)
-	}
-	return venv, model, ""
+	e, why := interopenv.Find(".")
+	return e.Venv, e.Model, why
 }
 
 // realEngineArgs is one engine of the pair: docs/INTEROP.md's flags, the
