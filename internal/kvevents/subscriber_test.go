@@ -1,113 +1,15 @@
 package kvevents
 
 import (
-	"bufio"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
-	"io"
-	"os/exec"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/switchyard-llm/switchyard/internal/kvevents/kvtest"
 )
-
-// publisher is testdata/publisher.py: vLLM's publisher protocol on libzmq.
-type publisher struct {
-	t      *testing.T
-	in     io.WriteCloser
-	out    *bufio.Scanner
-	pub    string
-	replay string
-}
-
-func startPublisher(t *testing.T, topic string) *publisher {
-	t.Helper()
-	cmd := exec.Command("/usr/bin/python3", "testdata/publisher.py", topic)
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	outR, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stderr := &lockedBuffer{}
-	cmd.Stderr = stderr
-	if err := cmd.Start(); err != nil {
-		t.Skipf("python3 publisher: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = in.Close()
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	})
-	p := &publisher{t: t, in: in, out: bufio.NewScanner(outR)}
-	line := p.line()
-	var pubPort, repPort int
-	if _, err := fmt.Sscanf(line, "ready %d %d", &pubPort, &repPort); err != nil {
-		t.Fatalf("publisher said %q (%v); stderr: %s", line, err, stderr.String())
-	}
-	p.pub = fmt.Sprintf("tcp://127.0.0.1:%d", pubPort)
-	p.replay = fmt.Sprintf("tcp://127.0.0.1:%d", repPort)
-	return p
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func (p *publisher) line() string {
-	p.t.Helper()
-	got := make(chan string, 1)
-	go func() {
-		if p.out.Scan() {
-			got <- p.out.Text()
-		} else {
-			got <- "EOF"
-		}
-	}()
-	select {
-	case l := <-got:
-		return l
-	case <-time.After(20 * time.Second):
-		p.t.Fatal("publisher did not answer")
-		return ""
-	}
-}
-
-func (p *publisher) do(cmd map[string]any) {
-	p.t.Helper()
-	b, _ := json.Marshal(cmd)
-	if _, err := p.in.Write(append(b, '\n')); err != nil {
-		p.t.Fatal(err)
-	}
-	if l := p.line(); !strings.HasPrefix(l, "ok") {
-		p.t.Fatalf("publisher: %q", l)
-	}
-}
 
 func jb(s string) map[string]string { return map[string]string{"bytes": hex.EncodeToString([]byte(s))} }
 
@@ -154,26 +56,26 @@ func TestSubscriberAgainstLibzmqPublisher(t *testing.T) {
 	for _, named := range []bool{true, false} {
 		t.Run(fmt.Sprintf("named=%v", named), func(t *testing.T) {
 			const bs = 4
-			p := startPublisher(t, "kv@w1")
+			p := kvtest.Start(t, "kv@w1")
 			x := NewIndex(IndexOptions{BlockSize: bs})
 			s, err := NewSubscriber(Options{Index: x, Redial: 50 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(s.Close)
-			s.Set([]Source{{Worker: "w1", Endpoint: p.pub, ReplayEndpoint: p.replay, Topic: "kv@"}})
+			s.Set([]Source{{Worker: "w1", Endpoint: p.Pub, ReplayEndpoint: p.Replay, Topic: "kv@"}})
 			prompt, other := seq(1, 24), seq(500, 16)
 
 			// Published before the subscription may be connected: what the
 			// SUB socket missed comes back through the replay endpoint.
-			p.do(map[string]any{"op": "publish", "batch": batch(storedJSON(named, "a", prompt, bs, 0, 4))})
+			p.Do(map[string]any{"op": "publish", "batch": batch(storedJSON(named, "a", prompt, bs, 0, 4))})
 			waitMatch(t, x, prompt, map[string]int{"w1": 4}, "first store")
 
 			// A batch the SUB never sees (a high-water-mark drop): the next
 			// one reveals the gap and the replay brings the removal.
-			p.do(map[string]any{"op": "publish", "hide": true, "batch": batch(
+			p.Do(map[string]any{"op": "publish", "hide": true, "batch": batch(
 				[]any{"BlockRemoved", []any{jb("a/2")}, "GPU"})})
-			p.do(map[string]any{"op": "publish", "batch": batch(storedJSON(named, "o", other, bs, 0, 4))})
+			p.Do(map[string]any{"op": "publish", "batch": batch(storedJSON(named, "o", other, bs, 0, 4))})
 			waitMatch(t, x, other, map[string]int{"w1": 4}, "store after the gap")
 			waitMatch(t, x, prompt, map[string]int{"w1": 2}, "replayed removal")
 			if s.C.Gaps.Load() == 0 || s.C.Replayed.Load() == 0 {
@@ -181,8 +83,8 @@ func TestSubscriberAgainstLibzmqPublisher(t *testing.T) {
 			}
 
 			// The engine restarts: a new sequence from 0, an empty cache.
-			p.do(map[string]any{"op": "restart"})
-			p.do(map[string]any{"op": "publish", "batch": batch(storedJSON(named, "r", prompt, bs, 0, 1))})
+			p.Do(map[string]any{"op": "restart"})
+			p.Do(map[string]any{"op": "publish", "batch": batch(storedJSON(named, "r", prompt, bs, 0, 1))})
 			waitMatch(t, x, prompt, map[string]int{"w1": 1}, "after restart")
 			waitMatch(t, x, other, nil, "old entries after restart")
 			if s.C.Restarts.Load()+s.C.Resets.Load() == 0 {
@@ -190,9 +92,9 @@ func TestSubscriberAgainstLibzmqPublisher(t *testing.T) {
 			}
 
 			// AllBlocksCleared; then the worker leaves the fleet.
-			p.do(map[string]any{"op": "publish", "batch": batch(storedJSON(named, "o", other, bs, 0, 2), []any{"AllBlocksCleared"})})
+			p.Do(map[string]any{"op": "publish", "batch": batch(storedJSON(named, "o", other, bs, 0, 2), []any{"AllBlocksCleared"})})
 			waitMatch(t, x, prompt, nil, "after clear")
-			p.do(map[string]any{"op": "publish", "batch": batch(storedJSON(named, "o", other, bs, 0, 2))})
+			p.Do(map[string]any{"op": "publish", "batch": batch(storedJSON(named, "o", other, bs, 0, 2))})
 			waitMatch(t, x, other, map[string]int{"w1": 2}, "store after clear")
 			s.Set(nil)
 			if got := x.Match(x.BlockKeys(u32(other), "")); len(got) != 0 {
@@ -203,25 +105,25 @@ func TestSubscriberAgainstLibzmqPublisher(t *testing.T) {
 }
 
 func TestSubscriberDropsOversizedAndMalformed(t *testing.T) {
-	p := startPublisher(t, "")
+	p := kvtest.Start(t, "")
 	x := NewIndex(IndexOptions{BlockSize: 4})
 	s, err := NewSubscriber(Options{Index: x, MaxFrame: 4096, Redial: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
-	s.Set([]Source{{Worker: "w", Endpoint: p.pub, ReplayEndpoint: p.replay}})
+	s.Set([]Source{{Worker: "w", Endpoint: p.Pub, ReplayEndpoint: p.Replay}})
 	prompt := seq(1, 8)
-	p.do(map[string]any{"op": "publish", "batch": batch(storedJSON(true, "a", prompt, 4, 0, 1))})
+	p.Do(map[string]any{"op": "publish", "batch": batch(storedJSON(true, "a", prompt, 4, 0, 1))})
 	defer func() {
 		t.Logf("counters: malformed %d gaps %d replayed %d failed %d reconnects %d batches %d", s.C.Malformed.Load(), s.C.Gaps.Load(), s.C.Replayed.Load(), s.C.ReplayFailed.Load(), s.C.Reconnects.Load(), s.C.Batches.Load())
 	}()
 	waitMatch(t, x, prompt, map[string]int{"w": 1}, "first")
 	// A garbage payload is dropped and counted; the connection stays.
-	p.do(map[string]any{"op": "raw", "size": 100})
+	p.Do(map[string]any{"op": "raw", "size": 100})
 	// A frame over the limit closes the connection; the subscriber dials
 	// again and later batches are applied.
-	p.do(map[string]any{"op": "raw", "size": 100_000})
+	p.Do(map[string]any{"op": "raw", "size": 100_000})
 	deadline := time.Now().Add(20 * time.Second)
 	for s.C.Reconnects.Load() == 0 || s.C.Malformed.Load() == 0 {
 		if time.Now().After(deadline) {
@@ -235,7 +137,7 @@ func TestSubscriberDropsOversizedAndMalformed(t *testing.T) {
 	for i := 1; ; i++ {
 		// The replay after the reconnect fails on the oversized batch it
 		// still buffers, so the worker's entries were reset: store both.
-		p.do(map[string]any{"op": "publish", "batch": batch(storedJSON(true, "a", prompt, 4, 0, 2))})
+		p.Do(map[string]any{"op": "publish", "batch": batch(storedJSON(true, "a", prompt, 4, 0, 2))})
 		if x.Match(x.BlockKeys(u32(prompt), ""))["w"] == 2 {
 			break
 		}

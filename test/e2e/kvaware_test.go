@@ -1,94 +1,16 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/kvevents/kvtest"
 )
-
-// kvPublisher is internal/kvevents/testdata/publisher.py: a KV event
-// publisher speaking vLLM's protocol on libzmq, driven over stdin, standing
-// in for an engine's --kv-events-config publisher.
-type kvPublisher struct {
-	t        *testing.T
-	in       io.WriteCloser
-	lines    chan string
-	endpoint string
-}
-
-func startKVPublisher(t *testing.T) *kvPublisher {
-	t.Helper()
-	cmd := exec.Command("/usr/bin/python3", "../../internal/kvevents/testdata/publisher.py", "")
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("publisher: %v", err)
-	}
-	p := &kvPublisher{t: t, in: in, lines: make(chan string, 16)}
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-		close(p.lines)
-	}()
-	t.Cleanup(func() {
-		_ = in.Close()
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	})
-	var pub, rep int
-	if _, err := fmt.Sscanf(p.line(), "ready %d %d", &pub, &rep); err != nil {
-		t.Fatalf("publisher ready line: %v", err)
-	}
-	p.endpoint = fmt.Sprintf("tcp://127.0.0.1:%d,tcp://127.0.0.1:%d", pub, rep)
-	return p
-}
-
-func (p *kvPublisher) line() string {
-	p.t.Helper()
-	select {
-	case l, ok := <-p.lines:
-		if !ok {
-			p.t.Fatal("publisher exited")
-		}
-		return l
-	case <-time.After(20 * time.Second):
-		p.t.Fatal("publisher did not answer")
-	}
-	return ""
-}
-
-// publish sends one KVEventBatch of events (named-field encoding).
-func (p *kvPublisher) publish(events ...any) {
-	p.t.Helper()
-	b, _ := json.Marshal(map[string]any{"op": "publish", "batch": []any{float64(time.Now().Unix()), events, 0}})
-	if _, err := p.in.Write(append(b, '\n')); err != nil {
-		p.t.Fatal(err)
-	}
-	if l := p.line(); !strings.HasPrefix(l, "ok") {
-		p.t.Fatalf("publisher: %q", l)
-	}
-}
 
 // stored is the BlockStored an engine publishes after caching the full
 // blocks of tokens.
@@ -137,10 +59,10 @@ func servedBy(receipt string, s *sim) bool {
 // them cleared and the other stores them, traffic follows.
 func TestKVAwareRoutesToTheWorkerHoldingThePrefix(t *testing.T) {
 	a, b := startSim(t), startSim(t)
-	pa, pb := startKVPublisher(t), startKVPublisher(t)
+	pa, pb := kvtest.Start(t, ""), kvtest.Start(t, "")
 	args := []string{"--worker-urls", a.URL(), b.URL(), "--policy", "kv_aware", "--route-receipt",
 		"--kv-block-size", "4", "--kv-speculative-indexing=false",
-		"--kv-events-endpoints", a.URL() + "=" + pa.endpoint, b.URL() + "=" + pb.endpoint}
+		"--kv-events-endpoints", a.URL() + "=" + pa.Endpoints(), b.URL() + "=" + pb.Endpoints()}
 	r1, r2 := startRouter(t, args...), startRouter(t, args...)
 	r1.WaitReady(t, 10*time.Second)
 	r2.WaitReady(t, 10*time.Second)
@@ -151,8 +73,8 @@ func TestKVAwareRoutesToTheWorkerHoldingThePrefix(t *testing.T) {
 		t.Fatalf("prompt tokenized to %d tokens", len(toks))
 	}
 	// An unrelated batch first, so each worker counts as publishing.
-	pa.publish(stored("a-other", []int{9, 9, 9, 9}, 4))
-	pb.publish(stored("b", toks, 4))
+	pa.Publish(stored("a-other", []int{9, 9, 9, 9}, 4))
+	pb.Publish(stored("b", toks, 4))
 	for _, r := range []*router{r1, r2} {
 		waitFor(t, 20*time.Second, "the router learns b's blocks", func() bool {
 			return servedBy(routedTo(t, r, prompt), b)
@@ -166,8 +88,8 @@ func TestKVAwareRoutesToTheWorkerHoldingThePrefix(t *testing.T) {
 		}
 	}
 	// b evicts everything, a caches the prompt: traffic moves to a.
-	pb.publish(map[string]any{"type": "AllBlocksCleared"})
-	pa.publish(stored("a", toks, 4))
+	pb.Publish(map[string]any{"type": "AllBlocksCleared"})
+	pa.Publish(stored("a", toks, 4))
 	for _, r := range []*router{r1, r2} {
 		waitFor(t, 20*time.Second, "traffic moves to a", func() bool {
 			return servedBy(routedTo(t, r, prompt), a)
@@ -189,16 +111,16 @@ func TestKVAwareRoutesToTheWorkerHoldingThePrefix(t *testing.T) {
 func TestKVAwarePDBypass(t *testing.T) {
 	p := startSim(t, "--role", "prefill", "--kv-connector", "nixl", "--strict")
 	d := startSim(t, "--role", "decode", "--kv-connector", "nixl", "--strict")
-	pp, pd := startKVPublisher(t), startKVPublisher(t)
+	pp, pd := kvtest.Start(t, ""), kvtest.Start(t, "")
 	r := startRouter(t, "--vllm-pd-disaggregation", "--kv-connector", "nixl", "--prefill", p.URL(), "--decode", d.URL(),
 		"--policy", "kv_aware", "--route-receipt", "--kv-block-size", "4", "--pd-uncached-token-threshold", "8",
-		"--kv-events-endpoints", p.URL()+"="+pp.endpoint, d.URL()+"="+pd.endpoint)
+		"--kv-events-endpoints", p.URL()+"="+pp.Endpoints(), d.URL()+"="+pd.Endpoints())
 	r.WaitReady(t, 10*time.Second)
 
 	cached := strings.Repeat("alpha beta gamma delta ", 6)
 	toks := tokenize(t, p, cached)
-	pp.publish(stored("p-other", []int{7, 7, 7, 7}, 4))
-	pd.publish(stored("d", toks, 4))
+	pp.Publish(stored("p-other", []int{7, 7, 7, 7}, 4))
+	pd.Publish(stored("d", toks, 4))
 	receipt := func(prompt string) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
