@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -322,38 +321,11 @@ const peerReadyTimeout = 60 * time.Second
 // waitCompletion posts the 1-token completion to base until it answers
 // 200, p exits, ctx ends or within passes.
 func waitCompletion(ctx context.Context, p *proc, base string, within time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, within)
-	defer cancel()
-	client := &http.Client{Timeout: 5 * time.Second}
-	var last string
-	for {
+	return poll200(ctx, p, within, 4*pollInterval, 5*time.Second, "no successful completion", func(ctx context.Context) *http.Request {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", strings.NewReader(completionBody))
 		req.Header.Set("Content-Type", "application/json")
-		resp, err := client.Do(req)
-		if err == nil {
-			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			last = fmt.Sprintf("HTTP %d %s", resp.StatusCode, b)
-		} else {
-			last = err.Error()
-		}
-		t := time.NewTimer(4 * pollInterval)
-		select {
-		case <-p.done:
-			t.Stop()
-			return errors.New(p.crashSummary())
-		case <-ctx.Done():
-			t.Stop()
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return fmt.Errorf("%s: no successful completion within %v (last: %s); log:\n%s", p.name, within, last, p.logTail(2000))
-			}
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
+		return req
+	})
 }
 
 // wrkResult is what one wrk run reports.

@@ -147,13 +147,22 @@ func (g *group) startRouter(ctx context.Context, name string, args func(extraPor
 // waitHTTP polls url until it answers 200, p exits, ctx ends or within
 // passes.
 func waitHTTP(ctx context.Context, p *proc, url string, within time.Duration) error {
+	return poll200(ctx, p, within, pollInterval, httpGetTimeout, url+" not ready", func(ctx context.Context) *http.Request {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		return req
+	})
+}
+
+// poll200 sends the request newReq builds every interval until it answers
+// 200, p exits, ctx ends or within passes; notYet names the failure
+// ("URL not ready") in the timeout's error.
+func poll200(ctx context.Context, p *proc, within, interval, callTimeout time.Duration, notYet string, newReq func(context.Context) *http.Request) error {
 	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
-	client := &http.Client{Timeout: httpGetTimeout}
+	client := &http.Client{Timeout: callTimeout}
 	var last string
 	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		resp, err := client.Do(req)
+		resp, err := client.Do(newReq(ctx))
 		if err == nil {
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 			resp.Body.Close()
@@ -164,7 +173,7 @@ func waitHTTP(ctx context.Context, p *proc, url string, within time.Duration) er
 		} else {
 			last = err.Error()
 		}
-		t := time.NewTimer(pollInterval)
+		t := time.NewTimer(interval)
 		select {
 		case <-p.done:
 			t.Stop()
@@ -172,7 +181,7 @@ func waitHTTP(ctx context.Context, p *proc, url string, within time.Duration) er
 		case <-ctx.Done():
 			t.Stop()
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return fmt.Errorf("%s: %s not ready within %v (last: %s); log:\n%s", p.name, url, within, last, p.logTail(2000))
+				return fmt.Errorf("%s: %s within %v (last: %s); log:\n%s", p.name, notYet, within, last, p.logTail(2000))
 			}
 			return ctx.Err()
 		case <-t.C:
