@@ -545,6 +545,7 @@ func (a *attemptRun) relay() *failure {
 	observeUsage, finishUsage := proxy.NewUsageObserver(e.m)
 	res := proxy.Relay(a.ctx, e.migWriter(st, a.w, dResp), readCloser{body, dResp.Body}, proxy.RelayOptions{
 		IdleTimeout: e.o.StreamIdleTimeout,
+		Stream:      st.stream,
 		Observe:     observeUsage,
 		OnFirstByte: func() {
 			if e.m != nil && !st.warmup && st.stream {

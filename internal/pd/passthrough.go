@@ -144,6 +144,7 @@ func (e *Engine) plainAttempt(ctx context.Context, w http.ResponseWriter, st *re
 	observeUsage, finishUsage := proxy.NewUsageObserver(e.m)
 	res := proxy.Relay(ctx, w, resp.Body, proxy.RelayOptions{
 		IdleTimeout: e.o.StreamIdleTimeout,
+		Stream:      sse,
 		Observe:     observeUsage,
 		OnFirstByte: func() {
 			if e.m != nil && sse {

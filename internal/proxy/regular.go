@@ -681,6 +681,7 @@ func (p *Regular) relay(ctx context.Context, w http.ResponseWriter, rs *reqSpec,
 	if sse {
 		ro.IdleTimeout = p.o.StreamIdleTimeout
 	}
+	ro.Stream = streaming
 	if streaming && rs.gen && p.m != nil {
 		ttft := p.ttftFor(rs.route)
 		start := rs.start

@@ -23,6 +23,10 @@ type RelayOptions struct {
 	// Observe, when set, sees every chunk before it is written (e.g. a usage
 	// parser). It must not retain or modify the slice.
 	Observe func([]byte)
+	// Stream marks an event stream: it is read in streamBufSize pieces (an
+	// open stream holds its buffer for its whole life; one read returns
+	// the event or few events the upstream has sent).
+	Stream bool
 }
 
 // ErrIdleTimeout is returned when the upstream stays silent past IdleTimeout.
@@ -54,8 +58,12 @@ type RelayResult struct {
 // caller has already written the status line and closes the body.
 func Relay(ctx context.Context, w http.ResponseWriter, body io.Reader, o RelayOptions) RelayResult {
 	rc := http.NewResponseController(w)
-	bp := getBuf()
-	defer putBuf(bp)
+	pool := &bufPool
+	if o.Stream {
+		pool = &streamBufPool
+	}
+	bp := pool.get()
+	defer pool.put(bp)
 	buf := *bp
 	res := RelayResult{DownstreamOK: true, AtEventBoundary: true}
 	var tail uint32 // the last four bytes written, oldest in the high byte
@@ -171,27 +179,38 @@ func WriteSSEError(w http.ResponseWriter, res RelayResult, status int, message s
 	return nil
 }
 
-// bufSize is the relay's read size: a read returns what the upstream has
-// (one or a few SSE events), so a bigger buffer only helps large
-// non-streaming bodies, and costs memory on every open stream.
-const bufSize = 16 << 10
+// bufSize is the read size of a non-streaming body; a bigger buffer only
+// helps large bodies. streamBufSize is an event stream's: vLLM's token
+// events are a few hundred bytes, and 4096 open streams hold 4096 buffers.
+const (
+	bufSize       = 16 << 10
+	streamBufSize = 4 << 10
+)
 
-// bufPool bounds the retained relay buffers (1024 × 16 KiB).
-var bufPool = make(chan *[]byte, 1024)
+// bufPool and streamBufPool bound the retained relay buffers (1024 each).
+var (
+	bufPool       = relayPool{c: make(chan *[]byte, 1024), size: bufSize}
+	streamBufPool = relayPool{c: make(chan *[]byte, 1024), size: streamBufSize}
+)
 
-func getBuf() *[]byte {
+type relayPool struct {
+	c    chan *[]byte
+	size int
+}
+
+func (p *relayPool) get() *[]byte {
 	select {
-	case b := <-bufPool:
+	case b := <-p.c:
 		return b
 	default:
-		b := make([]byte, bufSize)
+		b := make([]byte, p.size)
 		return &b
 	}
 }
 
-func putBuf(b *[]byte) {
+func (p *relayPool) put(b *[]byte) {
 	select {
-	case bufPool <- b:
+	case p.c <- b:
 	default:
 	}
 }

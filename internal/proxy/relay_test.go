@@ -58,6 +58,29 @@ func TestRelayCopiesInOrderAndFlushes(t *testing.T) {
 	}
 }
 
+// TestRelayBufferSizes: a stream is read in 4 KiB pieces, any other body
+// in 16 KiB ones; either way a body larger than the buffer arrives whole.
+func TestRelayBufferSizes(t *testing.T) {
+	event := "data: " + strings.Repeat("x", 20<<10) + "\n\n"
+	for _, tc := range []struct {
+		stream bool
+		max    int
+	}{{true, streamBufSize}, {false, bufSize}} {
+		rec := httptest.NewRecorder()
+		largest := 0
+		res := Relay(context.Background(), rec, strings.NewReader(event), RelayOptions{
+			Stream:  tc.stream,
+			Observe: func(b []byte) { largest = max(largest, len(b)) },
+		})
+		if rec.Body.String() != event || res.UpstreamErr != nil || !res.AtEventBoundary {
+			t.Fatalf("stream %v: %d of %d bytes relayed, %+v", tc.stream, rec.Body.Len(), len(event), res)
+		}
+		if largest != tc.max {
+			t.Fatalf("stream %v: largest read %d, want %d", tc.stream, largest, tc.max)
+		}
+	}
+}
+
 func TestRelayEventBoundary(t *testing.T) {
 	for _, tc := range []struct {
 		chunks []string

@@ -385,6 +385,7 @@ func (b *Backend) relay(ctx context.Context, w http.ResponseWriter, c *proxy.Cal
 	if sse {
 		ro.IdleTimeout = b.o.StreamIdleTimeout
 	}
+	ro.Stream = streaming
 	var finish func(bool)
 	if b.m != nil && resp.StatusCode < 300 {
 		ro.Observe, finish = proxy.NewUsageObserver(b.m)
