@@ -70,6 +70,7 @@ func (a *app) buildIGW(sopts *server.Options, ropts proxy.RegularOptions) error 
 	sopts.AddWorkerSpec = a.adminAddIGW
 	sopts.ModelsStatus = func() any { return rt.Status() }
 	sopts.ExtraModels = rt.ModelEntries
+	sopts.Ready = rt.Ready
 	sopts.Policies = map[string]string{"policy": cfg.Policy, "prefill": cfg.EffectivePrefillPolicy(), "decode": cfg.EffectiveDecodePolicy(), "mode": "igw"}
 	return nil
 }

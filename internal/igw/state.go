@@ -2,7 +2,9 @@ package igw
 
 import (
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
@@ -132,4 +134,38 @@ func (rt *Router) Status() map[string]ModelStatus {
 		out[m] = rt.upstreamStatus(m, up)
 	}
 	return out
+}
+
+// Ready is the router's readiness (server.Options.Ready): ready while at
+// least one model can be served now (a regular model with a live worker,
+// a PD model with live workers of both roles, an upstream model whose
+// breaker is not open); otherwise the reason names each model's problem.
+func (rt *Router) Ready() (bool, string) {
+	states := States(rt.o.Registry.Snapshot())
+	var why []string
+	for _, m := range slices.Sorted(maps.Keys(states)) {
+		if _, up := rt.o.Upstreams[m]; up {
+			continue
+		}
+		w := states[m].Unavailable(m)
+		if w == "" {
+			return true, ""
+		}
+		why = append(why, w)
+	}
+	for _, m := range rt.upstreamModels() {
+		w := upstreamUnavailable(m, rt.o.Upstreams[m])
+		if w == "" {
+			return true, ""
+		}
+		why = append(why, w)
+	}
+	if len(why) == 0 {
+		return false, "no model is being served yet (no worker has registered)"
+	}
+	const show = 4
+	if len(why) > show {
+		why = append(why[:show], fmt.Sprintf("and %d more models", len(why)-show))
+	}
+	return false, strings.Join(why, "; ")
 }

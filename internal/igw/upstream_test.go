@@ -101,3 +101,38 @@ func TestUpstreamNeedsDispatcherAndWorker(t *testing.T) {
 		t.Fatalf("New without the upstream's worker: %v", err)
 	}
 }
+
+func TestReady(t *testing.T) {
+	uw := worker.New(worker.Spec{URL: "https://api.example.com", DPRank: -1, ModelID: "gpt"}, worker.BreakerConfig{FailureThreshold: 1, OpenDuration: 3600e9, SuccessThreshold: 1})
+	e := newEnv(t)
+	if ok, why := e.rt.Ready(); ok || why != "no model is being served yet (no worker has registered)" {
+		t.Fatalf("empty: %v %q", ok, why)
+	}
+	// A PD model alone, both roles live: ready (the server's regular-mode
+	// readiness would count no regular worker).
+	for _, role := range []worker.Role{worker.RolePrefill, worker.RoleDecode} {
+		if _, err := e.reg.Add(worker.Spec{URL: "http://" + string(role) + ":1", Role: role, DPRank: -1, ModelID: "big"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, why := e.rt.Ready(); !ok {
+		t.Fatalf("PD model with both roles: not ready: %q", why)
+	}
+	for _, w := range e.reg.Snapshot().All {
+		if w.Role == worker.RoleDecode {
+			w.SetHealthy(false)
+		}
+	}
+	if ok, why := e.rt.Ready(); ok || !strings.Contains(why, `Model "big" has no live decode workers`) {
+		t.Fatalf("PD model without a live decode: %v %q", ok, why)
+	}
+	// An upstream model: ready while its breaker is not open.
+	e2 := newEnvWith(t, func(o *Options) { o.Upstreams = map[string]Upstream{"gpt": {Dispatcher: &fakeUpstream{}, Worker: uw}} })
+	if ok, why := e2.rt.Ready(); !ok {
+		t.Fatalf("upstream model: not ready: %q", why)
+	}
+	uw.Breaker().Record(false)
+	if ok, why := e2.rt.Ready(); ok || !strings.Contains(why, `Model "gpt": its upstream https://api.example.com is failing (circuit breaker open)`) {
+		t.Fatalf("upstream breaker open: %v %q", ok, why)
+	}
+}
