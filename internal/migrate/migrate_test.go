@@ -370,9 +370,97 @@ func TestHeldBackTokensGeneratedAgain(t *testing.T) {
 	if got := compact(eventData(out)); !strings.Contains(got, `"token_ids":[4]`) {
 		t.Errorf("mixed chunk: %s", got)
 	}
-	// chat never restarts early (its continuation is text)
-	chat := NewRequest("/v1/chat/completions", []byte(`{"messages":[{"role":"user","content":"q"}],"max_tokens":10}`))
-	if chat.redo(tr) != 0 {
-		t.Error("a chat continuation restarts before held-back tokens")
+}
+
+// TestChatHeldBackTokens: a chat continuation's text ends before the bytes
+// of the held-back tokens, so the engine generates them again: the token
+// budget counts them once and the stitcher drops their ids when they match
+// what the client got; an id that differs ends the dropping, and the
+// delivered tokens then count in usage.
+func TestChatHeldBackTokens(t *testing.T) {
+	req := NewRequest("/v1/chat/completions", []byte(`{"messages":[{"role":"user","content":"q"}],"max_tokens":10,"stream":true,"return_token_ids":true,"stream_options":{"include_usage":true}}`))
+	chatEv := func(content, extra string) string {
+		return `{"id":"chatcmpl-a","object":"chat.completion.chunk","created":111,"model":"m","choices":[{"index":0,"delta":{"content":` + content + `},"finish_reason":null` + extra + `}]}`
+	}
+	tr := track(t, sse(true,
+		`{"id":"chatcmpl-a","object":"chat.completion.chunk","created":111,"model":"m","prompt_token_ids":[7,8],"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`,
+		chatEv(`" a"`, `,"token_ids":[1]`),
+		chatEv(`""`, `,"token_ids":[2]`)))
+	if tr.HeldBack() != 1 || tr.Tokens() != 2 {
+		t.Fatalf("held back %d of %d tokens, want 1 of 2", tr.HeldBack(), tr.Tokens())
+	}
+	b, err := req.Continue(tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	if compact(m["max_tokens"]) != "9" || !strings.Contains(string(m["messages"]), `" a"`) {
+		t.Fatalf("continuation max_tokens %s messages %s, want 9 and the text so far", m["max_tokens"], m["messages"])
+	}
+	usage := `{"id":"chatcmpl-b","object":"chat.completion.chunk","created":2,"model":"m","choices":[],"usage":{"prompt_tokens":5,"total_tokens":7,"completion_tokens":2}}`
+	for _, tc := range []struct {
+		name      string
+		leg       string // the leg's first token event
+		dropped   bool
+		wantIDs   string
+		wantUsage string
+	}{
+		{"the same id again", chatEv(`"é"`, `,"token_ids":[2]`), false, `"token_ids":[]`, `"completion_tokens":3`},
+		{"the same id, no text yet", chatEv(`""`, `,"token_ids":[2]`), true, "", `"completion_tokens":3`},
+		{"another id", chatEv(`"x"`, `,"token_ids":[9]`), false, `"token_ids":[9]`, `"completion_tokens":4`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewStitcher(req, tr)
+			out, _ := s.Rewrite([]byte("data: " + tc.leg + "\n\n"))
+			if tc.dropped != (out == nil) {
+				t.Fatalf("dropped %v, want %v: %s", out == nil, tc.dropped, out)
+			}
+			if !tc.dropped && !strings.Contains(compact(eventData(out)), tc.wantIDs) {
+				t.Fatalf("leg event %s, want %s", eventData(out), tc.wantIDs)
+			}
+			out, _ = s.Rewrite([]byte("data: " + usage + "\n\n"))
+			if got := compact(eventData(out)); !strings.Contains(got, tc.wantUsage) {
+				t.Fatalf("usage %s, want %s", got, tc.wantUsage)
+			}
+		})
+	}
+}
+
+// TestChatHeldBackDiffers: when the continuation does not generate the
+// held-back token again, it had one token of budget too many: the leg's
+// last token (the one finishing with "length") is dropped, so the client
+// gets max_tokens tokens and usage says so.
+func TestChatHeldBackDiffers(t *testing.T) {
+	req := NewRequest("/v1/chat/completions", []byte(`{"messages":[{"role":"user","content":"q"}],"max_tokens":4,"stream":true,"return_token_ids":true,"stream_options":{"include_usage":true}}`))
+	ev := func(content, finish, ids string) string {
+		return `{"id":"chatcmpl-a","object":"chat.completion.chunk","created":111,"model":"m","choices":[{"index":0,"delta":{"content":` + content + `},"finish_reason":` + finish + `,"token_ids":` + ids + `}]}`
+	}
+	tr := track(t, sse(true,
+		`{"id":"chatcmpl-a","object":"chat.completion.chunk","created":111,"model":"m","prompt_token_ids":[7,8],"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`,
+		ev(`" a"`, "null", "[1]"),
+		ev(`""`, "null", "[2]")))
+	b, err := req.Continue(tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil || compact(m["max_tokens"]) != "3" {
+		t.Fatalf("continuation max_tokens %s (%v), want 3 (4 less the one token not held back)", m["max_tokens"], err)
+	}
+	s := NewStitcher(req, tr)
+	steps := []struct{ in, want string }{
+		{ev(`"x"`, "null", "[9]"), `"token_ids":[9]`},
+		{ev(`"y"`, "null", "[10]"), `"token_ids":[10]`},
+		{ev(`"z"`, `"length"`, "[11]"), `"delta":{"content":""},"finish_reason":"length","index":0,"token_ids":[]`},
+		{`{"id":"chatcmpl-b","object":"chat.completion.chunk","created":2,"model":"m","choices":[],"usage":{"prompt_tokens":5,"total_tokens":8,"completion_tokens":3}}`, `"completion_tokens":4`},
+	}
+	for i, st := range steps {
+		out, _ := s.Rewrite([]byte("data: " + st.in + "\n\n"))
+		if got := compact(eventData(out)); !strings.Contains(got, st.want) {
+			t.Errorf("step %d: %s, want %s", i, got, st.want)
+		}
 	}
 }

@@ -281,19 +281,15 @@ func (r *Request) promptEdit(t *Tracker) rawjson.Edit {
 	return rawjson.SetJSON("prompt", *r.promptText+t.Text())
 }
 
-// redo is how many delivered tokens the continuation generates again: a
-// completion continued from token ids restarts before the trailing tokens
-// whose text the engine still held back (greedy decoding gives the same
-// ids; the stitcher drops them, and their text then arrives whole).
-func (r *Request) redo(t *Tracker) int {
-	if r.chat {
-		return 0
-	}
-	if _, _, ok := t.TokenIDs(); !ok {
-		return 0
-	}
-	return t.HeldBack()
-}
+// redo is how many delivered tokens the continuation generates again: the
+// trailing tokens whose text the engine still held back (parts of a UTF-8
+// character). A completion continued from token ids restarts before them
+// (greedy decoding gives the same ids); a text continuation (chat, or a
+// completion without ids) ends before their bytes, so the engine generates
+// them again (measured on vLLM 0.32). The stitcher drops the ids the
+// client already has, their text then arrives whole, and the token budget
+// counts them once.
+func (r *Request) redo(t *Tracker) int { return t.HeldBack() }
 
 // chatEdits puts the partial answer in an open final assistant message.
 func (r *Request) chatEdits(t *Tracker) ([]rawjson.Edit, error) {

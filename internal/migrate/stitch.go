@@ -15,6 +15,14 @@ type Stitcher struct {
 	chat   bool
 	base   int // tokens delivered before this leg, less those it generates again
 	skip   int // ids this leg generates again: already delivered, dropped
+	// redoIDs are those ids as delivered, when the tracker has them: a
+	// leg id that differs ends the skipping (the continuation went
+	// another way, its ids are new).
+	redoIDs []uint32
+	// extra is the budget the continuation got for tokens it did not
+	// generate again after all (a redone id differed): the leg may end one
+	// past the client's limit, and that last token is dropped.
+	extra, dropped int
 	prompt int // the original prompt's tokens (-1: derive from the leg's usage)
 	// Stop-string seam: the tail of the delivered text that a stop string
 	// could start in, and how much of the leg's text may still complete one.
@@ -29,6 +37,9 @@ type Stitcher struct {
 func NewStitcher(req *Request, t *Tracker) *Stitcher {
 	redo := req.redo(t)
 	s := &Stitcher{t: t, chat: req.chat, base: t.Tokens() - redo, skip: redo, prompt: t.PromptTokens(), stops: req.stops}
+	if gen, _, ok := t.TokenIDs(); ok && redo > 0 {
+		s.redoIDs = gen[len(gen)-redo:]
+	}
 	longest := 0
 	for _, st := range req.stops {
 		longest = max(longest, len(st))
@@ -90,7 +101,7 @@ func (s *Stitcher) usage(raw []byte, u usage) map[string]json.RawMessage {
 	if p < 0 {
 		p = max(0, u.PromptTokens-s.base)
 	}
-	ct := s.base + u.CompletionTokens
+	ct := s.base + u.CompletionTokens - s.dropped
 	m["prompt_tokens"] = itoa(p)
 	m["completion_tokens"] = itoa(ct)
 	m["total_tokens"] = itoa(p + ct)
@@ -137,13 +148,28 @@ func (s *Stitcher) choices(raw []byte, cs []choice) (out []byte, drop, final boo
 				changed = true
 			}
 		}
-		if s.skip > 0 && len(ch.TokenIDs) > 0 {
-			n := min(s.skip, len(ch.TokenIDs))
-			s.skip -= n
-			if n == len(ch.TokenIDs) && piece == "" && len(cs) == 1 && ch.FinishReason == nil {
+		ids := ch.TokenIDs
+		if s.skip > 0 && len(ids) > 0 {
+			n := s.redone(ids)
+			if n == len(ids) && piece == "" && len(cs) == 1 && ch.FinishReason == nil {
 				return nil, true, false // a token the client already has, with no text
 			}
-			m["token_ids"], _ = json.Marshal(ch.TokenIDs[n:])
+			if n > 0 {
+				ids = ids[n:]
+				m["token_ids"], _ = json.Marshal(ids)
+				changed = true
+			}
+		}
+		if s.extra > 0 && len(ids) > 0 && ch.FinishReason != nil && *ch.FinishReason == "length" {
+			// The leg's last tokens are past the client's limit.
+			n := min(s.extra, len(ids))
+			s.extra -= n
+			s.dropped += n
+			m["token_ids"], _ = json.Marshal(ids[:len(ids)-n])
+			if n == len(ids) {
+				s.clearText(m, ch)
+				piece = ""
+			}
 			changed = true
 		}
 		if s.seamLeft > 0 && piece != "" {
@@ -161,6 +187,29 @@ func (s *Stitcher) choices(raw []byte, cs []choice) (out []byte, drop, final boo
 		return nil, false, false
 	}
 	return b, false, final
+}
+
+// redone is how many of ids, from the first, are tokens delivered before
+// (generated again); it consumes them from the skip. Without the delivered
+// ids to compare, the next skip ids are taken as redone.
+func (s *Stitcher) redone(ids []uint32) int {
+	n := 0
+	for n < len(ids) && s.skip > 0 {
+		if s.redoIDs != nil {
+			if ids[n] != s.redoIDs[0] {
+				// The rest were delivered and are not generated again:
+				// they count among the tokens before this leg.
+				s.base += s.skip
+				s.extra += s.skip
+				s.skip, s.redoIDs = 0, nil
+				break
+			}
+			s.redoIDs = s.redoIDs[1:]
+		}
+		s.skip--
+		n++
+	}
+	return n
 }
 
 // seam reports a stop string that starts in the delivered tail and ends in
@@ -181,10 +230,8 @@ func (s *Stitcher) seam(piece string) (stop string, hit bool) {
 	return "", false
 }
 
-// cut ends a choice at a stop string that straddled the seam: none of the
-// leg's text is shown (the stop string is not part of the answer, as in
-// vLLM), finish_reason "stop" with the string as stop_reason.
-func (s *Stitcher) cut(m map[string]json.RawMessage, ch choice, stop string) {
+// clearText empties a choice's text (completions) or content (chat).
+func (s *Stitcher) clearText(m map[string]json.RawMessage, ch choice) {
 	empty, _ := json.Marshal("")
 	if ch.Delta != nil {
 		var dm map[string]json.RawMessage
@@ -194,6 +241,13 @@ func (s *Stitcher) cut(m map[string]json.RawMessage, ch choice, stop string) {
 	} else {
 		m["text"] = empty
 	}
+}
+
+// cut ends a choice at a stop string that straddled the seam: none of the
+// leg's text is shown (the stop string is not part of the answer, as in
+// vLLM), finish_reason "stop" with the string as stop_reason.
+func (s *Stitcher) cut(m map[string]json.RawMessage, ch choice, stop string) {
+	s.clearText(m, ch)
 	m["finish_reason"], _ = json.Marshal("stop")
 	m["stop_reason"], _ = json.Marshal(stop)
 	delete(m, "token_ids")

@@ -185,9 +185,10 @@ func (t *Tracker) Tokens() int { return t.tokens }
 
 // HeldBack is how many of the last delivered tokens came without text
 // (their text is held back by the engine until a character completes).
-// A token-id continuation restarts before them: a token-id prompt that
+// A token-id continuation restarts before them (a token-id prompt that
 // ends mid-character makes vLLM 0.32 stream the whole prompt's text with
-// its first token.
+// its first token); a chat continuation, whose text lacks their bytes,
+// generates them again.
 func (t *Tracker) HeldBack() int { return t.heldBack }
 
 // TokenIDs returns the generated ids and the prompt's, and whether every
