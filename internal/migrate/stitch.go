@@ -11,10 +11,10 @@ import (
 // them as the rest of the original answer. Build one per leg with
 // NewStitcher, after the tracker has recorded everything the client got.
 type Stitcher struct {
-	t      *Tracker
-	chat   bool
-	base   int // tokens delivered before this leg, less those it generates again
-	skip   int // ids this leg generates again: already delivered, dropped
+	t    *Tracker
+	chat bool
+	base int // tokens delivered before this leg, less those it generates again
+	skip int // ids this leg generates again: already delivered, dropped
 	// redoIDs are those ids as delivered, when the tracker has them: a
 	// leg id that differs ends the skipping (the continuation went
 	// another way, its ids are new).
@@ -23,7 +23,7 @@ type Stitcher struct {
 	// generate again after all (a redone id differed): the leg may end one
 	// past the client's limit, and that last token is dropped.
 	extra, dropped int
-	prompt int // the original prompt's tokens (-1: derive from the leg's usage)
+	prompt         int // the original prompt's tokens (-1: derive from the leg's usage)
 	// Stop-string seam: the tail of the delivered text that a stop string
 	// could start in, and how much of the leg's text may still complete one.
 	stops    []string
