@@ -185,7 +185,7 @@ func (m *bpe) appendWord(dst []uint32, word string, sc *scratch) []uint32 {
 		ids := append([]uint32(nil), dst[n:]...)
 		m.mu.Lock()
 		if len(m.cache) < cacheMax {
-			m.cache[word] = ids
+			m.cache[strings.Clone(word)] = ids // not a slice of the prompt: it would stay alive
 		}
 		m.mu.Unlock()
 	}
