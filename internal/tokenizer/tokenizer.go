@@ -316,7 +316,9 @@ func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecial bool) []u
 			return t.preTokenize(dst, piece, sc)
 		})
 	})
-	scratchPool.Put(sc)
+	if cap(sc.ids) <= 1<<16 { // a huge word's buffers are not kept
+		scratchPool.Put(sc)
+	}
 	if addSpecial {
 		dst = append(dst, t.suf...)
 	}
