@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -84,7 +85,7 @@ type mergeJSON [2]string
 
 func (m *mergeJSON) UnmarshalJSON(b []byte) error {
 	var pair []string
-	if err := jsonUnmarshal(b, &pair); err == nil {
+	if err := json.Unmarshal(b, &pair); err == nil {
 		if len(pair) != 2 {
 			return fmt.Errorf("merge %s: want two tokens", b)
 		}
@@ -92,7 +93,7 @@ func (m *mergeJSON) UnmarshalJSON(b []byte) error {
 		return nil
 	}
 	var s string
-	if err := jsonUnmarshal(b, &s); err != nil {
+	if err := json.Unmarshal(b, &s); err != nil {
 		return fmt.Errorf("merge %s: want \"a b\" or [\"a\",\"b\"]", b)
 	}
 	a, c, ok := strings.Cut(s, " ")

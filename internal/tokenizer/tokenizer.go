@@ -25,15 +25,13 @@ func unsupported(component, what string) error {
 	return fmt.Errorf("%w: %s %s", ErrUnsupported, component, what)
 }
 
-var jsonUnmarshal = json.Unmarshal
-
 // Tokenizer is a loaded tokenizer.json. It is safe for concurrent use.
 type Tokenizer struct {
-	nfc          bool    // normalizer
-	split        scanner // Split pre-tokenizer (nil: none)
-	prefix       bool    // ByteLevel add_prefix_space
-	regex        bool    // ByteLevel use_regex (GPT-2 pattern)
-	hasByteLevel bool
+	nfc          bool     // normalizer
+	split        scanner  // Split pre-tokenizer (nil: none)
+	prefix       bool     // ByteLevel add_prefix_space
+	regex        bool     // ByteLevel use_regex (GPT-2 pattern)
+	hasByteLevel bool     // a ByteLevel pre-tokenizer was seen
 	model        *bpe     // the model
 	raw          matcher  // added tokens matched on the raw text
 	normed       matcher  // added tokens matched on the normalized text
