@@ -154,3 +154,38 @@ func TestLocalTokenizerMismatch(t *testing.T) {
 		t.Errorf("log: %s", logs.String())
 	}
 }
+
+// BenchmarkTokenizeLocal is BenchmarkTokenize's miss through the
+// in-process tokenizer (the tiny model's tokenizer.json): the whole of
+// Tokens for a new 1k or 8k-word prompt, body parsing included, once the
+// verification is done.
+func BenchmarkTokenizeLocal(b *testing.B) {
+	lt, err := tokenizer.Load("../tokenizer/testdata/tiny-llama.json")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct{ Prompt string }
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": lt.Encode(req.Prompt, true)})
+	}))
+	defer srv.Close()
+	for _, n := range []int{1000, 8000} {
+		prompt := words(n, "w")
+		b.Run(fmt.Sprintf("words=%d", n), func(b *testing.B) {
+			tok := NewTokenizer(srv.Client(), 5*time.Second, 1)
+			tok.SetLocal(LocalOptions{Tokenizer: lt, Verify: 1})
+			bodies := [][]byte{completion(prompt), completion("x " + prompt)}
+			i := 0
+			for b.Loop() {
+				i++
+				if _, err := tok.Tokens(b.Context(), srv.URL, "/v1/completions", bodies[i%2]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if tok.S.VerifyChecks.Load() != 1 || tok.S.LocalOff.Load() {
+				b.Fatalf("verification: %d checks, off %v", tok.S.VerifyChecks.Load(), tok.S.LocalOff.Load())
+			}
+		})
+	}
+}

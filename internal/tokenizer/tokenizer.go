@@ -367,12 +367,12 @@ type addedToken struct {
 // matcher finds added tokens leftmost-longest (HuggingFace's Aho-Corasick
 // match kind), indexed by first byte.
 type matcher struct {
-	byFirst map[byte][]addedToken // longest first
+	byFirst *[256][]addedToken // longest first; nil: no tokens
 }
 
 func (m *matcher) add(a addedToken) {
 	if m.byFirst == nil {
-		m.byFirst = map[byte][]addedToken{}
+		m.byFirst = new([256][]addedToken)
 	}
 	l := m.byFirst[a.content[0]]
 	for _, o := range l {
