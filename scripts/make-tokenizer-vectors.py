@@ -118,7 +118,7 @@ SPECIAL_TEXTS = {
     "qwen2ish.json": [
         "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n",
         "in<|im_end|>side", "<|endoftext|>", "<|im_start|><|im_end|>",
-        "a <mark> b", "a<mark>b", "a   <mark>   b", "\n<mark>\n", "<mark>", "café<mark>cafe\u0301",
+        "<r\u00e9f>", "x<re\u0301f>y", "<re\u0301f><r\u00e9f>", "a <mark> b", "a<mark>b", "a   <mark>   b", "\n<mark>\n", "<mark>", "café<mark>cafe\u0301",
     ],
 }
 
@@ -166,6 +166,8 @@ def train(kind):
         ])
     else:
         tok.add_tokens([AddedToken("<mark>", single_word=False, lstrip=True, rstrip=True, normalized=True, special=False)])
+        # A special token matched in the NFC-normalized text (normalized=True).
+        tok.add_special_tokens([AddedToken("<r\u00e9f>", single_word=False, lstrip=False, rstrip=False, normalized=True, special=True)])
         bos, eos = "<|im_start|>", "<|endoftext|>"
         tok.post_processor = processors.TemplateProcessing(
             single=f"{bos} $A {eos}", pair=f"$A {eos} $B:1 {eos}:1",

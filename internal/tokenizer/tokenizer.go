@@ -278,9 +278,9 @@ func (t *Tokenizer) parseAdded(toks []addedJSON) error {
 			continue
 		}
 		at := addedToken{content: a.Content, id: a.ID, lstrip: a.LStrip, rstrip: a.RStrip}
-		if a.Normalized && !a.Special {
-			// HuggingFace matches these in the normalized text, by their
-			// normalized content.
+		if a.Normalized {
+			// HuggingFace matches these (special or not) in the
+			// normalized text, by their normalized content.
 			at.content = t.normalize(a.Content)
 			t.normed.add(at)
 		} else {
