@@ -17,7 +17,7 @@ Three tokenizers:
                    the old "a b" string form.
   qwen2ish.json    trained here: NFC + Split(Qwen2 pattern) + ByteLevel,
                    TemplateProcessing BOS/EOS, ChatML special tokens, an
-                   lstrip/rstrip added token.
+                   lstrip/rstrip added token, a normalized special token.
 Training is deterministic (fixed corpus, single thread), so reruns give the
 same files. vectors.json holds, per tokenizer, every text with both
 add_special_tokens values and the ids.
