@@ -161,7 +161,7 @@ func (a *app) kvStatus() any {
 			"routed_by": map[bool]string{true: "kv_aware", false: "fallback (" + a.cfg.KVFallbackPolicy + "): no events received yet"}[a.kvHasEvents(w.Key())],
 		}
 	}
-	return map[string]any{
+	out := map[string]any{
 		"index_entries": size,
 		"block_size":    st.index.BlockSize(),
 		"stored":        stats.Stored,
@@ -170,6 +170,17 @@ func (a *app) kvStatus() any {
 		"dropped_full":  stats.Full,
 		"workers":       workers,
 	}
+	if a.cfg.TokenizerPath != "" {
+		ts := &st.tok.S
+		out["tokenizer"] = map[string]any{
+			"path":              a.cfg.TokenizerPath,
+			"enabled":           !ts.LocalOff.Load(),
+			"local_encodes":     ts.LocalEncodes.Load(),
+			"verify_checks":     ts.VerifyChecks.Load(),
+			"verify_mismatches": ts.VerifyMismatches.Load(),
+		}
+	}
+	return out
 }
 
 // registerKVMetrics exposes the index, subscriber and policy counters.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"sort"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/internal/kvaware"
 	"github.com/switchyard-llm/switchyard/internal/tokenizer"
+	"github.com/switchyard-llm/switchyard/test/internal/harness"
 )
 
 // tokenizerPrompts are varied texts for the in-process tokenizer: unicode,
@@ -86,6 +88,17 @@ func TestLocalTokenizerMatchesEngine(t *testing.T) {
 	if asks := m("requests_total"); asks != asksBefore+1 || m("local_total") != local {
 		t.Errorf("chat: /tokenize calls %v -> %v, local encodes %v -> %v; want one more /tokenize call, no local encode",
 			asksBefore, asks, local, m("local_total"))
+	}
+	var ws struct {
+		KV struct {
+			Tokenizer struct {
+				Enabled      bool   `json:"enabled"`
+				VerifyChecks uint64 `json:"verify_checks"`
+			} `json:"tokenizer"`
+		} `json:"kv_aware"`
+	}
+	if harness.GetJSON(t, http.DefaultClient, r.Base+"/workers", &ws) != 200 || !ws.KV.Tokenizer.Enabled || ws.KV.Tokenizer.VerifyChecks != uint64(checks) {
+		t.Errorf("/workers kv_aware.tokenizer %+v, want enabled with %v checks", ws.KV.Tokenizer, checks)
 	}
 	t.Logf("%d prompts: local ids equal the engine's; the router encoded them in-process (%v verified, %v mismatches)", len(prompts), checks, mismatches)
 }
