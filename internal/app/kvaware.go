@@ -12,6 +12,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/kvaware"
 	"github.com/switchyard-llm/switchyard/internal/kvevents"
 	"github.com/switchyard-llm/switchyard/internal/policy"
+	"github.com/switchyard-llm/switchyard/internal/tokenizer"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
@@ -39,6 +40,14 @@ func (a *app) kv() (*kvState, error) {
 	st := &kvState{
 		index: kvevents.NewIndex(kvevents.IndexOptions{BlockSize: cfg.KVBlockSize, Seed: cfg.KVHashSeed, MaxEntries: cfg.KVIndexMaxEntries}),
 		tok:   kvaware.NewTokenizer(a.client, 0, 0),
+	}
+	if cfg.TokenizerPath != "" {
+		lt, err := tokenizer.Load(cfg.TokenizerPath)
+		if err != nil {
+			return nil, fmt.Errorf("--tokenizer-path: %w", err)
+		}
+		st.tok.SetLocal(kvaware.LocalOptions{Tokenizer: lt, Logger: a.log})
+		a.log.Info("kv_aware: completions prompts tokenized in-process", "tokenizer", lt.Path, "verified_prompts", kvaware.DefaultVerify)
 	}
 	st.explicit = make(map[string]config.KVEndpoint, len(eps))
 	for _, e := range eps {
@@ -152,7 +161,7 @@ func (a *app) kvStatus() any {
 			"routed_by": map[bool]string{true: "kv_aware", false: "fallback (" + a.cfg.KVFallbackPolicy + "): no events received yet"}[a.kvHasEvents(w.Key())],
 		}
 	}
-	return map[string]any{
+	out := map[string]any{
 		"index_entries": size,
 		"block_size":    st.index.BlockSize(),
 		"stored":        stats.Stored,
@@ -161,6 +170,17 @@ func (a *app) kvStatus() any {
 		"dropped_full":  stats.Full,
 		"workers":       workers,
 	}
+	if a.cfg.TokenizerPath != "" {
+		ts := &st.tok.S
+		out["tokenizer"] = map[string]any{
+			"path":              a.cfg.TokenizerPath,
+			"enabled":           !ts.LocalOff.Load(),
+			"local_encodes":     ts.LocalEncodes.Load(),
+			"verify_checks":     ts.VerifyChecks.Load(),
+			"verify_mismatches": ts.VerifyMismatches.Load(),
+		}
+	}
+	return out
 }
 
 // registerKVMetrics exposes the index, subscriber and policy counters.
@@ -209,6 +229,18 @@ func (a *app) registerKVMetrics(st *kvState) {
 		counter("tokenize_requests_total", "/tokenize calls to an engine (prompts not cached)", ld(&st.tok.S.Asks)),
 		counter("tokenize_seconds_total", "Wall time of the /tokenize calls",
 			func() float64 { return float64(st.tok.S.AskNanos.Load()) / 1e9 }),
+		counter("tokenize_local_total", "Prompts tokenized in-process (--tokenizer-path)", ld(&st.tok.S.LocalEncodes)),
+		counter("tokenize_local_seconds_total", "Wall time of the in-process encodes",
+			func() float64 { return float64(st.tok.S.LocalNanos.Load()) / 1e9 }),
+		counter("tokenize_verify_checks_total", "In-process results compared with an engine's /tokenize", ld(&st.tok.S.VerifyChecks)),
+		counter("tokenize_verify_mismatches_total", "In-process results that differed from the engine's (the first one switches it off)", ld(&st.tok.S.VerifyMismatches)),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "vllm_router_kv_tokenize_local_enabled", Help: "1 while the in-process tokenizer is in use"},
+			func() float64 {
+				if a.cfg.TokenizerPath == "" || st.tok.S.LocalOff.Load() {
+					return 0
+				}
+				return 1
+			}),
 		counter("pd_bypass_total", "PD requests sent to the decode alone (prompt cached there)", sum(func(p *kvaware.Policy) uint64 { return p.S.Bypass.Load() })),
 	}
 	for _, col := range cs {

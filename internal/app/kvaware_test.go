@@ -1,6 +1,10 @@
 package app
 
 import (
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/switchyard-llm/switchyard/internal/config"
@@ -33,5 +37,23 @@ func TestKVSource(t *testing.T) {
 		if !ok || src.Endpoint != tc.endpoint || src.ReplayEndpoint != tc.repl || src.Topic != "kv@" || src.Worker != tc.spec.Key() {
 			t.Errorf("%s: source %+v ok %v, want %s %s", tc.spec.Key(), src, ok, tc.endpoint, tc.repl)
 		}
+	}
+}
+
+// TestKVTokenizerLoadError: a --tokenizer-path the router cannot use
+// exactly is a startup error naming the file and the component.
+func TestKVTokenizerLoadError(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tokenizer.json")
+	if err := os.WriteFile(path, []byte(`{"model":{"type":"BPE","vocab":{},"merges":[]},"pre_tokenizer":{"type":"Metaspace"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse([]string{"--worker-urls", "http://10.0.0.1:8000", "--policy", "kv_aware", "--tokenizer-path", path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &app{cfg: cfg, reg: worker.NewRegistry(worker.BreakerConfig{}), client: http.DefaultClient}
+	_, err = a.kv()
+	if err == nil || !strings.Contains(err.Error(), "--tokenizer-path") || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "pre_tokenizer Metaspace") {
+		t.Errorf("err %v, want the flag, %s and the component", err, path)
 	}
 }

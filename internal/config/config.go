@@ -215,6 +215,7 @@ type Config struct {
 	KVOverlapScoreWeight     float64  `json:"kv_overlap_score_weight"`
 	KVLoadWeight             float64  `json:"kv_load_weight"`
 	KVFallbackPolicy         string   `json:"kv_fallback_policy"`
+	TokenizerPath            string   `json:"tokenizer_path"`
 	PDUncachedTokenThreshold int      `json:"pd_uncached_token_threshold"`
 
 	// Flow control (off unless FlowControl).

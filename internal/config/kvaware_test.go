@@ -22,6 +22,9 @@ func TestValidateKVAware(t *testing.T) {
 		{"kv flags ignored without kv_aware", []string{"--worker-urls", "http://w", "--kv-block-size", "0"}, nil},
 		{"bypass without kv_aware", with(pd, "--pd-uncached-token-threshold", "64"),
 			[]string{"invalid value for --pd-uncached-token-threshold: 64 - needs --policy (or --prefill-policy) kv_aware"}},
+		{"tokenizer with kv_aware", with(w, "--tokenizer-path", "/m"), nil},
+		{"tokenizer without kv_aware", []string{"--worker-urls", "http://w", "--tokenizer-path", "/m"},
+			[]string{"invalid value for --tokenizer-path: /m - needs --policy (or --prefill-policy) kv_aware"}},
 		{"bad values", with(w, "--kv-block-size", "0", "--kv-index-max-entries", "0", "--kv-events-port", "0", "--kv-load-weight", "-1"),
 			[]string{
 				"invalid value for --kv-block-size: 0 - Must be between 1 and 65536",

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +18,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/switchyard-llm/switchyard/internal/rawjson"
+	"github.com/switchyard-llm/switchyard/internal/tokenizer"
 )
 
 // The router needs a request's prompt as the engine's token ids, chat
@@ -27,6 +30,14 @@ import (
 // vLLM's template handling). The cost is one local HTTP round trip per new
 // prompt, hidden by a cache keyed by the fields that decide the tokens.
 // docs/KV-ROUTING.md has the measured latency.
+//
+// With --tokenizer-path, a completions prompt that is one string is
+// tokenized in-process instead (internal/tokenizer, exact for the
+// byte-level BPE pipelines it loads, refusing the rest at startup). The
+// first prompts tokenized so are also asked of the engine; one difference
+// switches the local tokenizer off for the life of the process. Chat
+// requests keep going to /tokenize: their ids depend on the chat template
+// as vLLM renders it.
 
 // ErrNotTokenizable marks a request the router does not tokenize exactly
 // (a batch of prompts, an unknown route, media inputs): it is routed by the
@@ -43,16 +54,49 @@ type Tokenizer struct {
 	// asked an engine, with the time spent asking.
 	S TokenizeStats
 
-	mu    sync.Mutex
-	cache map[uint64]*cacheEntry
-	order []uint64 // insertion order, for eviction
-	max   int
+	local *LocalOptions // nil: every prompt goes to /tokenize
+
+	mu         sync.Mutex
+	cache      map[uint64]*cacheEntry
+	order      []uint64 // insertion order, for eviction
+	max        int
+	localModel []byte // the "model" of the first verified local prompt
+	modelSet   bool
 }
 
 // TokenizeStats are a Tokenizer's running totals.
 type TokenizeStats struct {
 	CacheHits, Asks atomic.Uint64 // prompts found in the cache; /tokenize calls
 	AskNanos        atomic.Uint64 // wall time of the /tokenize calls
+
+	LocalEncodes     atomic.Uint64 // prompts tokenized in-process
+	LocalNanos       atomic.Uint64 // wall time of those encodes
+	VerifyChecks     atomic.Uint64 // local results compared with the engine's /tokenize
+	VerifyMismatches atomic.Uint64 // comparisons that differed
+	LocalOff         atomic.Bool   // a mismatch switched the local tokenizer off
+}
+
+// DefaultVerify is how many distinct locally tokenized prompts are
+// checked against the engine when LocalOptions.Verify is 0.
+const DefaultVerify = 32
+
+// LocalOptions enable the in-process tokenizer for completions prompts.
+type LocalOptions struct {
+	Tokenizer *tokenizer.Tokenizer
+	Verify    int // distinct prompts also asked of the engine (0: DefaultVerify)
+	Logger    *slog.Logger
+}
+
+// SetLocal enables the in-process tokenizer; call it before the first
+// Tokens.
+func (t *Tokenizer) SetLocal(o LocalOptions) {
+	if o.Verify <= 0 {
+		o.Verify = DefaultVerify
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	t.local = &o
 }
 
 type cacheEntry struct {
@@ -103,6 +147,11 @@ func (t *Tokenizer) Tokens(ctx context.Context, baseURL, path string, body []byt
 		if len(p) == 0 {
 			return nil, fmt.Errorf("%w: no prompt", ErrNotTokenizable)
 		}
+		if t.local != nil && !t.S.LocalOff.Load() {
+			if text, add, ok := localPrompt(p, o.Get("add_special_tokens")); ok && t.sameModel(o.Get("model")) {
+				return t.tokensLocal(ctx, baseURL, t.key(path, o, fields), o.Get("model"), text, add)
+			}
+		}
 		if p[0] == '[' {
 			return tokenIDPrompt(p)
 		}
@@ -114,16 +163,12 @@ func (t *Tokenizer) Tokens(ctx context.Context, baseURL, path string, body []byt
 	}
 	req := []byte("{}")
 	edits := make([]rawjson.Edit, 0, len(fields))
-	d := xxhash.New()
-	_, _ = d.WriteString(path)
 	for _, f := range fields {
 		if v := o.Get(f); v != nil {
 			edits = append(edits, rawjson.Set(f, v))
-			_, _ = d.WriteString("\x00" + f + "\x00")
-			_, _ = d.Write(v)
 		}
 	}
-	key := d.Sum64()
+	key := t.key(path, o, fields)
 	if e := t.lookup(key); e != nil {
 		t.S.CacheHits.Add(1)
 		return e.tokens, nil
@@ -142,6 +187,124 @@ func (t *Tokenizer) Tokens(ctx context.Context, baseURL, path string, body []byt
 	t.store(key, toks)
 	return toks, nil
 }
+
+// key is the cache key of a request: its route and the fields that decide
+// its tokens.
+func (t *Tokenizer) key(path string, o *rawjson.Object, fields []string) uint64 {
+	d := xxhash.New()
+	_, _ = d.WriteString(path)
+	for _, f := range fields {
+		if v := o.Get(f); v != nil {
+			_, _ = d.WriteString("\x00" + f + "\x00")
+			_, _ = d.Write(v)
+		}
+	}
+	return d.Sum64()
+}
+
+// localPrompt takes a completions prompt the local tokenizer handles: a
+// string or a list of one string, with add_special_tokens absent (vLLM's
+// default, true) or a bool.
+func localPrompt(p, addSpecial []byte) (text string, add bool, ok bool) {
+	add = true
+	if a := bytes.TrimSpace(addSpecial); a != nil {
+		switch string(a) {
+		case "true":
+		case "false":
+			add = false
+		default:
+			return "", false, false
+		}
+	}
+	if p[0] == '[' {
+		var one []string
+		if json.Unmarshal(p, &one) != nil || len(one) != 1 {
+			return "", false, false
+		}
+		return one[0], add, true
+	}
+	if json.Unmarshal(p, &text) != nil {
+		return "", false, false
+	}
+	return text, add, true
+}
+
+// sameModel: once a local result was verified for a model, requests for
+// another model (another tokenizer, maybe) go to /tokenize.
+func (t *Tokenizer) sameModel(model []byte) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return !t.modelSet || bytes.Equal(t.localModel, model)
+}
+
+// tokensLocal tokenizes a completions prompt in-process. While fewer than
+// Verify prompts have been checked, the engine at baseURL is asked too:
+// a difference is logged and counted, switches the local tokenizer off
+// and the engine's ids are used.
+func (t *Tokenizer) tokensLocal(ctx context.Context, baseURL string, key uint64, model []byte, text string, add bool) ([]uint32, error) {
+	if e := t.lookup(key); e != nil {
+		t.S.CacheHits.Add(1)
+		return e.tokens, nil
+	}
+	start := time.Now()
+	toks := t.local.Tokenizer.Encode(text, add)
+	t.S.LocalEncodes.Add(1)
+	t.S.LocalNanos.Add(uint64(time.Since(start)))
+	if t.S.VerifyChecks.Load() < uint64(t.local.Verify) {
+		var err error
+		if toks, err = t.verify(ctx, baseURL, model, text, add, toks); err != nil {
+			return nil, err
+		}
+	}
+	t.store(key, toks)
+	return toks, nil
+}
+
+// verify asks the engine for the prompt's ids and compares them with the
+// local ones; it returns the ids to use.
+func (t *Tokenizer) verify(ctx context.Context, baseURL string, model []byte, text string, add bool, local []uint32) ([]uint32, error) {
+	q, _ := json.Marshal(text)
+	edits := []rawjson.Edit{rawjson.Set("prompt", q)}
+	if model != nil {
+		edits = append(edits, rawjson.Set("model", model))
+	}
+	if !add {
+		edits = append(edits, rawjson.Set("add_special_tokens", []byte("false")))
+	}
+	body, err := rawjson.Patch([]byte("{}"), edits...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNotTokenizable, err)
+	}
+	start := time.Now()
+	remote, err := t.ask(ctx, baseURL, body)
+	t.S.Asks.Add(1)
+	t.S.AskNanos.Add(uint64(time.Since(start)))
+	if err != nil {
+		return nil, err
+	}
+	t.S.VerifyChecks.Add(1)
+	if slices.Equal(local, remote) {
+		t.mu.Lock()
+		if !t.modelSet {
+			t.localModel, t.modelSet = bytes.Clone(model), true
+		}
+		t.mu.Unlock()
+		return local, nil
+	}
+	t.S.VerifyMismatches.Add(1)
+	if t.S.LocalOff.CompareAndSwap(false, true) {
+		t.local.Logger.Error("local tokenizer differs from the engine's /tokenize; switched off, every prompt now goes to /tokenize",
+			"tokenizer", t.local.Tokenizer.Path, "engine", baseURL, "add_special_tokens", add,
+			"local_ids", prefix(local, 16), "engine_ids", prefix(remote, 16), "local_len", len(local), "engine_len", len(remote))
+		t.mu.Lock()
+		clear(t.cache) // may hold unverified local results
+		t.order = t.order[:0]
+		t.mu.Unlock()
+	}
+	return remote, nil
+}
+
+func prefix(ids []uint32, n int) []uint32 { return ids[:min(n, len(ids))] }
 
 // tokenIDPrompt takes a completions prompt given as token ids; a batch
 // (array of arrays or of strings) is not one prompt.

@@ -1,9 +1,20 @@
 package kvaware
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/tokenizer"
 )
 
 // TestTokenizerStats: a prompt asked once is then served from the cache;
@@ -21,5 +32,160 @@ func TestTokenizerStats(t *testing.T) {
 	}
 	if a, h, ns := tok.S.Asks.Load(), tok.S.CacheHits.Load(), tok.S.AskNanos.Load(); a != 1 || h != 2 || ns == 0 || ts.calls.Load() != 1 {
 		t.Errorf("asks %d, cache hits %d, ask time %d ns, server calls %d; want 1, 2, > 0, 1", a, h, ns, ts.calls.Load())
+	}
+}
+
+// engineTokenizer answers POST /tokenize with ids from f (prompt,
+// add_special_tokens), and counts the calls.
+type engineTokenizer struct {
+	*httptest.Server
+	calls atomic.Int64
+}
+
+func newEngineTokenizer(t *testing.T, f func(prompt string, add bool) []uint32) *engineTokenizer {
+	e := &engineTokenizer{}
+	e.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.calls.Add(1)
+		var req struct {
+			Prompt     string `json:"prompt"`
+			AddSpecial *bool  `json:"add_special_tokens"`
+			Messages   []any  `json:"messages"`
+		}
+		if r.URL.Path != "/tokenize" || json.NewDecoder(r.Body).Decode(&req) != nil {
+			http.Error(w, `{"error":{"message":"bad"}}`, 400)
+			return
+		}
+		if req.Messages != nil {
+			req.Prompt = fmt.Sprint(req.Messages)
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": f(req.Prompt, req.AddSpecial == nil || *req.AddSpecial)})
+	}))
+	t.Cleanup(e.Close)
+	return e
+}
+
+func loadTestTokenizer(t *testing.T) *tokenizer.Tokenizer {
+	t.Helper()
+	lt, err := tokenizer.Load("../tokenizer/testdata/llama3ish.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lt
+}
+
+// TestLocalTokenizer: string completions prompts are tokenized in-process,
+// the first Verify of them also at the engine; chat requests, batches and
+// odd add_special_tokens values go to /tokenize or the fallback as before.
+func TestLocalTokenizer(t *testing.T) {
+	lt := loadTestTokenizer(t)
+	eng := newEngineTokenizer(t, lt.Encode)
+	tok := NewTokenizer(http.DefaultClient, 5*time.Second, 100)
+	tok.SetLocal(LocalOptions{Tokenizer: lt, Verify: 2})
+	get := func(path, body string) ([]uint32, error) {
+		return tok.Tokens(t.Context(), eng.URL, path, []byte(body))
+	}
+	want := func(text string, add bool) []uint32 { return lt.Encode(text, add) }
+	type step struct {
+		name, path, body   string
+		ids                []uint32 // nil: not checked
+		err                error    // want errors.Is
+		calls, local, hits int64    // running totals after the step
+	}
+	steps := []step{
+		{"verified 1", "/v1/completions", `{"model":"m","prompt":"Hello world"}`, want("Hello world", true), nil, 1, 1, 0},
+		{"verified 2, no special tokens", "/v1/completions", `{"model":"m","prompt":"It's 2026","add_special_tokens":false}`, want("It's 2026", false), nil, 2, 2, 0},
+		{"local only", "/v1/completions", `{"model":"m","prompt":"a third prompt"}`, want("a third prompt", true), nil, 2, 3, 0},
+		{"single-string list", "/v1/completions", `{"model":"m","prompt":["in a list"]}`, want("in a list", true), nil, 2, 4, 0},
+		{"repeat: cache", "/v1/completions", `{"model":"m","prompt":"Hello world"}`, want("Hello world", true), nil, 2, 4, 1},
+		{"chat: /tokenize", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil, nil, 3, 4, 1},
+		{"add_special_tokens not a bool: /tokenize (which refuses it)", "/v1/completions", `{"model":"m","prompt":"x","add_special_tokens":1}`, nil, ErrNotTokenizable, 4, 4, 1},
+		{"batch: fallback", "/v1/completions", `{"model":"m","prompt":["a","b"]}`, nil, ErrNotTokenizable, 4, 4, 1},
+		{"token ids: as given", "/v1/completions", `{"model":"m","prompt":[5,6]}`, []uint32{5, 6}, nil, 4, 4, 1},
+		{"other model: /tokenize", "/v1/completions", `{"model":"other","prompt":"Hello world"}`, want("Hello world", true), nil, 5, 4, 1},
+	}
+	for _, s := range steps {
+		ids, err := get(s.path, s.body)
+		switch {
+		case s.err != nil && !errors.Is(err, s.err):
+			t.Errorf("%s: err %v, want %v", s.name, err, s.err)
+		case s.err == nil && err != nil:
+			t.Errorf("%s: %v", s.name, err)
+		case s.ids != nil && !slices.Equal(ids, s.ids):
+			t.Errorf("%s: ids %v, want %v", s.name, ids, s.ids)
+		}
+		if c, l, h := eng.calls.Load(), int64(tok.S.LocalEncodes.Load()), int64(tok.S.CacheHits.Load()); c != s.calls || l != s.local || h != s.hits {
+			t.Errorf("%s: engine calls %d, local encodes %d, cache hits %d; want %d, %d, %d", s.name, c, l, h, s.calls, s.local, s.hits)
+		}
+	}
+	if c, m, off := tok.S.VerifyChecks.Load(), tok.S.VerifyMismatches.Load(), tok.S.LocalOff.Load(); c != 2 || m != 0 || off {
+		t.Errorf("verify checks %d, mismatches %d, off %v; want 2, 0, false", c, m, off)
+	}
+	if tok.S.LocalNanos.Load() == 0 {
+		t.Error("local encode time not counted")
+	}
+}
+
+// TestLocalTokenizerMismatch: an engine whose ids differ switches the
+// local tokenizer off at the first check: its ids are used, one error is
+// logged with both, and every later prompt goes to /tokenize.
+func TestLocalTokenizerMismatch(t *testing.T) {
+	lt := loadTestTokenizer(t)
+	eng := newEngineTokenizer(t, func(p string, _ bool) []uint32 { return wordIDs(p) })
+	var logs bytes.Buffer
+	tok := NewTokenizer(http.DefaultClient, 5*time.Second, 100)
+	tok.SetLocal(LocalOptions{Tokenizer: lt, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	for i, p := range []string{"one two three", "four five", "one two three"} {
+		ids, err := tok.Tokens(t.Context(), eng.URL, "/v1/completions", []byte(fmt.Sprintf(`{"prompt":%q}`, p)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(ids, wordIDs(p)) {
+			t.Errorf("prompt %d: ids %v, want the engine's %v", i, ids, wordIDs(p))
+		}
+	}
+	if m, off, l := tok.S.VerifyMismatches.Load(), tok.S.LocalOff.Load(), tok.S.LocalEncodes.Load(); m != 1 || !off || l != 1 {
+		t.Errorf("mismatches %d, off %v, local encodes %d; want 1, true, 1", m, off, l)
+	}
+	if c := eng.calls.Load(); c != 2 { // the check, then "four five"; the repeat is cached
+		t.Errorf("engine calls %d, want 2", c)
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], `"level":"ERROR"`) || !strings.Contains(lines[0], `"local_ids":[`) || !strings.Contains(lines[0], `"engine_ids":[3000,3001,5002]`) {
+		t.Errorf("log: %s", logs.String())
+	}
+}
+
+// BenchmarkTokenizeLocal is BenchmarkTokenize's miss through the
+// in-process tokenizer (the tiny model's tokenizer.json): the whole of
+// Tokens for a new 1k or 8k-word prompt, body parsing included, once the
+// verification is done.
+func BenchmarkTokenizeLocal(b *testing.B) {
+	lt, err := tokenizer.Load("../tokenizer/testdata/tiny-llama.json")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct{ Prompt string }
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": lt.Encode(req.Prompt, true)})
+	}))
+	defer srv.Close()
+	for _, n := range []int{1000, 8000} {
+		prompt := words(n, "w")
+		b.Run(fmt.Sprintf("words=%d", n), func(b *testing.B) {
+			tok := NewTokenizer(srv.Client(), 5*time.Second, 1)
+			tok.SetLocal(LocalOptions{Tokenizer: lt, Verify: 1})
+			bodies := [][]byte{completion(prompt), completion("x " + prompt)}
+			i := 0
+			for b.Loop() {
+				i++
+				if _, err := tok.Tokens(b.Context(), srv.URL, "/v1/completions", bodies[i%2]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if tok.S.VerifyChecks.Load() != 1 || tok.S.LocalOff.Load() {
+				b.Fatalf("verification: %d checks, off %v", tok.S.VerifyChecks.Load(), tok.S.LocalOff.Load())
+			}
+		})
 	}
 }
