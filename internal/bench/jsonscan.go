@@ -2,11 +2,12 @@ package bench
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
+
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
 )
 
 // chunkInfo is what the benchmark needs from one streamed JSON chunk.
@@ -28,7 +29,7 @@ var errBadChoices = errors.New(`"choices" is neither a list nor empty`)
 // appended to *text when text is non-nil.
 func scanChunk(data []byte, text *[]byte) (chunkInfo, error) {
 	var ci chunkInfo
-	if !json.Valid(data) {
+	if !rawjson.Valid(data) {
 		return ci, errInvalidJSON
 	}
 	i := skipWS(data, 0)

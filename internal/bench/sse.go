@@ -2,10 +2,11 @@ package bench
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
 )
 
 // DefaultMaxEventBytes bounds one SSE event (and so the parser's buffer).
@@ -227,7 +228,7 @@ func (p *sseParser) eagerData() ([]byte, bool) {
 	if len(d) == 0 {
 		return nil, false
 	}
-	if !bytes.Equal(d, doneMarker) && (d[len(d)-1] != '}' || !json.Valid(d)) {
+	if !bytes.Equal(d, doneMarker) && (d[len(d)-1] != '}' || !rawjson.Valid(d)) {
 		return nil, false
 	}
 	p.start, p.scan = p.end, p.end

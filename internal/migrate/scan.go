@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
 )
 
 // scanner is a small, allocation-light reader of one SSE chunk: the fields
@@ -248,7 +250,7 @@ type scratch struct {
 
 // scanChunk fills sc.c from data; false when the scanner could not read it.
 func scanChunk(data []byte, sc *scratch) bool {
-	if !json.Valid(data) { // skip() does not validate what it skips
+	if !rawjson.Valid(data) { // skip() does not validate what it skips
 		return false
 	}
 	sc.c = chunk{Choices: sc.choices[:0]}

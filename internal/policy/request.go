@@ -10,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
 )
 
 // This file derives the two things policies read from a request body: the
@@ -129,7 +131,7 @@ func firstNonEmpty(vs []string) string {
 // key) and, when needText or no body key exists, r.text.
 func (r *Request) analyze(needText bool) {
 	var f topFields
-	valid := len(r.Body) > 0 && (r.ValidJSON || json.Valid(r.Body)) && f.parse(r.Body)
+	valid := len(r.Body) > 0 && (r.ValidJSON || rawjson.Valid(r.Body)) && f.parse(r.Body)
 	if r.hashKey == nil && valid {
 		if k := f.bodyKey(); k != "" {
 			r.hashKey = &k

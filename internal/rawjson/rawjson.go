@@ -46,7 +46,7 @@ const smallMembers = 12
 // Parse scans the top level of a JSON object. It validates the whole
 // document, so a nil error means src is valid JSON.
 func Parse(src []byte) (*Object, error) {
-	if !json.Valid(src) {
+	if !Valid(src) {
 		return nil, syntaxError(src)
 	}
 	s := scanner{b: src}
