@@ -47,26 +47,21 @@ func (s *scanner) expect(c byte) {
 	s.i++
 }
 
-// str reads a JSON string and returns its raw contents (between the
-// quotes) and whether it has escapes.
+// str reads a JSON string (checked as encoding/json would) and returns
+// its raw contents (between the quotes) and whether it has escapes.
 func (s *scanner) str() (raw []byte, esc bool) {
 	if s.peek() != '"' {
 		s.bad = true
 		return nil, false
 	}
-	start := s.i + 1
-	for j := start; j < len(s.b); j++ {
-		switch s.b[j] {
-		case '\\':
-			esc = true
-			j++
-		case '"':
-			s.i = j + 1
-			return s.b[start:j], esc
-		}
+	end, ok := rawjson.StringEnd(s.b, s.i)
+	if !ok {
+		s.bad = true
+		return nil, false
 	}
-	s.bad = true
-	return nil, false
+	raw = s.b[s.i+1 : end-1]
+	s.i = end
+	return raw, bytes.IndexByte(raw, '\\') >= 0
 }
 
 // text reads a JSON string value as a Go string.
@@ -86,51 +81,21 @@ func (s *scanner) text() string {
 	return out
 }
 
-// skip skips one value of any kind and returns its raw bytes.
+// skip skips one value of any kind, checked as encoding/json would, and
+// returns its raw bytes.
 func (s *scanner) skip() []byte {
-	start := s.peek()
+	s.peek()
 	if s.bad {
 		return nil
 	}
 	from := s.i
-	switch start {
-	case '"':
-		s.str()
-	case '{', '[':
-		depth := 0
-		for s.i < len(s.b) {
-			switch s.b[s.i] {
-			case '"':
-				s.str()
-				if s.bad {
-					return nil
-				}
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					s.i++
-					return s.b[from:s.i]
-				}
-			}
-			s.i++
-		}
+	end, ok := rawjson.ValueEnd(s.b, from)
+	if !ok {
 		s.bad = true
-	default: // number, true, false, null
-		for s.i < len(s.b) {
-			c := s.b[s.i]
-			if c == ',' || c == '}' || c == ']' || c == ' ' || c == '\t' || c == '\n' || c == '\r' {
-				break
-			}
-			s.i++
-		}
-		if s.i == from {
-			s.bad = true
-		}
+		return nil
 	}
-	return s.b[from:s.i]
+	s.i = end
+	return s.b[from:end]
 }
 
 // object calls member for each key of an object; member must consume the
@@ -250,9 +215,6 @@ type scratch struct {
 
 // scanChunk fills sc.c from data; false when the scanner could not read it.
 func scanChunk(data []byte, sc *scratch) bool {
-	if !rawjson.Valid(data) { // skip() does not validate what it skips
-		return false
-	}
 	sc.c = chunk{Choices: sc.choices[:0]}
 	sc.ids = sc.ids[:0]
 	s := &scanner{b: data}

@@ -46,6 +46,18 @@ var scanCases = []string{
 	`"just a string"`,
 	`{"id":"c","choices":[{"text":12}]}`,
 	`{"id":"c","choices":[{"token_ids":[1,-2]}]}`,
+	// invalid JSON the scanner must refuse as encoding/json does (it
+	// checks what it skips and every string itself)
+	`{"id":"c","choices":[{"text":" a","x":tru}]}`,
+	`{"id":"c","choices":[{"text":" a","x":01}]}`,
+	`{"id":"c","choices":[{"text":" a\u00g1"}]}`,
+	"{\"id\":\"c\",\"choices\":[{\"text\":\" a\x01\"}]}",
+	`{"id":"c","choices":[{"text":" a"}]}x`,
+	`{"id":"c","created":+1,"choices":[]}`,
+	`{"id":"c","choices":[{"index":+1,"text":" a"}]}`,
+	`{"i\x":"c","choices":[]}`,
+	`{"id":"c","model":"m\q","choices":[]}`,
+	`{"id":"c","choices":[{"text":" a","logprobs":{"a":[1,]}}]}`,
 }
 
 // TestScannerMatchesEncodingJSON feeds every case, alone and after the

@@ -7,19 +7,25 @@ package rawjson
 // times faster than encoding/json.Valid on the request bodies and SSE
 // events the router checks on every request.
 func Valid(b []byte) bool {
+	end, ok := ValueEnd(b, skipWS(b, 0))
+	return ok && skipWS(b, end) == len(b)
+}
+
+// ValueEnd checks the one JSON value that starts at b[i] (no white space
+// before it) with Valid's rules and returns the offset just after it.
+func ValueEnd(b []byte, i int) (int, bool) {
 	const maxDepth = 10000 // encoding/json's
 	var small [16]byte
 	stack := small[:0] // '{' or '[' per open container
-	i := skipWS(b, 0)
 	for {
 		// A value starts at i.
 		if i >= len(b) {
-			return false
+			return i, false
 		}
 		switch b[i] {
 		case '{':
 			if len(stack) >= maxDepth { // an empty one counts too
-				return false
+				return i, false
 			}
 			i = skipWS(b, i+1)
 			if i < len(b) && b[i] == '}' {
@@ -29,12 +35,12 @@ func Valid(b []byte) bool {
 			stack = append(stack, '{')
 			var ok bool
 			if i, ok = key(b, i); !ok {
-				return false
+				return i, false
 			}
 			continue
 		case '[':
 			if len(stack) >= maxDepth {
-				return false
+				return i, false
 			}
 			i = skipWS(b, i+1)
 			if i < len(b) && b[i] == ']' {
@@ -46,17 +52,17 @@ func Valid(b []byte) bool {
 		default:
 			var ok bool
 			if i, ok = scalar(b, i); !ok {
-				return false
+				return i, false
 			}
 		}
 		// After a value: close containers, or a comma before the next one.
 		for {
-			i = skipWS(b, i)
 			if len(stack) == 0 {
-				return i == len(b)
+				return i, true
 			}
+			i = skipWS(b, i)
 			if i >= len(b) {
-				return false
+				return i, false
 			}
 			top, c := stack[len(stack)-1], b[i]
 			if (top == '{' && c == '}') || (top == '[' && c == ']') {
@@ -65,13 +71,13 @@ func Valid(b []byte) bool {
 				continue
 			}
 			if c != ',' {
-				return false
+				return i, false
 			}
 			i = skipWS(b, i+1)
 			if top == '{' {
 				var ok bool
 				if i, ok = key(b, i); !ok {
-					return false
+					return i, false
 				}
 			}
 			break
@@ -129,6 +135,10 @@ var strSpecial = func() (t [256]bool) {
 	t['"'], t['\\'] = true, true
 	return t
 }()
+
+// StringEnd checks the JSON string whose opening quote is at b[i] and
+// returns the offset after its closing quote.
+func StringEnd(b []byte, i int) (int, bool) { return validString(b, i) }
 
 // validString checks the string whose opening quote is at i and returns
 // the offset after its closing quote.

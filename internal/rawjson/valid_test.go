@@ -69,3 +69,23 @@ func BenchmarkValid(b *testing.B) {
 		})
 	}
 }
+
+// TestValueEnd: the end of the first value, whatever follows it.
+func TestValueEnd(t *testing.T) {
+	for _, c := range []struct {
+		in  string
+		end int
+		ok  bool
+	}{
+		{`"a\"b",1`, 6, true}, {`{"a":[1,2]} ,`, 11, true}, {`[]]`, 2, true}, {`123x`, 3, true}, {`-1.5e3}`, 6, true},
+		{`null,`, 4, true}, {`{"a":1`, 0, false}, {`tru`, 0, false}, {`"a`, 0, false}, {`{"a":01}`, 0, false},
+	} {
+		end, ok := ValueEnd([]byte(c.in), 0)
+		if ok != c.ok || (ok && end != c.end) {
+			t.Errorf("ValueEnd(%q) = %d, %v; want %d, %v", c.in, end, ok, c.end, c.ok)
+		}
+	}
+	if end, ok := StringEnd([]byte(`"x\u00e9y" `), 0); !ok || end != 10 {
+		t.Errorf("StringEnd = %d, %v", end, ok)
+	}
+}
