@@ -12,18 +12,26 @@ type Splitter struct {
 // Feed appends p and calls fn with every event completed by it, in order.
 // The slice given to fn is valid only during the call.
 func (s *Splitter) Feed(p []byte, fn func(ev []byte)) {
-	s.pend = append(s.pend, p...)
+	buf := p // the usual case: no partial event pending, p is read in place
+	if len(s.pend) > 0 {
+		s.pend = append(s.pend, p...)
+		buf = s.pend
+	}
 	start := 0
 	for {
-		n, ok := eventEnd(s.pend[start:])
+		n, ok := eventEnd(buf[start:])
 		if !ok {
 			break
 		}
-		fn(s.pend[start : start+n])
+		fn(buf[start : start+n])
 		start += n
 	}
-	if start > 0 {
-		s.pend = append(s.pend[:0], s.pend[start:]...)
+	rest := buf[start:]
+	switch {
+	case len(s.pend) == 0:
+		s.pend = append(s.pend, rest...)
+	case start > 0:
+		s.pend = append(s.pend[:0], rest...)
 	}
 }
 
@@ -36,10 +44,13 @@ func (s *Splitter) Reset() { s.pend = s.pend[:0] }
 // eventEnd returns the length of the first complete event in b (through
 // its blank line).
 func eventEnd(b []byte) (int, bool) {
-	for i := 0; i < len(b); i++ {
-		if b[i] != '\n' {
-			continue
+	for off := 0; ; {
+		j := bytes.IndexByte(b[off:], '\n')
+		if j < 0 {
+			return 0, false
 		}
+		i := off + j
+		off = i + 1
 		if i+1 < len(b) && b[i+1] == '\n' {
 			return i + 2, true
 		}
@@ -47,13 +58,33 @@ func eventEnd(b []byte) (int, bool) {
 			return i + 3, true
 		}
 	}
-	return 0, false
+}
+
+// isBlankTail reports whether b, from the first line's "\n" on, holds
+// only the event's end: "\n\n", "\n\r\n" or a lone "\n".
+func isBlankTail(b []byte) bool {
+	return len(b) == 1 || string(b) == "\n\n" || string(b) == "\n\r\n"
 }
 
 // eventData returns the event's data (its "data:" lines joined by "\n",
 // one optional space after the colon removed), or nil for an event
 // without data (a comment, a keep-alive).
 func eventData(ev []byte) []byte {
+	// The usual event is one "data:" line: its data is a slice of ev.
+	if rest, ok := bytes.CutPrefix(ev, []byte("data:")); ok {
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 && isBlankTail(rest[i:]) {
+			line := bytes.TrimSuffix(rest[:i], []byte("\r"))
+			if bytes.IndexByte(line, '\r') < 0 {
+				return bytes.TrimPrefix(line, []byte(" "))
+			}
+		}
+	}
+	return eventDataLines(ev)
+}
+
+// eventDataLines is eventData for any event: every line read, the data
+// lines joined in a new slice.
+func eventDataLines(ev []byte) []byte {
 	var out []byte
 	found := false
 	for len(ev) > 0 {
