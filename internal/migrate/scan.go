@@ -54,14 +54,14 @@ func (s *scanner) str() (raw []byte, esc bool) {
 		s.bad = true
 		return nil, false
 	}
-	end, ok := rawjson.StringEnd(s.b, s.i)
+	end, esc, ok := rawjson.StringEnd(s.b, s.i)
 	if !ok {
 		s.bad = true
 		return nil, false
 	}
 	raw = s.b[s.i+1 : end-1]
 	s.i = end
-	return raw, bytes.IndexByte(raw, '\\') >= 0
+	return raw, esc
 }
 
 // text reads a JSON string value as a Go string.

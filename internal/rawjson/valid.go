@@ -137,40 +137,50 @@ var strSpecial = func() (t [256]bool) {
 }()
 
 // StringEnd checks the JSON string whose opening quote is at b[i] and
-// returns the offset after its closing quote.
-func StringEnd(b []byte, i int) (int, bool) { return validString(b, i) }
+// returns the offset after its closing quote, and whether it holds escapes.
+func StringEnd(b []byte, i int) (end int, escaped, ok bool) {
+	end, n, ok := scanString(b, i)
+	return end, n > 0, ok
+}
 
 // validString checks the string whose opening quote is at i and returns
 // the offset after its closing quote.
 func validString(b []byte, i int) (int, bool) {
+	end, _, ok := scanString(b, i)
+	return end, ok
+}
+
+// scanString is validString counting the escapes.
+func scanString(b []byte, i int) (end, escapes int, ok bool) {
 	i++
 	for {
 		for i < len(b) && !strSpecial[b[i]] {
 			i++
 		}
 		if i >= len(b) {
-			return i, false
+			return i, escapes, false
 		}
 		switch b[i] {
 		case '"':
-			return i + 1, true
+			return i + 1, escapes, true
 		case '\\':
+			escapes++
 			if i+1 >= len(b) {
-				return i, false
+				return i, escapes, false
 			}
 			switch b[i+1] {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 				i += 2
 			case 'u':
 				if len(b)-i < 6 || !isHex(b[i+2]) || !isHex(b[i+3]) || !isHex(b[i+4]) || !isHex(b[i+5]) {
-					return i, false
+					return i, escapes, false
 				}
 				i += 6
 			default:
-				return i, false
+				return i, escapes, false
 			}
 		default: // a control character
-			return i, false
+			return i, escapes, false
 		}
 	}
 }

@@ -85,7 +85,10 @@ func TestValueEnd(t *testing.T) {
 			t.Errorf("ValueEnd(%q) = %d, %v; want %d, %v", c.in, end, ok, c.end, c.ok)
 		}
 	}
-	if end, ok := StringEnd([]byte(`"x\u00e9y" `), 0); !ok || end != 10 {
-		t.Errorf("StringEnd = %d, %v", end, ok)
+	if end, esc, ok := StringEnd([]byte(`"x\u00e9y" `), 0); !ok || !esc || end != 10 {
+		t.Errorf("StringEnd = %d, %v, %v", end, esc, ok)
+	}
+	if end, esc, ok := StringEnd([]byte(`"plain"`), 0); !ok || esc || end != 7 {
+		t.Errorf("StringEnd(plain) = %d, %v, %v", end, esc, ok)
 	}
 }
