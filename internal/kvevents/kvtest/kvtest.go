@@ -64,9 +64,11 @@ func Start(t testing.TB, topic string) *Publisher {
 		_ = in.Close()
 		done := make(chan struct{})
 		go func() { _ = cmd.Wait(); close(done) }()
+		timer := time.NewTimer(5 * time.Second)
+		defer timer.Stop()
 		select {
 		case <-done:
-		case <-time.After(5 * time.Second):
+		case <-timer.C:
 			_ = cmd.Process.Kill()
 			<-done
 		}
@@ -105,13 +107,15 @@ func (p *Publisher) Publish(events ...any) {
 
 func (p *Publisher) line() string {
 	p.t.Helper()
+	timer := time.NewTimer(20 * time.Second)
+	defer timer.Stop()
 	select {
 	case l, ok := <-p.lines:
 		if !ok {
 			p.t.Fatal("publisher exited")
 		}
 		return l
-	case <-time.After(20 * time.Second):
+	case <-timer.C:
 		p.t.Fatal("publisher did not answer")
 	}
 	return ""
