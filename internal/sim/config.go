@@ -38,9 +38,12 @@ const (
 
 // Config is the whole configuration of one simulated vLLM instance.
 type Config struct {
-	Host          string
-	Port          int
-	Model         string
+	Host  string
+	Port  int
+	Model string
+	// Tokenizer is a HuggingFace tokenizer.json (or a model directory
+	// holding one) for prompts; "" = the built-in word tokenizer.
+	Tokenizer     string
 	Role          string
 	KVConnector   string
 	TransferMode  string // "READ" or "WRITE" (MoRI-IO)
@@ -171,6 +174,7 @@ func ParseArgs(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&c.Host, "host", "127.0.0.1", "HTTP (and ZMQ) bind address")
 	fs.IntVar(&c.Port, "port", 8000, "HTTP port (0 = pick a free port)")
 	fs.StringVar(&c.Model, "model", "sim-model", "served model name")
+	fs.StringVar(&c.Tokenizer, "tokenizer", "", "tokenize prompts with this HuggingFace tokenizer.json (or a model directory holding one; byte-level BPE, see internal/tokenizer) instead of the built-in word tokenizer: /tokenize, usage, the prefix cache and KV events then carry its ids (generated tokens stay the word model's)")
 	fs.StringVar(&c.Role, "role", RoleUnified, "prefill, decode or unified")
 	fs.StringVar(&c.KVConnector, "kv-connector", ConnMoRIIO, "moriio, nixl, mooncake or p2pnccl (ignored for unified)")
 	fs.StringVar(&c.TransferMode, "transfer-mode", "WRITE", "MoRI-IO transfer mode: READ or WRITE")

@@ -244,15 +244,17 @@ func (in *Instance) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req struct {
-		Model    *string         `json:"model"`
-		Prompt   *string         `json:"prompt"`
-		Messages json.RawMessage `json:"messages"`
+		Model            *string         `json:"model"`
+		Prompt           *string         `json:"prompt"`
+		Messages         json.RawMessage `json:"messages"`
+		AddSpecialTokens *bool           `json:"add_special_tokens"`
 	}
 	if err := json.Unmarshal(body, &req); err != nil {
 		in.writeError(w, badRequest("invalid JSON body: %v", err))
 		return
 	}
 	var text string
+	add := req.AddSpecialTokens == nil || *req.AddSpecialTokens // vLLM's default for a prompt
 	switch {
 	case req.Prompt != nil:
 		text = *req.Prompt
@@ -263,8 +265,14 @@ func (in *Instance) handleTokenize(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		text = oracle.ChatPrompt(msgs)
+		add = req.AddSpecialTokens != nil && *req.AddSpecialTokens // the template holds them
 	default:
 		in.writeError(w, badRequest("Field required: prompt or messages"))
+		return
+	}
+	if in.tok != nil {
+		ids := in.tokenize(text, add)
+		writeJSON(w, 200, map[string]any{"count": len(ids), "max_model_len": in.cfg.MaxModelLen, "tokens": ids, "token_strs": nil})
 		return
 	}
 	words := strings.Fields(text)

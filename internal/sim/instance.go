@@ -19,7 +19,9 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/sim/engine"
+	"github.com/switchyard-llm/switchyard/internal/sim/oracle"
 	"github.com/switchyard-llm/switchyard/internal/sim/sidechan"
+	"github.com/switchyard-llm/switchyard/internal/tokenizer"
 )
 
 // Options are the process-level hooks of an Instance.
@@ -33,7 +35,8 @@ type Options struct {
 // Instance is one running simulated vLLM server.
 type Instance struct {
 	cfg    Config
-	params engine.Params // after --time-scale
+	tok    *tokenizer.Tokenizer // --tokenizer; nil = the word tokenizer
+	params engine.Params        // after --time-scale
 	log    *slog.Logger
 	exit   func(int)
 
@@ -142,6 +145,15 @@ func newLogger(w io.Writer, level string) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
 }
 
+// tokenize turns a prompt into ids: with --tokenizer as HuggingFace's
+// encode(text, add_special_tokens) does, else one id per white-space word.
+func (in *Instance) tokenize(text string, addSpecial bool) []uint32 {
+	if in.tok != nil {
+		return in.tok.Encode(text, addSpecial)
+	}
+	return oracle.Tokenize(text)
+}
+
 // Start binds every socket and starts serving. Close stops it.
 func Start(ctx context.Context, cfg Config, opts Options) (*Instance, error) {
 	if err := cfg.Validate(); err != nil {
@@ -155,8 +167,17 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Instance, error) {
 	if exit == nil {
 		exit = os.Exit
 	}
+	var tok *tokenizer.Tokenizer
+	if cfg.Tokenizer != "" {
+		t, err := tokenizer.Load(cfg.Tokenizer)
+		if err != nil {
+			return nil, &UsageError{Err: fmt.Errorf("--tokenizer: %w", err)}
+		}
+		tok = t
+	}
 	ictx, cancel := context.WithCancel(ctx)
 	in := &Instance{
+		tok:     tok,
 		cfg:     cfg,
 		params:  cfg.Engine.Scaled(cfg.TimeScale),
 		log:     log.With("role", cfg.Role),

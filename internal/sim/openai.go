@@ -139,6 +139,9 @@ type rawGen struct {
 	// Chat template options (vLLM): add_generation_prompt defaults to true.
 	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
 	ContinueFinalMessage *bool `json:"continue_final_message"`
+	// add_special_tokens: vLLM's default is true for completions, false
+	// for chat (the template holds them).
+	AddSpecialTokens *bool `json:"add_special_tokens"`
 }
 
 // completionsDefaultMaxTokens is vLLM's default for /v1/completions.
@@ -214,12 +217,13 @@ func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *api
 		if aerr != nil {
 			return g, aerr
 		}
-		g.prompts = [][]uint32{oracle.Tokenize(prompt)}
+		g.prompts = [][]uint32{in.tokenize(prompt, raw.AddSpecialTokens != nil && *raw.AddSpecialTokens)}
 	} else {
 		if len(raw.Prompt) == 0 || string(raw.Prompt) == "null" {
 			return g, &apiError{status: 400, typ: "BadRequestError", message: "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)", param: "prompt"}
 		}
-		prompts, err := parsePrompts(raw.Prompt)
+		add := raw.AddSpecialTokens == nil || *raw.AddSpecialTokens
+		prompts, err := parsePrompts(raw.Prompt, func(s string) []uint32 { return in.tokenize(s, add) })
 		if err != nil {
 			return g, &apiError{status: 400, typ: "BadRequestError", message: err.Error(), param: "prompt"}
 		}
@@ -347,10 +351,10 @@ func renderChat(msgs []oracle.Message, addGen, cont *bool) (string, *apiError) {
 // parsePrompts accepts what vLLM's completions API accepts: a string, a
 // list of strings (one prompt each), a list of token ids (one prompt), or a
 // list of lists of token ids (one prompt each).
-func parsePrompts(raw json.RawMessage) ([][]uint32, error) {
+func parsePrompts(raw json.RawMessage, tokenize func(string) []uint32) ([][]uint32, error) {
 	var s string
 	if err := json.Unmarshal(raw, &s); err == nil {
-		return [][]uint32{oracle.Tokenize(s)}, nil
+		return [][]uint32{tokenize(s)}, nil
 	}
 	var ss []string
 	if err := json.Unmarshal(raw, &ss); err == nil {
@@ -359,7 +363,7 @@ func parsePrompts(raw json.RawMessage) ([][]uint32, error) {
 		}
 		out := make([][]uint32, len(ss))
 		for i, s := range ss {
-			out[i] = oracle.Tokenize(s)
+			out[i] = tokenize(s)
 		}
 		return out, nil
 	}

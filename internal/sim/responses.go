@@ -76,7 +76,7 @@ func (in *Instance) parseResponses(body []byte, xrid string) (*genReq, *apiError
 		g.instructions = raw.Instructions
 		msgs = append([]oracle.Message{{Role: "system", Content: *raw.Instructions}}, msgs...)
 	}
-	ids := oracle.Tokenize(oracle.ChatPrompt(msgs))
+	ids := in.tokenize(oracle.ChatPrompt(msgs), false)
 	g.prompts = [][]uint32{ids}
 	g.promptIDs = ids
 	g.digest = oracle.Digest(ids)

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/bench"
+	"github.com/switchyard-llm/switchyard/internal/sim/oracle"
+	"github.com/switchyard-llm/switchyard/internal/tokenizer"
 )
 
 // KVConfig is the KV-aware routing scenario: a shared-prefix workload over
@@ -35,6 +37,11 @@ type KVConfig struct {
 	Unified     int // unified workers
 	PD          bool
 	Seed        int64
+	// Tokenizer, when set, is the tokenizer.json every vllm-sim tokenizes
+	// prompts with (--tokenizer), and the best-achievable bound counts its
+	// tokens; a kv_aware run given the same file (--tokenizer-path)
+	// tokenizes in the router. "" = the sims' word tokenizer.
+	Tokenizer string
 	// PointTimeout bounds one measured run.
 	PointTimeout time.Duration
 }
@@ -101,11 +108,15 @@ func (c KVConfig) Bound() (KVBound, error) {
 	if err != nil {
 		return KVBound{}, err
 	}
+	tokenize, err := c.tokenizeFunc()
+	if err != nil {
+		return KVBound{}, err
+	}
 	var b KVBound
-	prompts := make([][]string, len(samples))
+	prompts := make([][]uint32, len(samples))
 	blocks := map[string]bool{}
 	for i, sm := range samples {
-		w := strings.Fields(sm.Prompt())
+		w := tokenize(sm.Prompt())
 		prompts[i] = w
 		b.Queries += uint64(len(w))
 		b.MaxPrompt = max(b.MaxPrompt, len(w))
@@ -119,11 +130,24 @@ func (c KVConfig) Bound() (KVBound, error) {
 		}
 		b.Hits += uint64(best * c.BlockSize)
 		for k := 1; k*c.BlockSize <= len(w); k++ {
-			blocks[strings.Join(w[:k*c.BlockSize], " ")] = true
+			blocks[fmt.Sprint(w[:k*c.BlockSize])] = true
 		}
 	}
 	b.Blocks = len(blocks)
 	return b, nil
+}
+
+// tokenizeFunc is how the sims tokenize a prompt: Tokenizer's ids, or one
+// id per white-space word.
+func (c KVConfig) tokenizeFunc() (func(string) []uint32, error) {
+	if c.Tokenizer == "" {
+		return oracle.Tokenize, nil
+	}
+	tok, err := tokenizer.Load(c.Tokenizer)
+	if err != nil {
+		return nil, fmt.Errorf("kv: --tokenizer: %w", err)
+	}
+	return func(s string) []uint32 { return tok.Encode(s, true) }, nil
 }
 
 // KVRun is one measured run.
@@ -140,7 +164,16 @@ type KVRun struct {
 	// their wall time, and prompts found in its cache.
 	TokenizeCalls, TokenizeCacheHits uint64
 	TokenizeSeconds                  float64
-	Note                             string
+	// In-process tokenizing (--tokenizer-path): prompts encoded, and
+	// those also asked of an engine to check the result.
+	TokenizeLocal, TokenizeVerified uint64
+	Note                            string
+}
+
+// tokenized is how many requests needed a prompt's ids: cache hits, local
+// encodes, and /tokenize calls that were not a local encode's check.
+func (r KVRun) tokenized() uint64 {
+	return r.TokenizeCacheHits + r.TokenizeLocal + r.TokenizeCalls - min(r.TokenizeCalls, r.TokenizeVerified)
 }
 
 // TokenizeMeanMS is the mean /tokenize call in ms (NaN without calls).
@@ -232,9 +265,13 @@ func (c KVConfig) pdNumBlocks() int { return c.NumBlocks * c.Unified / 2 }
 // kvSimArgs are the prefix-cache and KV-event flags of a worker of
 // numBlocks blocks.
 func (c KVConfig) kvSimArgs(numBlocks int) []string {
-	return []string{"--block-size", strconv.Itoa(c.BlockSize), "--num-blocks", strconv.Itoa(numBlocks),
+	args := []string{"--block-size", strconv.Itoa(c.BlockSize), "--num-blocks", strconv.Itoa(numBlocks),
 		"--max-model-len", strconv.Itoa(numBlocks * c.BlockSize), "--enable-prompt-tokens-details",
 		"--kv-events-config", `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:0","replay_endpoint":"tcp://*:0"}`}
+	if c.Tokenizer != "" {
+		args = append(args, "--tokenizer", c.Tokenizer)
+	}
+	return args
 }
 
 // kvRouterArgs are the kv_aware flags for the workers' event endpoints.
@@ -358,7 +395,9 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 			return run, err
 		}
 	}
-	r, mport, err := e.g.startRouter(ctx, "switchyard-kv-"+policy, func(extra int) []string {
+	// The process (and log file) name: a flag's value may hold a path.
+	name := "switchyard-kv-" + strings.NewReplacer("/", "_", "=", "_").Replace(policy)
+	r, mport, err := e.g.startRouter(ctx, name, func(extra int) []string {
 		return append(f.args(policy), "--prometheus-port", strconv.Itoa(extra)) // the later flag wins
 	})
 	if err != nil {
@@ -391,6 +430,8 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 		run.TokenizeCalls = uint64(m["vllm_router_kv_tokenize_requests_total"])
 		run.TokenizeCacheHits = uint64(m["vllm_router_kv_tokenize_cache_hits_total"])
 		run.TokenizeSeconds = m["vllm_router_kv_tokenize_seconds_total"]
+		run.TokenizeLocal = uint64(m["vllm_router_kv_tokenize_local_total"])
+		run.TokenizeVerified = uint64(m["vllm_router_kv_tokenize_verify_checks_total"])
 	}
 	run.Queries, run.Hits, run.Evictions = after.Queries-before.Queries, after.Hits-before.Hits, after.Evictions-before.Evictions
 	if errs := failureReasons(res, 3); len(errs) > 0 {
@@ -649,17 +690,19 @@ func (r *KVReport) writeTokenize(b *bytes.Buffer) {
 		fleet, policy string
 		conc          int
 	}
-	calls, mean := map[key][]float64{}, map[key][]float64{}
+	calls, local, mean := map[key][]float64{}, map[key][]float64{}, map[key][]float64{}
 	var order []key
 	for _, run := range r.Runs {
-		if name, _ := policyFlags(run.Policy); name != "kv_aware" || run.TokenizeCalls+run.TokenizeCacheHits == 0 {
+		if name, _ := policyFlags(run.Policy); name != "kv_aware" || run.tokenized() == 0 {
 			continue
 		}
 		k := key{run.Fleet, run.Policy, run.Concurrency}
 		if _, ok := calls[k]; !ok {
 			order = append(order, k)
 		}
-		calls[k] = append(calls[k], float64(run.TokenizeCalls)/float64(run.TokenizeCalls+run.TokenizeCacheHits))
+		n := float64(run.tokenized())
+		calls[k] = append(calls[k], float64(run.TokenizeCalls)/n)
+		local[k] = append(local[k], float64(run.TokenizeLocal)/n)
 		mean[k] = append(mean[k], run.TokenizeMeanMS())
 	}
 	if len(order) == 0 {
@@ -669,13 +712,13 @@ func (r *KVReport) writeTokenize(b *bytes.Buffer) {
 	for _, a := range r.aggregate() {
 		t50[key{a.Fleet, a.Policy, a.Concurrency}] = a.TTFT50
 	}
-	fmt.Fprintf(b, "\n## The router's /tokenize calls (kv_aware)\n\nShare of requests whose prompt the router had to tokenize at an engine (the rest hit its cache), the mean wall time of one call as the router measured it (`vllm_router_kv_tokenize_seconds_total` / `vllm_router_kv_tokenize_requests_total`), and kv_aware's TTFT P50 minus cache_aware's.\n\n| fleet | C | policy | requests tokenized at an engine | mean /tokenize ms | TTFT P50 − cache_aware's ms |\n|---|---|---|---|---|---|\n")
+	fmt.Fprintf(b, "\n## The router's /tokenize calls (kv_aware)\n\nShare of requests whose prompt the router asked an engine's /tokenize for (with `--tokenizer-path`: the first prompts' checks), and tokenized in-process (the rest hit its cache), the mean wall time of one /tokenize call as the router measured it (`vllm_router_kv_tokenize_seconds_total` / `vllm_router_kv_tokenize_requests_total`), and kv_aware's TTFT P50 minus cache_aware's.\n\n| fleet | C | policy | requests asked of an engine | tokenized in the router | mean /tokenize ms | TTFT P50 − cache_aware's ms |\n|---|---|---|---|---|---|---|\n")
 	for _, k := range order {
 		gap := math.NaN()
 		if ca, ok := t50[key{k.fleet, "cache_aware", k.conc}]; ok {
 			gap = t50[k] - ca
 		}
-		fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s |\n", k.fleet, k.conc, k.policy, pct(median(calls[k])), ms(median(mean[k])), ms(gap))
+		fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s |\n", k.fleet, k.conc, k.policy, pct(median(calls[k])), pct(median(local[k])), ms(median(mean[k])), ms(gap))
 	}
 }
 

@@ -102,3 +102,28 @@ func TestKVQuick(t *testing.T) {
 		}
 	}
 }
+
+// TestKVBoundTokenizer: with --tokenizer the bound counts the tokenizer's
+// tokens (what the sims cache), not words.
+func TestKVBoundTokenizer(t *testing.T) {
+	c := KVConfig{Groups: 2, PerGroup: 4, PrefixLen: 40, QuestionLen: 8, OutputLen: 8, BlockSize: 16, Seed: 3}
+	words, err := c.Bound()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Tokenizer = "../../tokenizer/testdata/tiny-llama.json"
+	toks, err := c.Bound()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if toks.Queries <= words.Queries || toks.Hits == 0 || toks.Hits >= toks.Queries {
+		t.Fatalf("tokenizer bound %+v against the word bound %+v: want more tokens than words, some but not all cached", toks, words)
+	}
+	if args := c.kvSimArgs(64); !strings.Contains(strings.Join(args, " "), "--tokenizer "+c.Tokenizer) {
+		t.Fatalf("sim args %v lack --tokenizer", args)
+	}
+	c.Tokenizer = "/nonexistent/tokenizer.json"
+	if _, err := c.Bound(); err == nil {
+		t.Fatal("a missing tokenizer was accepted")
+	}
+}

@@ -369,6 +369,7 @@ func parseKV(args []string, o *Options, stderr io.Writer) (KVConfig, error) {
 	fs.IntVar(&c.Turns, "turns", c.Turns, "turns per conversation (each resends its history); 1 = single questions")
 	fs.IntVar(&c.NumBlocks, "num-blocks", c.NumBlocks, "vllm-sim --num-blocks of every worker")
 	fs.BoolVar(&c.PD, "pd", c.PD, "also run the 2P2D NIXL fleet")
+	fs.StringVar(&c.Tokenizer, "tokenizer", c.Tokenizer, "tokenizer.json every vllm-sim tokenizes prompts with (vllm-sim --tokenizer); add a policy NAME+--tokenizer-path=FILE to tokenize in the router ('' = the sims' word tokenizer)")
 	fs.Int64Var(&c.Seed, "seed", c.Seed, "dataset seed")
 	fs.DurationVar(&c.PointTimeout, "point-max-duration", c.PointTimeout, "bound on one measured run")
 	if err := finishParse(fs, args); err != nil {
