@@ -47,7 +47,9 @@ func (a *app) kv() (*kvState, error) {
 			return nil, fmt.Errorf("--tokenizer-path: %w", err)
 		}
 		st.tok.SetLocal(kvaware.LocalOptions{Tokenizer: lt, Logger: a.log})
-		a.log.Info("kv_aware: completions prompts tokenized in-process", "tokenizer", lt.Path, "verified_prompts", kvaware.DefaultVerify)
+		a.closers = append(a.closers, st.tok.Close)
+		a.log.Info("kv_aware: completions prompts tokenized in-process", "tokenizer", lt.Path,
+			"verified_first", kvaware.DefaultVerify, "then_in_background", kvaware.DefaultBackground, "then_one_in", kvaware.DefaultSampleEvery)
 	}
 	st.explicit = make(map[string]config.KVEndpoint, len(eps))
 	for _, e := range eps {
@@ -178,6 +180,8 @@ func (a *app) kvStatus() any {
 			"local_encodes":     ts.LocalEncodes.Load(),
 			"verify_checks":     ts.VerifyChecks.Load(),
 			"verify_mismatches": ts.VerifyMismatches.Load(),
+			"verify_background": ts.VerifyBackground.Load(),
+			"verify_dropped":    ts.VerifyDropped.Load(),
 		}
 	}
 	return out
@@ -234,6 +238,8 @@ func (a *app) registerKVMetrics(st *kvState) {
 			func() float64 { return float64(st.tok.S.LocalNanos.Load()) / 1e9 }),
 		counter("tokenize_verify_checks_total", "In-process results compared with an engine's /tokenize", ld(&st.tok.S.VerifyChecks)),
 		counter("tokenize_verify_mismatches_total", "In-process results that differed from the engine's (the first one switches it off)", ld(&st.tok.S.VerifyMismatches)),
+		counter("tokenize_verify_background_total", "Of the checks, those made off the request's path", ld(&st.tok.S.VerifyBackground)),
+		counter("tokenize_verify_dropped_total", "Background checks not made because the queue was full", ld(&st.tok.S.VerifyDropped)),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "vllm_router_kv_tokenize_local_enabled", Help: "1 while the in-process tokenizer is in use"},
 			func() float64 {
 				if a.cfg.TokenizerPath == "" || st.tok.S.LocalOff.Load() {

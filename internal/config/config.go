@@ -318,7 +318,7 @@ func Default() *Config {
 		KVIndexMaxEntries:     10_000_000,
 		KVEventsPort:          5557,
 		KVOverlapScoreWeight:  1,
-		KVLoadWeight:          0.1,
+		KVLoadWeight:          0.02,
 		KVFallbackPolicy:      PolicyCacheAware,
 
 		HealthUnhealthyIntervalSecs:    0.5,

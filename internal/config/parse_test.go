@@ -105,7 +105,7 @@ func TestDefaults(t *testing.T) {
 		KVIndexMaxEntries:              10_000_000,
 		KVEventsPort:                   5557,
 		KVOverlapScoreWeight:           1,
-		KVLoadWeight:                   0.1,
+		KVLoadWeight:                   0.02,
 		KVFallbackPolicy:               "cache_aware",
 		FlowBands:                      []string{"high=10", "default=0", "low=-10"},
 		FlowDefaultBand:                "default",

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,10 +35,11 @@ type Options struct {
 
 	// Cost of a candidate, in tokens: OverlapWeight × prompt tokens it
 	// would have to compute + LoadWeight × prompt tokens × its requests in
-	// flight. The router's defaults are 1 and 0.1: a request already
+	// flight. The router's defaults are 1 and 0.02: a request already
 	// running mostly decodes, which slows a new prefill far less than
 	// computing the prompt (0.5 spread shared prefixes over the fleet and
-	// lost a third of the hits at concurrency 32, docs/bench/kv.md).
+	// lost a third of the hits at concurrency 32, 0.1 6-9 points, 0.02
+	// none: docs/BENCHMARKS.md §5).
 	OverlapWeight float64
 	LoadWeight    float64
 
@@ -201,7 +203,10 @@ func (p *Policy) Pick(req *policy.Request, c policy.Candidates) (policy.Choice, 
 	cached := p.CachedBlocks(req)
 	n := len(req.Tokens)
 	bs := p.o.Index.BlockSize()
-	best, bestCost, bestLoad, ties := -1, 0.0, int64(0), 0
+	// The lowest cost wins; then the less loaded; then the one holding
+	// fewer blocks (a new prefix goes where it evicts least, as
+	// cache_aware's smallest tree); then one at random.
+	best, bestCost, bestLoad, bestBlocks, ties := -1, 0.0, int64(0), 0, 0
 	for i, w := range c.Workers {
 		if !req.Usable(w) {
 			continue
@@ -209,10 +214,14 @@ func (p *Policy) Pick(req *policy.Request, c policy.Candidates) (policy.Choice, 
 		load := p.load(w)
 		uncached := n - cached[w.Key()]*bs
 		cost := p.o.OverlapWeight*float64(uncached) + p.o.LoadWeight*float64(n)*float64(load)
+		if best >= 0 && (cost > bestCost || (cost == bestCost && load > bestLoad)) {
+			continue
+		}
+		blocks := p.o.Index.WorkerBlocks(w.Key())
 		switch {
-		case best < 0 || cost < bestCost || (cost == bestCost && load < bestLoad):
-			best, bestCost, bestLoad, ties = i, cost, load, 1
-		case cost == bestCost && load == bestLoad:
+		case best < 0 || cost < bestCost || load < bestLoad || blocks < bestBlocks:
+			best, bestCost, bestLoad, bestBlocks, ties = i, cost, load, blocks, 1
+		case blocks == bestBlocks:
 			ties++
 			if rand.IntN(ties) == 0 {
 				best = i
@@ -268,52 +277,78 @@ func (p *Policy) RemoveWorker(key string) {
 // they were sent to, until a TTL: the engine's events confirm (or not)
 // within that time.
 type speculative struct {
-	mu  sync.Mutex
-	m   map[uint64]map[string]time.Time // block key → worker → expiry
-	q   []specItem                      // insertion order
-	max int
+	mu    sync.Mutex
+	m     map[uint64][]specOwner // block key → workers holding it speculatively
+	q     []specBatch            // one per routed prompt, in insertion order
+	head  int                    // q[:head] are gone
+	count int                    // keys in q[head:]
+	max   int
 }
 
-type specItem struct {
-	key    uint64
+type specOwner struct {
+	worker string
+	exp    time.Time
+}
+
+// specBatch is one routed prompt's keys (the request's own slice, never
+// written after Prepare) on one worker.
+type specBatch struct {
+	keys   []uint64
 	worker string
 	exp    time.Time
 }
 
 func newSpeculative(max int) *speculative {
-	return &speculative{m: map[uint64]map[string]time.Time{}, max: max}
+	return &speculative{m: map[uint64][]specOwner{}, max: max}
 }
 
 // insert records keys on worker until now+ttl. Entries expire in
 // insertion order (one TTL for all), so pruning pops from the head.
 func (s *speculative) insert(keys []uint64, worker string, now time.Time, ttl time.Duration) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for len(s.q) > 0 && (len(s.q)+len(keys) > s.max || !s.q[0].exp.After(now)) {
-		s.dropHead()
-	}
 	if len(keys) > s.max {
 		keys = keys[:s.max]
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.head < len(s.q) && (s.count+len(keys) > s.max || !s.q[s.head].exp.After(now)) {
+		s.dropHead()
+	}
+	if s.head == len(s.q) || s.head > len(s.q)/2 {
+		n := copy(s.q, s.q[s.head:])
+		clear(s.q[n:])
+		s.q, s.head = s.q[:n], 0
+	}
 	exp := now.Add(ttl)
 	for _, k := range keys {
-		ws := s.m[k]
-		if ws == nil {
-			ws = map[string]time.Time{}
-			s.m[k] = ws
+		os := s.m[k]
+		i := slices.IndexFunc(os, func(o specOwner) bool { return o.worker == worker })
+		if i < 0 {
+			s.m[k] = append(os, specOwner{worker, exp})
+		} else {
+			os[i].exp = exp
 		}
-		ws[worker] = exp
-		s.q = append(s.q, specItem{k, worker, exp})
 	}
+	s.q = append(s.q, specBatch{keys, worker, exp})
+	s.count += len(keys)
 }
 
+// dropHead forgets the oldest batch's entries that no later insertion
+// renewed.
 func (s *speculative) dropHead() {
-	it := s.q[0]
-	s.q = s.q[1:]
-	if ws := s.m[it.key]; ws != nil && ws[it.worker].Equal(it.exp) {
-		delete(ws, it.worker)
-		if len(ws) == 0 {
-			delete(s.m, it.key)
+	b := s.q[s.head]
+	s.q[s.head] = specBatch{}
+	s.head++
+	s.count -= len(b.keys)
+	for _, k := range b.keys {
+		os := s.m[k]
+		i := slices.IndexFunc(os, func(o specOwner) bool { return o.worker == b.worker })
+		if i < 0 || !os[i].exp.Equal(b.exp) {
+			continue
+		}
+		if len(os) == 1 {
+			delete(s.m, k)
+		} else {
+			s.m[k] = slices.Delete(os, i, i+1)
 		}
 	}
 }
@@ -323,19 +358,15 @@ func (s *speculative) match(keys []uint64, now time.Time) map[string]int {
 	defer s.mu.Unlock()
 	var depth map[string]int
 	for i, k := range keys {
-		ws := s.m[k]
-		if len(ws) == 0 {
-			break
-		}
 		alive := 0
-		for w, exp := range ws {
-			if !exp.After(now) || (i > 0 && depth[w] != i) {
+		for _, o := range s.m[k] {
+			if !o.exp.After(now) || (i > 0 && depth[o.worker] != i) {
 				continue
 			}
 			if depth == nil {
 				depth = map[string]int{}
 			}
-			depth[w] = i + 1
+			depth[o.worker] = i + 1
 			alive++
 		}
 		if alive == 0 {
@@ -348,10 +379,12 @@ func (s *speculative) match(keys []uint64, now time.Time) map[string]int {
 func (s *speculative) removeWorker(worker string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for k, ws := range s.m {
-		delete(ws, worker)
-		if len(ws) == 0 {
+	for k, os := range s.m {
+		os = slices.DeleteFunc(os, func(o specOwner) bool { return o.worker == worker })
+		if len(os) == 0 {
 			delete(s.m, k)
+		} else {
+			s.m[k] = os
 		}
 	}
 }

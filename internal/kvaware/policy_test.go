@@ -182,6 +182,41 @@ func TestKVAwarePicksTheWorkerHoldingThePrefix(t *testing.T) {
 	}
 }
 
+// TestKVAwareTieBreak: among candidates of equal cost a new prefix goes
+// to the less loaded, and at equal load to the one holding fewer blocks
+// (where it evicts least).
+func TestKVAwareTieBreak(t *testing.T) {
+	ts := newTokenizeServer(t)
+	x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 4})
+	ws := mkWorkers(ts.URL, "http://b:1", "http://c:1")
+	c := policy.Candidates{Gen: 1, Workers: ws}
+	p := newPolicy(t, x, func(o *Options) { o.LoadWeight = 0 })
+	other := wordIDs(words(40, "other"))
+	storeFor(x, ws[0].Key(), other, 9)
+	storeFor(x, ws[1].Key(), other, 3)
+	storeFor(x, ws[2].Key(), other, 6)
+	pick := func() *worker.Worker {
+		t.Helper()
+		req := &policy.Request{Path: "/v1/completions", Body: completion(words(40, "new"))}
+		policy.Prepare(t.Context(), p, req, c)
+		ch, err := p.Pick(req, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ch.Worker
+	}
+	for range 5 {
+		if w := pick(); w != ws[1] {
+			t.Fatalf("equal cost and load: picked %s, want the one holding fewest blocks %s", w.Key(), ws[1].Key())
+		}
+	}
+	rel := ws[1].Acquire()
+	defer rel()
+	if w := pick(); w != ws[2] {
+		t.Fatalf("B busy: picked %s, want %s (idle, fewer blocks than A)", w.Key(), ws[2].Key())
+	}
+}
+
 func TestKVAwareChatTokenizedWithTheTemplateFields(t *testing.T) {
 	ts := newTokenizeServer(t)
 	x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 2})
@@ -293,5 +328,78 @@ func BenchmarkTokenize(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkKVAwarePick is one routing decision for a prompt whose ids are
+// known (a tokenizer cache hit): block keys, the index and speculative
+// matches on 4 workers, the pick and the speculative insertion.
+func BenchmarkKVAwarePick(b *testing.B) {
+	for _, n := range []int{2048, 8192} {
+		b.Run(fmt.Sprintf("tokens=%d", n), func(b *testing.B) {
+			x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 16})
+			ws := mkWorkers("http://a:1", "http://b:1", "http://c:1", "http://d:1")
+			c := policy.Candidates{Gen: 1, Workers: ws}
+			fb, err := policy.New(policy.NameRoundRobin, policy.DefaultOptions())
+			if err != nil {
+				b.Fatal(err)
+			}
+			p, err := New(Options{Index: x, Tokenizer: NewTokenizer(http.DefaultClient, time.Second, 100), Fallback: fb,
+				OverlapWeight: 1, LoadWeight: 0.02, Speculative: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer p.Close()
+			toks := make([]uint32, n)
+			for i := range toks {
+				toks[i] = uint32(i)
+			}
+			storeFor(x, ws[1].Key(), toks, n/16/2)
+			for b.Loop() {
+				req := &policy.Request{Path: "/v1/completions", Tokens: toks}
+				policy.Prepare(b.Context(), p, req, c)
+				if _, err := p.Pick(req, c); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestSpeculativeEntries: entries match as a chain per worker, a renewed
+// entry outlives the batch that first inserted it, expired and
+// over-capacity batches are dropped oldest first, and a removed worker's
+// entries are gone.
+func TestSpeculativeEntries(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	s := newSpeculative(6)
+	ttl := 10 * time.Second
+	s.insert([]uint64{1, 2, 3}, "a", t0, ttl)
+	s.insert([]uint64{1, 2}, "b", t0.Add(time.Second), ttl)
+	s.insert([]uint64{1}, "a", t0.Add(2*time.Second), ttl) // renews a's key 1
+	check := func(name string, keys []uint64, now time.Time, want map[string]int) {
+		t.Helper()
+		if got := s.match(keys, now); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s: match %v = %v, want %v", name, keys, got, want)
+		}
+	}
+	check("all alive", []uint64{1, 2, 3}, t0, map[string]int{"a": 3, "b": 2})
+	check("a's first batch expired, key 1 renewed", []uint64{1, 2, 3}, t0.Add(10500*time.Millisecond), map[string]int{"a": 1, "b": 2})
+	check("chain broken at an unknown key", []uint64{9, 1}, t0, nil)
+
+	// 6 keys at most: a batch of 3 pushes out the oldest ones.
+	s.insert([]uint64{7, 8, 9}, "c", t0.Add(3*time.Second), ttl)
+	if s.count > 6 {
+		t.Errorf("count %d > max 6", s.count)
+	}
+	check("oldest batch dropped for room", []uint64{1, 2, 3}, t0.Add(3*time.Second), map[string]int{"a": 1, "b": 2})
+	check("new batch", []uint64{7, 8, 9}, t0.Add(3*time.Second), map[string]int{"c": 3})
+
+	s.removeWorker("b")
+	check("b removed", []uint64{1, 2}, t0.Add(3*time.Second), map[string]int{"a": 1})
+	// Everything expires: the next insertion prunes it all.
+	s.insert([]uint64{5}, "a", t0.Add(time.Minute), ttl)
+	if len(s.m) != 1 || s.count != 1 || len(s.q)-s.head != 1 {
+		t.Errorf("after expiry: %d keys, count %d, %d batches; want 1, 1, 1", len(s.m), s.count, len(s.q)-s.head)
 	}
 }

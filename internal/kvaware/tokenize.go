@@ -34,7 +34,9 @@ import (
 // With --tokenizer-path, a completions prompt that is one string is
 // tokenized in-process instead (internal/tokenizer, exact for the
 // byte-level BPE pipelines it loads, refusing the rest at startup). The
-// first prompts tokenized so are also asked of the engine; one difference
+// first prompts tokenized so are also asked of the engine before their ids
+// are used; once those agree, more are checked in the background (the
+// next ones, then a sample), off the request's path. One difference
 // switches the local tokenizer off for the life of the process. Chat
 // requests keep going to /tokenize: their ids depend on the chat template
 // as vLLM renders it.
@@ -62,6 +64,20 @@ type Tokenizer struct {
 	max        int
 	localModel []byte // the "model" of the first verified local prompt
 	modelSet   bool
+
+	encodes atomic.Uint64 // distinct prompts tokenized in-process
+	inline  atomic.Uint64 // of them, checked on the request's path
+	checks  chan check    // background comparisons (nil: none)
+	stop    context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+// check is one local result to compare with the engine's, off the path.
+type check struct {
+	base, text string
+	model      []byte
+	add        bool
+	local      []uint32
 }
 
 // TokenizeStats are a Tokenizer's running totals.
@@ -73,30 +89,100 @@ type TokenizeStats struct {
 	LocalNanos       atomic.Uint64 // wall time of those encodes
 	VerifyChecks     atomic.Uint64 // local results compared with the engine's /tokenize
 	VerifyMismatches atomic.Uint64 // comparisons that differed
+	VerifyBackground atomic.Uint64 // of the checks, those made off the request's path
+	VerifyDropped    atomic.Uint64 // background checks not made: the queue was full
 	LocalOff         atomic.Bool   // a mismatch switched the local tokenizer off
 }
 
-// DefaultVerify is how many distinct locally tokenized prompts are
-// checked against the engine when LocalOptions.Verify is 0.
-const DefaultVerify = 32
+// Defaults of LocalOptions.
+const (
+	// DefaultVerify distinct prompts are checked against the engine
+	// before local ids are used at all.
+	DefaultVerify = 4
+	// DefaultBackground more are then checked in the background.
+	DefaultBackground = 28
+	// DefaultSampleEvery: after those, one prompt in this many is.
+	DefaultSampleEvery = 256
+)
 
 // LocalOptions enable the in-process tokenizer for completions prompts.
 type LocalOptions struct {
 	Tokenizer *tokenizer.Tokenizer
-	Verify    int // distinct prompts also asked of the engine (0: DefaultVerify)
-	Logger    *slog.Logger
+	// Verify distinct prompts are also asked of the engine, on the
+	// request's path, before any local result is used (0: DefaultVerify).
+	Verify int
+	// Background distinct prompts after those are compared off the path,
+	// and then one in SampleEvery (0: the defaults; < 0: none).
+	Background, SampleEvery int
+	Logger                  *slog.Logger
 }
 
 // SetLocal enables the in-process tokenizer; call it before the first
-// Tokens.
+// Tokens, and Close when done.
 func (t *Tokenizer) SetLocal(o LocalOptions) {
 	if o.Verify <= 0 {
 		o.Verify = DefaultVerify
+	}
+	if o.Background == 0 {
+		o.Background = DefaultBackground
+	}
+	if o.SampleEvery == 0 {
+		o.SampleEvery = DefaultSampleEvery
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
 	t.local = &o
+	if o.Background > 0 || o.SampleEvery > 0 {
+		ctx, cancel := context.WithCancel(context.Background())
+		t.checks, t.stop = make(chan check, 16), cancel
+		t.wg.Add(1)
+		go t.checkLoop(ctx)
+	}
+}
+
+// Close stops the background checks; a check under way is cancelled.
+func (t *Tokenizer) Close() {
+	if t.stop != nil {
+		t.stop()
+		t.wg.Wait()
+	}
+}
+
+// checkLoop compares queued local results with the engine's, one at a
+// time, until Close.
+func (t *Tokenizer) checkLoop(ctx context.Context) {
+	defer t.wg.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case c := <-t.checks:
+			if t.S.LocalOff.Load() {
+				continue
+			}
+			if _, err := t.verify(ctx, c.base, c.model, c.text, c.add, c.local); err == nil {
+				t.S.VerifyBackground.Add(1)
+			}
+		}
+	}
+}
+
+// queueCheck hands the n-th distinct local result to the background
+// checker when it is due; a full queue drops it (counted).
+func (t *Tokenizer) queueCheck(n uint64, c check) {
+	o := t.local
+	v := uint64(o.Verify)
+	due := (o.Background > 0 && n <= v+uint64(o.Background)) ||
+		(o.SampleEvery > 0 && n%uint64(o.SampleEvery) == 0)
+	if !due || t.checks == nil {
+		return
+	}
+	select {
+	case t.checks <- c:
+	default:
+		t.S.VerifyDropped.Add(1)
+	}
 }
 
 type cacheEntry struct {
@@ -238,9 +324,12 @@ func (t *Tokenizer) sameModel(model []byte) bool {
 }
 
 // tokensLocal tokenizes a completions prompt in-process. While fewer than
-// Verify prompts have been checked, the engine at baseURL is asked too:
-// a difference is logged and counted, switches the local tokenizer off
-// and the engine's ids are used.
+// Verify prompts have been checked, the engine at baseURL is asked too,
+// before the ids are used: a difference is logged and counted, switches
+// the local tokenizer off and the engine's ids are used. Later results
+// are used at once, and some are checked in the background
+// (queueCheck): a difference found there switches the tokenizer off for
+// the requests that follow.
 func (t *Tokenizer) tokensLocal(ctx context.Context, baseURL string, key uint64, model []byte, text string, add bool) ([]uint32, error) {
 	if e := t.lookup(key); e != nil {
 		t.S.CacheHits.Add(1)
@@ -250,11 +339,16 @@ func (t *Tokenizer) tokensLocal(ctx context.Context, baseURL string, key uint64,
 	toks := t.local.Tokenizer.Encode(text, add)
 	t.S.LocalEncodes.Add(1)
 	t.S.LocalNanos.Add(uint64(time.Since(start)))
-	if t.S.VerifyChecks.Load() < uint64(t.local.Verify) {
+	n := t.encodes.Add(1)
+	if t.inline.Load() < uint64(t.local.Verify) {
 		var err error
 		if toks, err = t.verify(ctx, baseURL, model, text, add, toks); err != nil {
 			return nil, err
 		}
+		t.inline.Add(1)
+	} else {
+		// model is a slice of the request's body: the check outlives it.
+		t.queueCheck(n, check{base: baseURL, text: text, model: bytes.Clone(model), add: add, local: toks})
 	}
 	t.store(key, toks)
 	return toks, nil

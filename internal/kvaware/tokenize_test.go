@@ -80,7 +80,8 @@ func TestLocalTokenizer(t *testing.T) {
 	lt := loadTestTokenizer(t)
 	eng := newEngineTokenizer(t, lt.Encode)
 	tok := NewTokenizer(http.DefaultClient, 5*time.Second, 100)
-	tok.SetLocal(LocalOptions{Tokenizer: lt, Verify: 2})
+	tok.SetLocal(LocalOptions{Tokenizer: lt, Verify: 2, Background: -1, SampleEvery: -1})
+	t.Cleanup(tok.Close)
 	get := func(path, body string) ([]uint32, error) {
 		return tok.Tokens(t.Context(), eng.URL, path, []byte(body))
 	}
@@ -134,6 +135,7 @@ func TestLocalTokenizerMismatch(t *testing.T) {
 	var logs bytes.Buffer
 	tok := NewTokenizer(http.DefaultClient, 5*time.Second, 100)
 	tok.SetLocal(LocalOptions{Tokenizer: lt, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	t.Cleanup(tok.Close)
 	for i, p := range []string{"one two three", "four five", "one two three"} {
 		ids, err := tok.Tokens(t.Context(), eng.URL, "/v1/completions", []byte(fmt.Sprintf(`{"prompt":%q}`, p)))
 		if err != nil {
@@ -155,6 +157,71 @@ func TestLocalTokenizerMismatch(t *testing.T) {
 	}
 }
 
+// TestLocalTokenizerBackgroundChecks: after the inline checks, local ids
+// are used at once and the next prompts, then one in SampleEvery, are
+// compared in the background; an engine that differs there switches the
+// local tokenizer off for the requests that follow, and Close stops the
+// checker.
+func TestLocalTokenizerBackgroundChecks(t *testing.T) {
+	lt := loadTestTokenizer(t)
+	var drift atomic.Bool // the engine starts to differ
+	eng := newEngineTokenizer(t, func(p string, add bool) []uint32 {
+		if drift.Load() {
+			return wordIDs(p)
+		}
+		return lt.Encode(p, add)
+	})
+	tok := NewTokenizer(http.DefaultClient, 5*time.Second, 100)
+	tok.SetLocal(LocalOptions{Tokenizer: lt, Verify: 1, Background: 2, SampleEvery: 3})
+	t.Cleanup(tok.Close)
+	get := func(p string) []uint32 {
+		t.Helper()
+		ids, err := tok.Tokens(t.Context(), eng.URL, "/v1/completions", []byte(fmt.Sprintf(`{"model":"m","prompt":%q}`, p)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 20 s (checks %d, background %d, engine calls %d)", what, tok.S.VerifyChecks.Load(), tok.S.VerifyBackground.Load(), eng.calls.Load())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	// Prompt 1 is checked inline, 2 and 3 in the background, 4 and 5 not,
+	// 6 (a multiple of 3) in the background.
+	for i := 1; i <= 6; i++ {
+		p := fmt.Sprintf("prompt number %d", i)
+		if ids := get(p); !slices.Equal(ids, lt.Encode(p, true)) {
+			t.Fatalf("prompt %d: ids %v, want the local %v", i, ids, lt.Encode(p, true))
+		}
+	}
+	waitFor("three background checks", func() bool { return tok.S.VerifyBackground.Load() == 3 })
+	if c, m, calls := tok.S.VerifyChecks.Load(), tok.S.VerifyMismatches.Load(), eng.calls.Load(); c != 4 || m != 0 || calls != 4 {
+		t.Errorf("checks %d, mismatches %d, engine calls %d; want 4, 0, 4", c, m, calls)
+	}
+
+	// The engine drifts: prompt 9 is checked in the background, used as
+	// tokenized locally, and switches the local tokenizer off.
+	drift.Store(true)
+	for i := 7; i <= 9; i++ {
+		get(fmt.Sprintf("prompt number %d", i))
+	}
+	waitFor("switched off", tok.S.LocalOff.Load)
+	if m := tok.S.VerifyMismatches.Load(); m != 1 {
+		t.Errorf("mismatches %d, want 1", m)
+	}
+	if ids := get("after the drift"); !slices.Equal(ids, wordIDs("after the drift")) {
+		t.Errorf("after the switch-off: ids %v, want the engine's %v", ids, wordIDs("after the drift"))
+	}
+	tok.Close()
+	tok.Close() // idempotent
+}
+
 // BenchmarkTokenizeLocal is BenchmarkTokenize's miss through the
 // in-process tokenizer (the tiny model's tokenizer.json): the whole of
 // Tokens for a new 1k or 8k-word prompt, body parsing included, once the
@@ -174,7 +241,7 @@ func BenchmarkTokenizeLocal(b *testing.B) {
 		prompt := words(n, "w")
 		b.Run(fmt.Sprintf("words=%d", n), func(b *testing.B) {
 			tok := NewTokenizer(srv.Client(), 5*time.Second, 1)
-			tok.SetLocal(LocalOptions{Tokenizer: lt, Verify: 1})
+			tok.SetLocal(LocalOptions{Tokenizer: lt, Verify: 1, Background: -1, SampleEvery: -1})
 			bodies := [][]byte{completion(prompt), completion("x " + prompt)}
 			i := 0
 			for b.Loop() {

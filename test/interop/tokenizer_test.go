@@ -41,8 +41,9 @@ func tokenizerPrompts() []string {
 // the tiny model's directory gives vLLM's /tokenize ids for every prompt
 // (with and without special tokens); then switchyard --policy kv_aware
 // --tokenizer-path, in front of the same engine, tokenizes the completions
-// prompts in-process, verifies the first 32 against the engine with no
-// mismatch, and keeps chat requests on /tokenize.
+// prompts in-process, verifies the first 4 against the engine before using
+// them and the next 28 in the background, with no mismatch, and keeps chat
+// requests on /tokenize.
 func TestLocalTokenizerMatchesEngine(t *testing.T) {
 	needEnv(t)
 	lt, err := tokenizer.Load(modelDir)
@@ -75,15 +76,23 @@ func TestLocalTokenizerMatchesEngine(t *testing.T) {
 			t.Fatalf("completion %q: %d %s", p, code, b)
 		}
 	}
+	m := func(name string) float64 { return metric(t, r.Metrics, "vllm_router_kv_tokenize_"+name) }
+	// The background checks run after their requests were answered.
+	want := float64(min(len(prompts), kvaware.DefaultVerify+kvaware.DefaultBackground))
+	deadline := time.Now().Add(30 * time.Second)
+	for m("verify_checks_total")+m("verify_dropped_total") < want && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	checks, mismatches, local, enabled := m("verify_checks_total"), m("verify_mismatches_total"), m("local_total"), m("local_enabled")
+	dropped, background := m("verify_dropped_total"), m("verify_background_total")
+	if checks+dropped != want || checks < float64(kvaware.DefaultVerify) || background != checks-float64(kvaware.DefaultVerify) ||
+		mismatches != 0 || local != float64(len(prompts)) || enabled != 1 {
+		t.Errorf("verify checks %v + dropped %v (want %v; %v of them in the background, want checks - %d), mismatches %v (want 0), local encodes %v (want %d), enabled %v (want 1)",
+			checks, dropped, want, background, kvaware.DefaultVerify, mismatches, local, len(prompts), enabled)
+	}
 	asksBefore := metric(t, r.Metrics, "vllm_router_kv_tokenize_requests_total")
 	if code, _, b := post(t, ctxT(t, 60*time.Second), r.Base+"/v1/chat/completions", genBody(true, false, "a chat message", 1)); code != 200 {
 		t.Fatalf("chat: %d %s", code, b)
-	}
-	m := func(name string) float64 { return metric(t, r.Metrics, "vllm_router_kv_tokenize_"+name) }
-	checks, mismatches, local, enabled := m("verify_checks_total"), m("verify_mismatches_total"), m("local_total"), m("local_enabled")
-	if want := float64(min(len(prompts), kvaware.DefaultVerify)); checks != want || mismatches != 0 || local != float64(len(prompts)) || enabled != 1 {
-		t.Errorf("verify checks %v (want %v), mismatches %v (want 0), local encodes %v (want %d), enabled %v (want 1)",
-			checks, want, mismatches, local, len(prompts), enabled)
 	}
 	if asks := m("requests_total"); asks != asksBefore+1 || m("local_total") != local {
 		t.Errorf("chat: /tokenize calls %v -> %v, local encodes %v -> %v; want one more /tokenize call, no local encode",
@@ -100,7 +109,7 @@ func TestLocalTokenizerMatchesEngine(t *testing.T) {
 	if harness.GetJSON(t, http.DefaultClient, r.Base+"/workers", &ws) != 200 || !ws.KV.Tokenizer.Enabled || ws.KV.Tokenizer.VerifyChecks != uint64(checks) {
 		t.Errorf("/workers kv_aware.tokenizer %+v, want enabled with %v checks", ws.KV.Tokenizer, checks)
 	}
-	t.Logf("%d prompts: local ids equal the engine's; the router encoded them in-process (%v verified, %v mismatches)", len(prompts), checks, mismatches)
+	t.Logf("%d prompts: local ids equal the engine's; the router encoded them in-process (%v verified, %v of them in the background, %v dropped, %v mismatches)", len(prompts), checks, background, dropped, mismatches)
 }
 
 // measureLocalVsEngine times, in one run, the two ways of getting a new
