@@ -116,6 +116,14 @@ func (a *app) syncKVSources() {
 		}
 	}
 	st.sub.Set(srcs)
+	// Check --tokenizer-path against the first engine known, before any
+	// request needs it (a no-op once checked).
+	for _, w := range snap.All {
+		if w.Healthy() {
+			st.tok.Probe(w.URL)
+			break
+		}
+	}
 }
 
 // kvSource derives a worker's event endpoints: an explicit

@@ -3,6 +3,7 @@ package igw
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -41,13 +42,7 @@ func (f passFunc) ServePassthrough(w http.ResponseWriter, r *http.Request) { f(w
 
 // upstreamModels returns the upstream models, sorted.
 func (rt *Router) upstreamModels() []string {
-	return slices.Sorted(func(yield func(string) bool) {
-		for m := range rt.o.Upstreams {
-			if !yield(m) {
-				return
-			}
-		}
-	})
+	return slices.Sorted(maps.Keys(rt.o.Upstreams))
 }
 
 // upstreamUnavailable says why an upstream model cannot be served now.

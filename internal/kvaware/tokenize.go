@@ -66,18 +66,36 @@ type Tokenizer struct {
 	modelSet   bool
 
 	encodes atomic.Uint64 // distinct prompts tokenized in-process
-	inline  atomic.Uint64 // of them, checked on the request's path
+	inline  atomic.Uint64 // checks passed before use (or by a probe: Verify)
+	probing atomic.Bool   // a probe is queued or under way
 	checks  chan check    // background comparisons (nil: none)
 	stop    context.CancelFunc
 	wg      sync.WaitGroup
 }
 
-// check is one local result to compare with the engine's, off the path.
+// check is one local result to compare with the engine's, off the path,
+// or (probe) the probe corpus to run there.
 type check struct {
 	base, text string
 	model      []byte
 	add        bool
 	local      []uint32
+	probe      bool
+}
+
+// probeTexts are what Probe compares, each with and without special
+// tokens: the pre-tokenizer's classes (letters, digits, punctuation,
+// contractions, runs of spaces and newlines, tabs), accents, combining
+// marks, CJK, emoji, code.
+var probeTexts = []string{
+	"Hello world, this is a prompt.",
+	"It's we'll don't I'M THEY'RE you've",
+	"digits 1 12 123 1234 1234567890 3.14159 1,000,000",
+	"  leading and trailing spaces   ", "many     spaces	and		tabs",
+	"line one\nline two\n\n\nline five\r\nend",
+	"Ünïcödé café naïve résumé cafe\u0301 Русский ελληνικά",
+	"日本語のテキストと中文文本 한국어 😀🎉👍🏽 👨‍👩‍👧",
+	"def f(x):\n    return x**2  # comment\n", `{"json": [1, 2, {"k": null}]} <b>a &amp; b</b> $100 €200`,
 }
 
 // TokenizeStats are a Tokenizer's running totals.
@@ -133,12 +151,10 @@ func (t *Tokenizer) SetLocal(o LocalOptions) {
 		o.Logger = slog.Default()
 	}
 	t.local = &o
-	if o.Background > 0 || o.SampleEvery > 0 {
-		ctx, cancel := context.WithCancel(context.Background())
-		t.checks, t.stop = make(chan check, 16), cancel
-		t.wg.Add(1)
-		go t.checkLoop(ctx)
-	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.checks, t.stop = make(chan check, 16), cancel
+	t.wg.Add(1)
+	go t.checkLoop(ctx)
 }
 
 // Close stops the background checks; a check under way is cancelled.
@@ -158,12 +174,81 @@ func (t *Tokenizer) checkLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case c := <-t.checks:
+			switch {
+			case t.S.LocalOff.Load():
+			case c.probe:
+				t.runProbe(ctx, c.base)
+			default:
+				if _, err := t.verify(ctx, c.base, c.model, c.text, c.add, c.local); err == nil {
+					t.S.VerifyBackground.Add(1)
+				}
+			}
+		}
+	}
+}
+
+// ProbeChecks is how many comparisons a passing probe makes.
+func ProbeChecks() int { return 2 * len(probeTexts) }
+
+// Probe compares the local tokenizer with the engine at baseURL on a
+// fixed corpus, in the background; when every text agrees, local ids are
+// used without checking the first prompts on their request's path. Call
+// it when an engine of the model becomes known; it does nothing once a
+// probe passed, while one is under way, or without a local tokenizer.
+func (t *Tokenizer) Probe(baseURL string) {
+	if t.local == nil || t.S.LocalOff.Load() ||
+		t.inline.Load() >= uint64(t.local.Verify) || !t.probing.CompareAndSwap(false, true) {
+		return
+	}
+	select {
+	case t.checks <- check{base: baseURL, probe: true}:
+	default:
+		t.probing.Store(false)
+	}
+}
+
+// runProbe compares every probe text. An engine that cannot answer is
+// asked again every second, up to probeTries times (an engine that is
+// still starting); then the tokenizer stays unverified until a later
+// Probe, and the first prompts are checked on their request's path.
+func (t *Tokenizer) runProbe(ctx context.Context, base string) {
+	defer t.probing.Store(false)
+	retry := time.NewTimer(time.Second)
+	defer retry.Stop()
+	for try := 1; ; try++ {
+		err := t.probeOnce(ctx, base)
+		if err == nil || try == probeTries || t.S.LocalOff.Load() || t.inline.Load() >= uint64(t.local.Verify) {
+			return
+		}
+		retry.Reset(time.Second)
+		select {
+		case <-ctx.Done():
+			return
+		case <-retry.C:
+		}
+	}
+}
+
+const probeTries = 30
+
+// probeOnce runs the corpus once; nil when it ran to its end (agreeing,
+// or a mismatch that switched the tokenizer off).
+func (t *Tokenizer) probeOnce(ctx context.Context, base string) error {
+	for _, text := range probeTexts {
+		for _, add := range []bool{true, false} {
+			if _, err := t.verify(ctx, base, nil, text, add, t.local.Tokenizer.Encode(text, add)); err != nil {
+				return err
+			}
+			t.S.VerifyBackground.Add(1)
 			if t.S.LocalOff.Load() {
-				continue
+				return nil
 			}
-			if _, err := t.verify(ctx, c.base, c.model, c.text, c.add, c.local); err == nil {
-				t.S.VerifyBackground.Add(1)
-			}
+		}
+	}
+	for {
+		n := t.inline.Load()
+		if n >= uint64(t.local.Verify) || t.inline.CompareAndSwap(n, uint64(t.local.Verify)) {
+			return nil
 		}
 	}
 }
@@ -175,7 +260,7 @@ func (t *Tokenizer) queueCheck(n uint64, c check) {
 	v := uint64(o.Verify)
 	due := (o.Background > 0 && n <= v+uint64(o.Background)) ||
 		(o.SampleEvery > 0 && n%uint64(o.SampleEvery) == 0)
-	if !due || t.checks == nil {
+	if !due {
 		return
 	}
 	select {
@@ -378,11 +463,13 @@ func (t *Tokenizer) verify(ctx context.Context, baseURL string, model []byte, te
 	}
 	t.S.VerifyChecks.Add(1)
 	if slices.Equal(local, remote) {
-		t.mu.Lock()
-		if !t.modelSet {
-			t.localModel, t.modelSet = bytes.Clone(model), true
+		if model != nil { // a probe names no model
+			t.mu.Lock()
+			if !t.modelSet {
+				t.localModel, t.modelSet = bytes.Clone(model), true
+			}
+			t.mu.Unlock()
 		}
-		t.mu.Unlock()
 		return local, nil
 	}
 	t.S.VerifyMismatches.Add(1)

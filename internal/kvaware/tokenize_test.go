@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -222,6 +223,74 @@ func TestLocalTokenizerBackgroundChecks(t *testing.T) {
 	tok.Close() // idempotent
 }
 
+// TestLocalTokenizerProbe: a probe against an engine that agrees lets the
+// first prompts use local ids without asking the engine on their path; an
+// engine that is not up yet is asked again; one that differs switches the
+// local tokenizer off before any prompt used it.
+func TestLocalTokenizerProbe(t *testing.T) {
+	lt := loadTestTokenizer(t)
+	probes := uint64(2 * len(probeTexts))
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 20 s", what)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	t.Run("agrees", func(t *testing.T) {
+		var up atomic.Bool // the engine answers 503 until up
+		eng := newEngineTokenizer(t, lt.Encode)
+		gate := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !up.Load() {
+				http.Error(w, `{"error":{"message":"starting"}}`, http.StatusServiceUnavailable)
+				return
+			}
+			eng.Config.Handler.ServeHTTP(w, r)
+		}))
+		t.Cleanup(gate.Close)
+		tok := NewTokenizer(http.DefaultClient, 5*time.Second, 100)
+		tok.SetLocal(LocalOptions{Tokenizer: lt, Background: -1, SampleEvery: -1})
+		t.Cleanup(tok.Close)
+		tok.Probe(gate.URL)
+		time.Sleep(50 * time.Millisecond) // the first try fails: 503
+		up.Store(true)
+		waitFor("probe passed", func() bool { return tok.inline.Load() >= uint64(DefaultVerify) && !tok.probing.Load() })
+		if c, b := tok.S.VerifyChecks.Load(), tok.S.VerifyBackground.Load(); c != probes || b != probes {
+			t.Fatalf("checks %d, background %d; want %d, %d", c, b, probes, probes)
+		}
+		before := eng.calls.Load()
+		ids, err := tok.Tokens(t.Context(), gate.URL, "/v1/completions", []byte(`{"model":"m","prompt":"a live prompt"}`))
+		if err != nil || !slices.Equal(ids, lt.Encode("a live prompt", true)) {
+			t.Fatalf("ids %v, %v", ids, err)
+		}
+		if eng.calls.Load() != before {
+			t.Errorf("the first live prompt asked the engine (%d calls) after a passed probe", eng.calls.Load()-before)
+		}
+		tok.Probe(gate.URL) // verified: nothing more
+		if tok.probing.Load() {
+			t.Error("a second probe was started")
+		}
+	})
+	t.Run("differs", func(t *testing.T) {
+		eng := newEngineTokenizer(t, func(p string, _ bool) []uint32 { return wordIDs(p) })
+		tok := NewTokenizer(http.DefaultClient, 5*time.Second, 100)
+		tok.SetLocal(LocalOptions{Tokenizer: lt, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		t.Cleanup(tok.Close)
+		tok.Probe(eng.URL)
+		waitFor("switched off", tok.S.LocalOff.Load)
+		if m := tok.S.VerifyMismatches.Load(); m != 1 {
+			t.Errorf("mismatches %d, want 1", m)
+		}
+		ids, err := tok.Tokens(t.Context(), eng.URL, "/v1/completions", []byte(`{"prompt":"one two"}`))
+		if err != nil || !slices.Equal(ids, wordIDs("one two")) || tok.S.LocalEncodes.Load() != 0 {
+			t.Errorf("after a failed probe: ids %v (%v), local encodes %d; want the engine's, none", ids, err, tok.S.LocalEncodes.Load())
+		}
+	})
+}
+
 // BenchmarkTokenizeLocal is BenchmarkTokenize's miss through the
 // in-process tokenizer (the tiny model's tokenizer.json): the whole of
 // Tokens for a new 1k or 8k-word prompt, body parsing included, once the
@@ -242,6 +311,7 @@ func BenchmarkTokenizeLocal(b *testing.B) {
 		b.Run(fmt.Sprintf("words=%d", n), func(b *testing.B) {
 			tok := NewTokenizer(srv.Client(), 5*time.Second, 1)
 			tok.SetLocal(LocalOptions{Tokenizer: lt, Verify: 1, Background: -1, SampleEvery: -1})
+			defer tok.Close()
 			bodies := [][]byte{completion(prompt), completion("x " + prompt)}
 			i := 0
 			for b.Loop() {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/kvaware"
 )
 
 // The tests below run kv_aware against vllm-sim's own KV event publisher
@@ -378,4 +380,52 @@ func metricValue(t *testing.T, r *router, name string) float64 {
 		return m.Gauge.GetValue()
 	}
 	return m.GetUntyped().GetValue()
+}
+
+// TestKVAwareSimTokenizerProbe: with --tokenizer-path the router probes
+// an engine's /tokenize as soon as it knows the engine, so no request
+// waits for a check: over vllm-sims tokenizing with the same tokenizer.json
+// the probe passes before the first request and every prompt is tokenized
+// in the router, its checks made in the background; over sims with
+// another tokenizer the probe fails and the local tokenizer is off before
+// any request used it.
+func TestKVAwareSimTokenizerProbe(t *testing.T) {
+	const tk = "../../internal/tokenizer/testdata/tiny-llama.json"
+	probes := float64(kvaware.ProbeChecks())
+	for _, tc := range []struct {
+		name    string
+		simArgs []string
+		agrees  bool
+	}{
+		{"same tokenizer", []string{"--tokenizer", tk}, true},
+		{"other tokenizer", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startKVSim(t, 256, tc.simArgs...)
+			r := startRouter(t, "--policy", "kv_aware", "--kv-block-size", fmt.Sprint(simKVBlock), "--tokenizer-path", tk,
+				"--worker-urls", s.URL(), "--kv-events-endpoints", s.kvEndpoints(t))
+			r.WaitReady(t, 10*time.Second)
+			m := func(name string) float64 { return metricValue(t, r, "vllm_router_kv_tokenize_"+name) }
+			if !tc.agrees {
+				waitFor(t, 10*time.Second, "the probe switches the local tokenizer off", func() bool { return m("local_enabled") == 0 })
+				if mm := m("verify_mismatches_total"); mm != 1 {
+					t.Fatalf("mismatches %v, want 1", mm)
+				}
+				routedTo(t, r, "a prompt after the failed probe")
+				if l := m("local_total"); l != 0 {
+					t.Fatalf("local encodes %v after a failed probe, want 0", l)
+				}
+				return
+			}
+			waitFor(t, 10*time.Second, "the probe passes", func() bool { return m("verify_checks_total") == probes })
+			const n = 5
+			for i := range n {
+				routedTo(t, r, fmt.Sprintf("prompt %d: the router tokenizes it in-process", i))
+			}
+			waitFor(t, 10*time.Second, "background checks of the prompts", func() bool { return m("verify_checks_total") == probes+n })
+			if c, b, l, mm := m("verify_checks_total"), m("verify_background_total"), m("local_total"), m("verify_mismatches_total"); b != c || l != n || mm != 0 || m("local_enabled") != 1 {
+				t.Fatalf("checks %v, of them in the background %v (want all), local encodes %v (want %d), mismatches %v (want 0)", c, b, l, n, mm)
+			}
+		})
+	}
 }
