@@ -84,6 +84,7 @@ func (a *app) newKVAware() (policy.Policy, error) {
 		HasEvents:      a.kvHasEvents,
 		OverlapWeight:  a.cfg.KVOverlapScoreWeight,
 		LoadWeight:     a.cfg.KVLoadWeight,
+		TieBand:        kvaware.DefaultTieBand,
 		Speculative:    a.cfg.KVSpeculativeIndexing,
 		SpeculativeTTL: a.cfg.KVSpeculativeTTL(),
 	})

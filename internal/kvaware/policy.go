@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -42,6 +43,10 @@ type Options struct {
 	// none: docs/BENCHMARKS.md §5).
 	OverlapWeight float64
 	LoadWeight    float64
+	// TieBand: costs within TieBand × prompt tokens of the lowest are
+	// equal, and the worker holding fewer blocks is taken among them
+	// (0 = exact ties only; the router uses DefaultTieBand).
+	TieBand float64
 
 	// Speculative records a routed prompt's blocks on the chosen worker
 	// for SpeculativeTTL, so a burst of one prefix is not spread before the
@@ -53,6 +58,10 @@ type Options struct {
 	LocalLoadOnly bool // ignore the load workers report
 	Now           func() time.Time
 }
+
+// DefaultTieBand is the router's Options.TieBand: 5 % of the prompt, as
+// much as 2.5 requests in flight at the default load weight.
+const DefaultTieBand = 0.05
 
 // Stats counts decisions.
 type Stats struct {
@@ -203,31 +212,7 @@ func (p *Policy) Pick(req *policy.Request, c policy.Candidates) (policy.Choice, 
 	cached := p.CachedBlocks(req)
 	n := len(req.Tokens)
 	bs := p.o.Index.BlockSize()
-	// The lowest cost wins; then the less loaded; then the one holding
-	// fewer blocks (a new prefix goes where it evicts least, as
-	// cache_aware's smallest tree); then one at random.
-	best, bestCost, bestLoad, bestBlocks, ties := -1, 0.0, int64(0), 0, 0
-	for i, w := range c.Workers {
-		if !req.Usable(w) {
-			continue
-		}
-		load := p.load(w)
-		uncached := n - cached[w.Key()]*bs
-		cost := p.o.OverlapWeight*float64(uncached) + p.o.LoadWeight*float64(n)*float64(load)
-		if best >= 0 && (cost > bestCost || (cost == bestCost && load > bestLoad)) {
-			continue
-		}
-		blocks := p.o.Index.WorkerBlocks(w.Key())
-		switch {
-		case best < 0 || cost < bestCost || load < bestLoad || blocks < bestBlocks:
-			best, bestCost, bestLoad, bestBlocks, ties = i, cost, load, blocks, 1
-		case blocks == bestBlocks:
-			ties++
-			if rand.IntN(ties) == 0 {
-				best = i
-			}
-		}
-	}
+	best, bestLoad := p.choose(req, c, cached, n, bs)
 	if best < 0 {
 		return policy.Choice{}, policy.ErrNoWorker
 	}
@@ -243,6 +228,59 @@ func (p *Policy) Pick(req *policy.Request, c policy.Candidates) (policy.Choice, 
 		p.spec.insert(pr.keys, w.Key(), p.o.Now(), p.o.SpeculativeTTL)
 	}
 	return policy.Choice{Worker: w, Reason: fmt.Sprintf("kv match %d/%d blocks, load %d", hit, len(pr.keys), bestLoad)}, nil
+}
+
+// candidate is one usable worker's score.
+type candidate struct {
+	i      int
+	cost   float64
+	load   int64
+	blocks int
+}
+
+// choose returns the index of the worker to route to (-1: none usable)
+// and its load. Costs within TieBand × prompt tokens of the lowest count
+// as equal: among those the worker holding fewer blocks wins (a new
+// prefix goes where it evicts least, as cache_aware's smallest tree),
+// then the lower cost, then the less loaded, then one at random.
+func (p *Policy) choose(req *policy.Request, c policy.Candidates, cached map[string]int, n, bs int) (int, int64) {
+	var buf [16]candidate
+	cs := buf[:0]
+	minCost := math.Inf(1)
+	for i, w := range c.Workers {
+		if !req.Usable(w) {
+			continue
+		}
+		load := p.load(w)
+		uncached := n - cached[w.Key()]*bs
+		cost := p.o.OverlapWeight*float64(uncached) + p.o.LoadWeight*float64(n)*float64(load)
+		cs = append(cs, candidate{i: i, cost: cost, load: load})
+		minCost = min(minCost, cost)
+	}
+	limit := minCost + p.o.TieBand*float64(n)
+	var best *candidate
+	ties := 0
+	for j := range cs {
+		k := &cs[j]
+		if k.cost > limit {
+			continue
+		}
+		k.blocks = p.o.Index.WorkerBlocks(c.Workers[k.i].Key())
+		switch {
+		case best == nil || k.blocks < best.blocks ||
+			(k.blocks == best.blocks && (k.cost < best.cost || (k.cost == best.cost && k.load < best.load))):
+			best, ties = k, 1
+		case k.blocks == best.blocks && k.cost == best.cost && k.load == best.load:
+			ties++
+			if rand.IntN(ties) == 0 {
+				best = k
+			}
+		}
+	}
+	if best == nil {
+		return -1, 0
+	}
+	return best.i, best.load
 }
 
 func (p *Policy) fallback(req *policy.Request, c policy.Candidates, why string) (policy.Choice, error) {

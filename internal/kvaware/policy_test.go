@@ -182,15 +182,16 @@ func TestKVAwarePicksTheWorkerHoldingThePrefix(t *testing.T) {
 	}
 }
 
-// TestKVAwareTieBreak: among candidates of equal cost a new prefix goes
-// to the less loaded, and at equal load to the one holding fewer blocks
-// (where it evicts least).
+// TestKVAwareTieBreak: costs within the tie band count as equal, and
+// among those a new prefix goes to the worker holding fewer blocks (where
+// it evicts least); a worker whose load puts it outside the band is passed
+// over.
 func TestKVAwareTieBreak(t *testing.T) {
 	ts := newTokenizeServer(t)
 	x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 4})
 	ws := mkWorkers(ts.URL, "http://b:1", "http://c:1")
 	c := policy.Candidates{Gen: 1, Workers: ws}
-	p := newPolicy(t, x, func(o *Options) { o.LoadWeight = 0 })
+	p := newPolicy(t, x, func(o *Options) { o.LoadWeight, o.TieBand = 0.02, DefaultTieBand })
 	other := wordIDs(words(40, "other"))
 	storeFor(x, ws[0].Key(), other, 9)
 	storeFor(x, ws[1].Key(), other, 3)
@@ -210,10 +211,21 @@ func TestKVAwareTieBreak(t *testing.T) {
 			t.Fatalf("equal cost and load: picked %s, want the one holding fewest blocks %s", w.Key(), ws[1].Key())
 		}
 	}
-	rel := ws[1].Acquire()
-	defer rel()
+	var rel []func()
+	defer func() {
+		for _, r := range rel {
+			r()
+		}
+	}()
+	rel = append(rel, ws[1].Acquire()) // 0.02 of the prompt more: inside the band
+	if w := pick(); w != ws[1] {
+		t.Fatalf("B one request busier: picked %s, want %s (inside the band, fewest blocks)", w.Key(), ws[1].Key())
+	}
+	for range 4 { // 0.1 of the prompt more: outside
+		rel = append(rel, ws[1].Acquire())
+	}
 	if w := pick(); w != ws[2] {
-		t.Fatalf("B busy: picked %s, want %s (idle, fewer blocks than A)", w.Key(), ws[2].Key())
+		t.Fatalf("B five requests busier: picked %s, want %s (in the band, fewer blocks than A)", w.Key(), ws[2].Key())
 	}
 }
 
