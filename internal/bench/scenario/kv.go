@@ -767,10 +767,10 @@ func (r *KVReport) WriteMarkdown(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, "\n## Targets\n\n")
 	for _, a := range aggs {
-		if a.Policy != "kv_aware" {
+		if name, _ := policyFlags(a.Policy); name != "kv_aware" {
 			continue
 		}
-		line := fmt.Sprintf("- %s C=%d: kv_aware hit rate %s, %s points below the best (target ≤ 5 points: %s)", a.Fleet, a.Concurrency,
+		line := fmt.Sprintf("- %s C=%d: %s hit rate %s, %s points below the best (target ≤ 5 points: %s)", a.Fleet, a.Concurrency, a.Policy,
 			pct(a.HitRate), points(best-a.HitRate), map[bool]string{true: "met", false: "missed"}[best-a.HitRate <= 0.05])
 		for _, o := range aggs {
 			if o.Fleet == a.Fleet && o.Concurrency == a.Concurrency && o.Policy == "cache_aware" {

@@ -96,7 +96,7 @@ func TestKVQuick(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"**Best achievable hit rate: 66.7 %** (576 of 864 prompt tokens)", "| 2 unified | 2 | kv_aware |", "| 2P2D NIXL | 2 | round_robin |", "## Targets", "## The router's /tokenize calls (kv_aware)"} {
+	for _, want := range []string{"**Best achievable hit rate: 66.7 %** (576 of 864 prompt tokens)", "| 2 unified | 2 | kv_aware |", "| 2P2D NIXL | 2 | round_robin |", "## Targets", "- 2 unified C=2: kv_aware hit rate", "## The router's /tokenize calls (kv_aware)"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("kv.md lacks %q:\n%s", want, md)
 		}
