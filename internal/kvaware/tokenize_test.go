@@ -158,6 +158,16 @@ func TestLocalTokenizerMismatch(t *testing.T) {
 	}
 }
 
+// waitFor fails t unless cond holds within 20 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 20 s", what)
+		}
+	}
+}
+
 // TestLocalTokenizerBackgroundChecks: after the inline checks, local ids
 // are used at once and the next prompts, then one in SampleEvery, are
 // compared in the background; an engine that differs there switches the
@@ -183,16 +193,6 @@ func TestLocalTokenizerBackgroundChecks(t *testing.T) {
 		}
 		return ids
 	}
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 20 s (checks %d, background %d, engine calls %d)", what, tok.S.VerifyChecks.Load(), tok.S.VerifyBackground.Load(), eng.calls.Load())
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
 	// Prompt 1 is checked inline, 2 and 3 in the background, 4 and 5 not,
 	// 6 (a multiple of 3) in the background.
 	for i := 1; i <= 6; i++ {
@@ -201,7 +201,7 @@ func TestLocalTokenizerBackgroundChecks(t *testing.T) {
 			t.Fatalf("prompt %d: ids %v, want the local %v", i, ids, lt.Encode(p, true))
 		}
 	}
-	waitFor("three background checks", func() bool { return tok.S.VerifyBackground.Load() == 3 })
+	waitFor(t, "three background checks", func() bool { return tok.S.VerifyBackground.Load() == 3 })
 	if c, m, calls := tok.S.VerifyChecks.Load(), tok.S.VerifyMismatches.Load(), eng.calls.Load(); c != 4 || m != 0 || calls != 4 {
 		t.Errorf("checks %d, mismatches %d, engine calls %d; want 4, 0, 4", c, m, calls)
 	}
@@ -212,7 +212,7 @@ func TestLocalTokenizerBackgroundChecks(t *testing.T) {
 	for i := 7; i <= 9; i++ {
 		get(fmt.Sprintf("prompt number %d", i))
 	}
-	waitFor("switched off", tok.S.LocalOff.Load)
+	waitFor(t, "switched off", tok.S.LocalOff.Load)
 	if m := tok.S.VerifyMismatches.Load(); m != 1 {
 		t.Errorf("mismatches %d, want 1", m)
 	}
@@ -230,16 +230,6 @@ func TestLocalTokenizerBackgroundChecks(t *testing.T) {
 func TestLocalTokenizerProbe(t *testing.T) {
 	lt := loadTestTokenizer(t)
 	probes := uint64(2 * len(probeTexts))
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 20 s", what)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
 	t.Run("agrees", func(t *testing.T) {
 		var up atomic.Bool // the engine answers 503 until up
 		eng := newEngineTokenizer(t, lt.Encode)
@@ -257,7 +247,7 @@ func TestLocalTokenizerProbe(t *testing.T) {
 		tok.Probe(gate.URL)
 		time.Sleep(50 * time.Millisecond) // the first try fails: 503
 		up.Store(true)
-		waitFor("probe passed", func() bool { return tok.inline.Load() >= uint64(DefaultVerify) && !tok.probing.Load() })
+		waitFor(t, "probe passed", func() bool { return tok.inline.Load() >= uint64(DefaultVerify) && !tok.probing.Load() })
 		if c, b := tok.S.VerifyChecks.Load(), tok.S.VerifyBackground.Load(); c != probes || b != probes {
 			t.Fatalf("checks %d, background %d; want %d, %d", c, b, probes, probes)
 		}
@@ -280,7 +270,7 @@ func TestLocalTokenizerProbe(t *testing.T) {
 		tok.SetLocal(LocalOptions{Tokenizer: lt, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		t.Cleanup(tok.Close)
 		tok.Probe(eng.URL)
-		waitFor("switched off", tok.S.LocalOff.Load)
+		waitFor(t, "switched off", tok.S.LocalOff.Load)
 		if m := tok.S.VerifyMismatches.Load(); m != 1 {
 			t.Errorf("mismatches %d, want 1", m)
 		}
