@@ -11,6 +11,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -227,7 +228,43 @@ func (p *Policy) Pick(req *policy.Request, c policy.Candidates) (policy.Choice, 
 	if p.o.Speculative && len(pr.keys) > 0 {
 		p.spec.insert(pr.keys, w.Key(), p.o.Now(), p.o.SpeculativeTTL)
 	}
-	return policy.Choice{Worker: w, Reason: fmt.Sprintf("kv match %d/%d blocks, load %d", hit, len(pr.keys), bestLoad)}, nil
+	reason := fmt.Sprintf("kv match %d/%d blocks, load %d", hit, len(pr.keys), bestLoad)
+	return policy.Choice{Worker: w, Reason: reason + elsewhere(cached, w.Key())}, nil
+}
+
+// elsewhere lists, for the route receipt, the other workers holding part
+// of the prompt: ", elsewhere URL=blocks ..." with the most blocks first,
+// at most 4 ("" when none).
+func elsewhere(cached map[string]int, chosen string) string {
+	type held struct {
+		key    string
+		blocks int
+	}
+	var hs []held
+	for k, n := range cached {
+		if k != chosen && n > 0 {
+			hs = append(hs, held{k, n})
+		}
+	}
+	if len(hs) == 0 {
+		return ""
+	}
+	slices.SortFunc(hs, func(a, b held) int {
+		if a.blocks != b.blocks {
+			return b.blocks - a.blocks
+		}
+		return strings.Compare(a.key, b.key)
+	})
+	var b strings.Builder
+	b.WriteString(", elsewhere")
+	for i, h := range hs {
+		if i == 4 {
+			fmt.Fprintf(&b, " (+%d more)", len(hs)-4)
+			break
+		}
+		fmt.Fprintf(&b, " %s=%d", h.key, h.blocks)
+	}
+	return b.String()
 }
 
 // candidate is one usable worker's score.

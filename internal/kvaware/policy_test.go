@@ -144,8 +144,9 @@ func TestKVAwarePicksTheWorkerHoldingThePrefix(t *testing.T) {
 		return ch, req
 	}
 	ch, req := pick(completion(prompt), "/v1/completions")
-	if ch.Worker != ws[1] || !strings.Contains(ch.Reason, "kv match 8/10") {
-		t.Fatalf("picked %v (%s)", ch.Worker, ch.Reason)
+	if ch.Worker != ws[1] || !strings.HasPrefix(ch.Reason, "kv match 8/10 blocks, load 0, elsewhere "+ws[0].Key()+"=2") ||
+		strings.Contains(ch.Reason, ws[2].Key()) {
+		t.Fatalf("picked %v (%s), want B with A's 2 blocks listed and C's none", ch.Worker, ch.Reason)
 	}
 	if got := p.CachedBlocks(req); got[ws[0].Key()] != 2 || got[ws[1].Key()] != 8 || got[ws[2].Key()] != 0 {
 		t.Fatalf("cached %v", got)
@@ -413,5 +414,21 @@ func TestSpeculativeEntries(t *testing.T) {
 	s.insert([]uint64{5}, "a", t0.Add(time.Minute), ttl)
 	if len(s.m) != 1 || s.count != 1 || len(s.q)-s.head != 1 {
 		t.Errorf("after expiry: %d keys, count %d, %d batches; want 1, 1, 1", len(s.m), s.count, len(s.q)-s.head)
+	}
+}
+
+func TestElsewhere(t *testing.T) {
+	for _, tc := range []struct {
+		cached map[string]int
+		want   string
+	}{
+		{nil, ""},
+		{map[string]int{"a": 3, "b": 0}, ""},
+		{map[string]int{"a": 3, "b": 2, "c": 5, "d": 2}, ", elsewhere c=5 b=2 d=2"},
+		{map[string]int{"b": 1, "c": 2, "d": 3, "e": 4, "f": 5, "g": 6}, ", elsewhere g=6 f=5 e=4 d=3 (+2 more)"},
+	} {
+		if got := elsewhere(tc.cached, "a"); got != tc.want {
+			t.Errorf("elsewhere(%v) = %q, want %q", tc.cached, got, tc.want)
+		}
 	}
 }
