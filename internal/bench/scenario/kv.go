@@ -168,7 +168,11 @@ type KVRun struct {
 	// also asked of an engine to check the result, and of the checks
 	// those made in the background (off the request's path).
 	TokenizeLocal, TokenizeVerified, TokenizeBackground uint64
-	Note                                                string
+	// RouterCPU is the router's CPU seconds over the measured load
+	// (process_cpu_seconds_total; NaN when not read).
+	RouterCPU float64
+	Requests  int // completed and failed
+	Note      string
 }
 
 // tokenized is how many requests needed a prompt's ids: cache hits, local
@@ -418,6 +422,13 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 	if err != nil {
 		return run, err
 	}
+	run.RouterCPU = math.NaN()
+	cpu0 := math.NaN()
+	if m, err := scrapeMetrics(ctx, metricsURL); err == nil {
+		if v, ok := m["process_cpu_seconds_total"]; ok {
+			cpu0 = v
+		}
+	}
 	res, err := bench.Run(ctx, c.benchConfig(r.base, conc, d))
 	if err != nil {
 		return run, err
@@ -427,6 +438,7 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 		return run, err
 	}
 	run.Row = sweepRow("switchyard", policy, res)
+	run.Requests = res.Metrics.Completed + res.Metrics.Failed
 	if m, err := scrapeMetrics(ctx, metricsURL); err == nil {
 		run.TokenizeCalls = uint64(m["vllm_router_kv_tokenize_requests_total"])
 		run.TokenizeCacheHits = uint64(m["vllm_router_kv_tokenize_cache_hits_total"])
@@ -434,6 +446,9 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 		run.TokenizeLocal = uint64(m["vllm_router_kv_tokenize_local_total"])
 		run.TokenizeVerified = uint64(m["vllm_router_kv_tokenize_verify_checks_total"])
 		run.TokenizeBackground = uint64(m["vllm_router_kv_tokenize_verify_background_total"])
+		if v, ok := m["process_cpu_seconds_total"]; ok {
+			run.RouterCPU = v - cpu0
+		}
 	}
 	run.Queries, run.Hits, run.Evictions = after.Queries-before.Queries, after.Hits-before.Hits, after.Evictions-before.Evictions
 	if errs := failureReasons(res, 3); len(errs) > 0 {
@@ -637,6 +652,7 @@ type kvAgg struct {
 	HitRate, TTFT50    float64
 	TTFT99, Throughput float64
 	Evictions, Failed  float64
+	CPUPer1k           float64 // router CPU s per 1000 requests
 }
 
 func median(xs []float64) float64 {
@@ -657,7 +673,7 @@ func median(xs []float64) float64 {
 func (r *KVReport) aggregate() []kvAgg {
 	var out []kvAgg
 	idx := map[string]int{}
-	type acc struct{ hit, t50, t99, thr, ev, failed []float64 }
+	type acc struct{ hit, t50, t99, thr, ev, failed, cpu []float64 }
 	accs := []acc{}
 	for _, run := range r.Runs {
 		k := fmt.Sprintf("%s|%d|%s", run.Fleet, run.Concurrency, run.Policy)
@@ -675,12 +691,14 @@ func (r *KVReport) aggregate() []kvAgg {
 		a.thr = append(a.thr, run.Row.RequestThroughput)
 		a.ev = append(a.ev, float64(run.Evictions))
 		a.failed = append(a.failed, float64(run.Row.Failed))
+		a.cpu = append(a.cpu, 1000*run.RouterCPU/float64(run.Requests))
 		out[i].N++
 	}
 	for i := range out {
 		a := accs[i]
 		out[i].HitRate, out[i].TTFT50, out[i].TTFT99 = median(a.hit), median(a.t50), median(a.t99)
 		out[i].Throughput, out[i].Evictions, out[i].Failed = median(a.thr), median(a.ev), median(a.failed)
+		out[i].CPUPer1k = median(a.cpu)
 	}
 	return out
 }
@@ -726,6 +744,14 @@ func (r *KVReport) writeTokenize(b *bytes.Buffer) {
 	}
 }
 
+// cpu3 is seconds with 3 decimals, "–" when unknown.
+func cpu3(v float64) string {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return "–"
+	}
+	return fmt.Sprintf("%.3f", v)
+}
+
 func pct(v float64) string {
 	if math.IsNaN(v) {
 		return "n/a"
@@ -759,11 +785,11 @@ func (r *KVReport) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintf(&b, "**Best achievable hit rate: %s** (%d of %d prompt tokens). Each request is credited with the longest full-block prefix (at most its prompt less one token) it shares with any request sent before it, as if every block stayed cached and every request went where its prefix is; generated tokens never match (the resent answers are stand-ins). The workload has %d distinct blocks; the caches that count hold %d blocks (unified: %d × %d; PD prefills: 2 × %d), one unified worker %d; the longest prompt is %d tokens.\n\n",
 		pct(best), r.Bound.Hits, r.Bound.Queries, r.Bound.Blocks, c.Unified*c.NumBlocks, c.Unified, c.NumBlocks, c.pdNumBlocks(), c.NumBlocks, r.Bound.MaxPrompt)
 	fmt.Fprintf(&b, "Hit rate = Δ`vllm:prefix_cache_hits` / Δ`vllm:prefix_cache_queries` over the run, read from the workers (`/sim/stats` `prefix_cache`, the same counters); in PD, at the prefill workers.\n\n")
-	fmt.Fprintf(&b, "| fleet | C | policy | hit rate | best − hit (points) | TTFT P50 ms | TTFT P99 ms | req/s | evictions | failed |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| fleet | C | policy | hit rate | best − hit (points) | TTFT P50 ms | TTFT P99 ms | req/s | evictions | failed | router CPU s / 1k req |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	aggs := r.aggregate()
 	for _, a := range aggs {
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %.2f | %.0f | %.0f |\n", a.Fleet, a.Concurrency, a.Policy,
-			pct(a.HitRate), points(best-a.HitRate), ms(a.TTFT50), ms(a.TTFT99), a.Throughput, a.Evictions, a.Failed)
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %.2f | %.0f | %.0f | %s |\n", a.Fleet, a.Concurrency, a.Policy,
+			pct(a.HitRate), points(best-a.HitRate), ms(a.TTFT50), ms(a.TTFT99), a.Throughput, a.Evictions, a.Failed, cpu3(a.CPUPer1k))
 	}
 	fmt.Fprintf(&b, "\n## Targets\n\n")
 	for _, a := range aggs {

@@ -88,6 +88,9 @@ func TestKVQuick(t *testing.T) {
 		if tok := r.TokenizeCalls; (r.Policy == "kv_aware") != (tok == uint64(c.prompts()) && r.TokenizeSeconds > 0) {
 			t.Errorf("%s %s: %d /tokenize calls in %v s", r.Fleet, r.Policy, tok, r.TokenizeSeconds)
 		}
+		if !(r.RouterCPU > 0) || r.Requests != c.prompts() {
+			t.Errorf("%s %s: router CPU %v s over %d requests, want > 0 over %d", r.Fleet, r.Policy, r.RouterCPU, r.Requests, c.prompts())
+		}
 		if r.HitRate() > best+1e-9 {
 			t.Errorf("%s %s: hit rate %v above the bound %v", r.Fleet, r.Policy, r.HitRate(), best)
 		}
@@ -96,7 +99,7 @@ func TestKVQuick(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"**Best achievable hit rate: 66.7 %** (576 of 864 prompt tokens)", "| 2 unified | 2 | kv_aware |", "| 2P2D NIXL | 2 | round_robin |", "## Targets", "- 2 unified C=2: kv_aware hit rate", "## The router's /tokenize calls (kv_aware)"} {
+	for _, want := range []string{"**Best achievable hit rate: 66.7 %** (576 of 864 prompt tokens)", "| 2 unified | 2 | kv_aware |", "| 2P2D NIXL | 2 | round_robin |", "router CPU s / 1k req |", "## Targets", "- 2 unified C=2: kv_aware hit rate", "## The router's /tokenize calls (kv_aware)"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("kv.md lacks %q:\n%s", want, md)
 		}
