@@ -525,10 +525,28 @@ func (a *attemptRun) relay() *failure {
 	if a.st.merge {
 		return a.relayMerged()
 	}
-	e, st, pr, dl, dResp := a.e, a.st, a.pr, a.dl, a.dResp
+	e, st := a.e, a.st
+	body := a.writeHead()
+	// token usage: the decode's own report (the prefill's 1-token leg is never counted)
+	observeUsage, finishUsage := proxy.NewUsageObserver(e.m)
+	res := proxy.Relay(a.ctx, e.migWriter(st, a.w, a.dResp), readCloser{body, a.dResp.Body}, proxy.RelayOptions{
+		IdleTimeout: e.o.StreamIdleTimeout,
+		Stream:      st.stream,
+		Observe:     observeUsage,
+		OnFirstByte: a.onFirstByte,
+	})
+	finishUsage(res.UpstreamErr == nil && res.DownstreamOK && a.dResp.StatusCode < 300)
+	a.afterRelay(&res)
+	return nil
+}
+
+// writeHead writes D's status and headers (not flushed yet) and returns
+// D's body, its first chunk included.
+func (a *attemptRun) writeHead() io.Reader {
+	dResp := a.dResp
 	h := a.w.Header()
 	proxy.CopyResponseHeaders(h, dResp.Header)
-	if !st.stream && dResp.ContentLength >= 0 {
+	if !a.st.stream && dResp.ContentLength >= 0 {
 		// a short body then closes the connection instead of looking complete
 		h.Set("Content-Length", strconv.FormatInt(dResp.ContentLength, 10))
 	}
@@ -541,24 +559,26 @@ func (a *attemptRun) relay() *failure {
 	if len(a.first) > 0 {
 		body = io.MultiReader(bytes.NewReader(a.first), body)
 	}
-	// token usage: the decode's own report (the prefill's 1-token leg is never counted)
-	observeUsage, finishUsage := proxy.NewUsageObserver(e.m)
-	res := proxy.Relay(a.ctx, e.migWriter(st, a.w, dResp), readCloser{body, dResp.Body}, proxy.RelayOptions{
-		IdleTimeout: e.o.StreamIdleTimeout,
-		Stream:      st.stream,
-		Observe:     observeUsage,
-		OnFirstByte: func() {
-			if e.m != nil && !st.warmup && st.stream {
-				e.m.TTFT.WithLabelValues(st.route, "pd").Observe(e.o.Now().Sub(st.start).Seconds())
-			}
-		},
-	})
-	finishUsage(res.UpstreamErr == nil && res.DownstreamOK && dResp.StatusCode < 300)
+	return body
+}
+
+// onFirstByte observes the time to the first token of a stream.
+func (a *attemptRun) onFirstByte() {
+	e, st := a.e, a.st
+	if e.m != nil && !st.warmup && st.stream {
+		e.m.TTFT.WithLabelValues(st.route, "pd").Observe(e.o.Now().Sub(st.start).Seconds())
+	}
+}
+
+// afterRelay records how the relay ended: the decode leg's outcome, a
+// continuation on another pair (migration), or the end of the stream.
+func (a *attemptRun) afterRelay(res *proxy.RelayResult) {
+	e, st, pr, dl := a.e, a.st, a.pr, a.dl
 	if e.m != nil && !st.warmup {
 		e.m.PDDecodeSeconds.WithLabelValues(a.labels...).Observe(e.o.Now().Sub(dl.sent).Seconds())
 	}
-	if e.migrateAfterRelay(a.ctx, &res, st, pr, dl) {
-		return nil
+	if e.migrateAfterRelay(a.ctx, res, st, pr, dl) {
+		return
 	}
 	switch {
 	case res.UpstreamErr == nil && res.DownstreamOK:
@@ -571,9 +591,8 @@ func (a *attemptRun) relay() *failure {
 		if err == nil {
 			err = a.ctx.Err()
 		}
-		e.endAfterCommit(a.ctx, a.w, res, st, pr, dl, err)
+		e.endAfterCommit(a.ctx, a.w, *res, st, pr, dl, err)
 	}
-	return nil
 }
 
 // settle ends a committed attempt: D's body is closed, a prefill still
