@@ -166,6 +166,14 @@ func (e *Engine) newAttemptRun(ctx context.Context, w http.ResponseWriter, st *r
 
 func (a *attemptRun) dcancel() { a.dcause(context.Canceled) }
 
+// takePBody hands the prefill's body to its (only) leg: the attempt keeps
+// no reference, so the bytes go once the request is written (legBody).
+func (a *attemptRun) takePBody() []byte {
+	b := a.pBody
+	a.pBody = nil
+	return b
+}
+
 // interrupt ends the decode's wait for its first byte with cause (a no-op
 // once the wait is over: the response is the client's then).
 func (a *attemptRun) interrupt(cause error) {
@@ -236,7 +244,7 @@ func (a *attemptRun) prefillFirst() (dParams []byte, answered bool, f *failure) 
 	}
 	a.pl.holdOK = true
 	a.prof.start(pr.P)
-	out := e.runPrefill(a.ctx, a.pctx, st, pr, a.pl, a.pBody)
+	out := e.runPrefill(a.ctx, a.pctx, st, pr, a.pl, a.takePBody())
 	a.prof.stop(pr.P)
 	if out.fail != nil {
 		return nil, false, e.ctxFailure(a.ctx, st, out.fail)
@@ -325,7 +333,7 @@ func (a *attemptRun) launchPrefill() {
 // answering, so P seen dead (connect failure, left the registry) or P
 // failing ends the wait. It hands P's answer over on ch.
 func (a *attemptRun) watchPrefill(l *leg, ch chan<- prefillOut) {
-	out := a.e.runPrefill(a.ctx, a.pctx, a.st, a.pr, l, a.pBody)
+	out := a.e.runPrefill(a.ctx, a.pctx, a.st, a.pr, l, a.takePBody())
 	a.prof.stop(a.pr.P)
 	if out.fail != nil {
 		a.interrupt(errPrefillEnded)
@@ -369,6 +377,7 @@ func (a *attemptRun) waitFirstByte() *failure {
 		return f
 	}
 	a.dResp = resp
+	proxy.AwaitBody(resp.Body) // the buffer below is taken once D sent something
 	buf := make([]byte, firstReadSize)
 	var n int
 	for n == 0 && err == nil {

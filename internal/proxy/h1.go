@@ -491,6 +491,18 @@ func (b *h1Body) Read(p []byte) (int, error) {
 
 var errBodyClosed = errors.New("http: read on closed response body")
 
+// AwaitBody waits until the body's first byte has arrived, or its end or
+// an error (the Read that follows returns it), when body is one of
+// H1Transport's and was not read yet: the caller can then allocate its
+// read buffer once there is something to read (a decode's first token may
+// be seconds away). Other bodies return at once.
+func AwaitBody(body io.Reader) {
+	if b, ok := body.(*h1Body); ok && !b.started && !b.done.Load() {
+		b.started = true
+		b.c.waitReadable()
+	}
+}
+
 // Close closes the connection unless the body was read to its end; it may
 // run while a Read is blocked (the idle timeout) and unblocks it.
 func (b *h1Body) Close() error {
