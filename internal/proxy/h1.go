@@ -356,32 +356,11 @@ func (t *H1Transport) get(ctx context.Context, addr string) (*h1Conn, error) {
 		}
 		c.nc.Close()
 	}
-	nc, err := t.dialAside(ctx, addr)
+	nc, err := t.dial(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	return newH1Conn(nc, addr), nil
-}
-
-// dialAside dials on a goroutine of its own and waits for it (the dial
-// ends with ctx). Dialing is deep (net.Dialer's call chain takes ≈4 KiB of
-// stack), and a goroutine grows its stack by doubling and shrinks it only
-// at a collection that finds at most a quarter used: dialing from the
-// request's goroutine doubled its stack to 16 KiB for the rest of the
-// stream's life (docs/BENCHMARKS.md, section 3). Only new connections pay
-// the goroutine.
-func (t *H1Transport) dialAside(ctx context.Context, addr string) (net.Conn, error) {
-	type dialed struct {
-		nc  net.Conn
-		err error
-	}
-	ch := make(chan dialed, 1)
-	go func() {
-		nc, err := t.dial(ctx, "tcp", addr)
-		ch <- dialed{nc, err}
-	}()
-	d := <-ch
-	return d.nc, d.err
 }
 
 // open reports whether an idle connection is still usable: the worker has
