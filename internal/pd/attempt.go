@@ -166,6 +166,14 @@ func (e *Engine) newAttemptRun(ctx context.Context, w http.ResponseWriter, st *r
 
 func (a *attemptRun) dcancel() { a.dcause(context.Canceled) }
 
+// takePBody hands the prefill's body to its (only) leg: the attempt keeps
+// no reference, so the bytes go once the request is written (legBody).
+func (a *attemptRun) takePBody() []byte {
+	b := a.pBody
+	a.pBody = nil
+	return b
+}
+
 // interrupt ends the decode's wait for its first byte with cause (a no-op
 // once the wait is over: the response is the client's then).
 func (a *attemptRun) interrupt(cause error) {
@@ -236,7 +244,7 @@ func (a *attemptRun) prefillFirst() (dParams []byte, answered bool, f *failure) 
 	}
 	a.pl.holdOK = true
 	a.prof.start(pr.P)
-	out := e.runPrefill(a.ctx, a.pctx, st, pr, a.pl, a.pBody)
+	out := e.runPrefill(a.ctx, a.pctx, st, pr, a.pl, a.takePBody())
 	a.prof.stop(pr.P)
 	if out.fail != nil {
 		return nil, false, e.ctxFailure(a.ctx, st, out.fail)
@@ -325,7 +333,7 @@ func (a *attemptRun) launchPrefill() {
 // answering, so P seen dead (connect failure, left the registry) or P
 // failing ends the wait. It hands P's answer over on ch.
 func (a *attemptRun) watchPrefill(l *leg, ch chan<- prefillOut) {
-	out := a.e.runPrefill(a.ctx, a.pctx, a.st, a.pr, l, a.pBody)
+	out := a.e.runPrefill(a.ctx, a.pctx, a.st, a.pr, l, a.takePBody())
 	a.prof.stop(a.pr.P)
 	if out.fail != nil {
 		a.interrupt(errPrefillEnded)
@@ -369,6 +377,7 @@ func (a *attemptRun) waitFirstByte() *failure {
 		return f
 	}
 	a.dResp = resp
+	proxy.AwaitBody(resp.Body) // the buffer below is taken once D sent something
 	buf := make([]byte, firstReadSize)
 	var n int
 	for n == 0 && err == nil {
@@ -525,10 +534,28 @@ func (a *attemptRun) relay() *failure {
 	if a.st.merge {
 		return a.relayMerged()
 	}
-	e, st, pr, dl, dResp := a.e, a.st, a.pr, a.dl, a.dResp
+	e, st := a.e, a.st
+	body := a.writeHead()
+	// token usage: the decode's own report (the prefill's 1-token leg is never counted)
+	observeUsage, finishUsage := proxy.NewUsageObserver(e.m)
+	res := proxy.Relay(a.ctx, e.migWriter(st, a.w, a.dResp), readCloser{body, a.dResp.Body}, proxy.RelayOptions{
+		IdleTimeout: e.o.StreamIdleTimeout,
+		Stream:      st.stream,
+		Observe:     observeUsage,
+		OnFirstByte: a.onFirstByte,
+	})
+	finishUsage(res.UpstreamErr == nil && res.DownstreamOK && a.dResp.StatusCode < 300)
+	a.afterRelay(&res)
+	return nil
+}
+
+// writeHead writes D's status and headers (not flushed yet) and returns
+// D's body, its first chunk included.
+func (a *attemptRun) writeHead() io.Reader {
+	dResp := a.dResp
 	h := a.w.Header()
 	proxy.CopyResponseHeaders(h, dResp.Header)
-	if !st.stream && dResp.ContentLength >= 0 {
+	if !a.st.stream && dResp.ContentLength >= 0 {
 		// a short body then closes the connection instead of looking complete
 		h.Set("Content-Length", strconv.FormatInt(dResp.ContentLength, 10))
 	}
@@ -541,24 +568,26 @@ func (a *attemptRun) relay() *failure {
 	if len(a.first) > 0 {
 		body = io.MultiReader(bytes.NewReader(a.first), body)
 	}
-	// token usage: the decode's own report (the prefill's 1-token leg is never counted)
-	observeUsage, finishUsage := proxy.NewUsageObserver(e.m)
-	res := proxy.Relay(a.ctx, e.migWriter(st, a.w, dResp), readCloser{body, dResp.Body}, proxy.RelayOptions{
-		IdleTimeout: e.o.StreamIdleTimeout,
-		Stream:      st.stream,
-		Observe:     observeUsage,
-		OnFirstByte: func() {
-			if e.m != nil && !st.warmup && st.stream {
-				e.m.TTFT.WithLabelValues(st.route, "pd").Observe(e.o.Now().Sub(st.start).Seconds())
-			}
-		},
-	})
-	finishUsage(res.UpstreamErr == nil && res.DownstreamOK && dResp.StatusCode < 300)
+	return body
+}
+
+// onFirstByte observes the time to the first token of a stream.
+func (a *attemptRun) onFirstByte() {
+	e, st := a.e, a.st
+	if e.m != nil && !st.warmup && st.stream {
+		e.m.TTFT.WithLabelValues(st.route, "pd").Observe(e.o.Now().Sub(st.start).Seconds())
+	}
+}
+
+// afterRelay records how the relay ended: the decode leg's outcome, a
+// continuation on another pair (migration), or the end of the stream.
+func (a *attemptRun) afterRelay(res *proxy.RelayResult) {
+	e, st, pr, dl := a.e, a.st, a.pr, a.dl
 	if e.m != nil && !st.warmup {
 		e.m.PDDecodeSeconds.WithLabelValues(a.labels...).Observe(e.o.Now().Sub(dl.sent).Seconds())
 	}
-	if e.migrateAfterRelay(a.ctx, &res, st, pr, dl) {
-		return nil
+	if e.migrateAfterRelay(a.ctx, res, st, pr, dl) {
+		return
 	}
 	switch {
 	case res.UpstreamErr == nil && res.DownstreamOK:
@@ -571,9 +600,8 @@ func (a *attemptRun) relay() *failure {
 		if err == nil {
 			err = a.ctx.Err()
 		}
-		e.endAfterCommit(a.ctx, a.w, res, st, pr, dl, err)
+		e.endAfterCommit(a.ctx, a.w, *res, st, pr, dl, err)
 	}
-	return nil
 }
 
 // settle ends a committed attempt: D's body is closed, a prefill still

@@ -381,22 +381,60 @@ type reqState struct {
 }
 
 // Dispatch serves one PD generation request.
+//
+// It is split into begin (the request's checks and state), failover (the
+// attempts) and failedOver so that the frames on the request goroutine's
+// stack while a response is relayed stay small: a goroutine whose stack
+// once grew (doubling) keeps the larger stack until a collection finds at
+// most a quarter of it used, and the first flush of a response (net/http's
+// header writer) is deep. At thousands of open streams that is 8 KiB each
+// (docs/BENCHMARKS.md, section 3).
 func (e *Engine) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call) {
 	tw := &trackingWriter{ResponseWriter: w}
-	defer func() {
-		if v := recover(); v != nil {
-			if v == http.ErrAbortHandler {
-				panic(v)
-			}
-			e.log.Error("pd dispatch panic", "panic", v, "stack", string(debug.Stack()))
-			if !tw.wrote {
-				openai.WriteError(tw, http.StatusInternalServerError, "internal error in the PD engine")
-			}
-		}
-	}()
+	defer e.recoverDispatch(tw)
 	if c == nil {
 		c = &proxy.Call{Path: r.URL.Path}
 	}
+	st := e.begin(tw, r, c)
+	if st == nil {
+		return
+	}
+	ctx := r.Context()
+	if e.o.RequestTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, e.o.RequestTimeout)
+		defer cancel()
+	}
+
+	e.prepare(ctx, r, c, st)
+	if st.kind == routeResponses && !e.o.SplitResponses {
+		e.passthrough(ctx, tw, r, c, st)
+		return
+	}
+	if e.bypass(ctx, tw, r, c, st) {
+		return
+	}
+	st.mig = e.startMigration(r, c, st)
+	e.failover(ctx, tw, r, c, st)
+}
+
+// recoverDispatch answers 500 for a panic in Dispatch (net/http's
+// ErrAbortHandler goes on).
+func (e *Engine) recoverDispatch(tw *trackingWriter) {
+	if v := recover(); v != nil {
+		if v == http.ErrAbortHandler {
+			panic(v)
+		}
+		e.log.Error("pd dispatch panic", "panic", v, "stack", string(debug.Stack()))
+		if !tw.wrote {
+			openai.WriteError(tw, http.StatusInternalServerError, "internal error in the PD engine")
+		}
+	}
+}
+
+// begin checks the request and returns its state, or nil when it was
+// answered (an error).
+func (e *Engine) begin(tw *trackingWriter, r *http.Request, c *proxy.Call) *reqState {
 	if c.Receipt == nil {
 		c.Receipt = &proxy.Receipt{}
 	}
@@ -423,12 +461,12 @@ func (e *Engine) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call)
 
 	if r.Method != http.MethodPost {
 		e.fail(tw, st, "bad_request", http.StatusMethodNotAllowed, "only POST is supported on PD generation routes")
-		return
+		return nil
 	}
 	st.kind = classify(st.path)
 	if st.kind == routeNone {
 		e.fail(tw, st, "bad_request", http.StatusNotFound, fmt.Sprintf("route %s is not served in PD mode (PD serves /v1/completions, /v1/chat/completions, /v1/responses, /generate and /inference/v1/generate)", st.path))
-		return
+		return nil
 	}
 	st.obj = c.Obj
 	if st.obj == nil {
@@ -439,13 +477,13 @@ func (e *Engine) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call)
 				msg = rawjson.ErrNotObject.Error()
 			}
 			e.fail(tw, st, "bad_request", http.StatusBadRequest, msg)
-			return
+			return nil
 		}
 		st.obj = o
 	}
 	if msg := validate(st.kind, st.obj); msg != "" {
 		e.fail(tw, st, "bad_request", http.StatusBadRequest, msg)
-		return
+		return nil
 	}
 	if s, ok := st.obj.Bool("stream"); ok {
 		st.stream = s
@@ -459,35 +497,19 @@ func (e *Engine) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call)
 	case e.o.ForwardClientAuth:
 		st.auth = r.Header.Get("Authorization")
 	}
+	return st
+}
 
-	ctx := r.Context()
-	if e.o.RequestTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, e.o.RequestTimeout)
-		defer cancel()
-	}
-
-	e.prepare(ctx, r, c, st)
-	if st.kind == routeResponses && !e.o.SplitResponses {
-		e.passthrough(ctx, tw, r, c, st)
-		return
-	}
-	if e.bypass(ctx, tw, r, c, st) {
-		return
-	}
-
-	st.mig = e.startMigration(r, c, st)
-	exclude := map[string]bool{}
+// failover runs attempts on the pairs the policies pick until one answers
+// the client, or writes the failure.
+func (e *Engine) failover(ctx context.Context, tw *trackingWriter, r *http.Request, c *proxy.Call, st *reqState) {
+	rc := st.rc
+	var exclude map[string]bool // made by failedOver
 	var last *failure
-	for failovers := 0; ; {
+	for failovers := 0; ; failovers++ {
 		pr, pf := e.pickPair(r, c, st, exclude)
 		if pf != nil {
-			if last != nil {
-				last.msg += fmt.Sprintf(" (no pair left to fail over to after %d attempt(s): %s)", rc.Attempts, pf.msg)
-				e.writeFailure(tw, st, last)
-				return
-			}
-			e.writeFailure(tw, st, pf)
+			e.noPairLeft(tw, st, last, pf)
 			return
 		}
 		rc.Attempts++
@@ -499,39 +521,64 @@ func (e *Engine) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call)
 			return
 		}
 		last = f
-		if f.reason != "client_disconnect" {
-			e.log.Warn("pd attempt failed", "prefill", pr.P.Key(), "decode", pr.D.Key(), "leg", f.leg,
-				"reason", f.reason, "status", f.status, "err", f.msg, "retry", f.retry)
-		}
-		if !f.retry || failovers >= e.o.MaxFailovers || ctx.Err() != nil || f.w == nil {
-			e.writeFailure(tw, st, f)
+		if !e.failedOver(ctx, tw, st, &pr.Pair, f, failovers, &exclude) {
 			return
 		}
-		failovers++
-		if f.pair {
-			// the transfer between P and D failed: never this pair again,
-			// preferably neither of its workers, and a blamed one not at all
-			pk, dk := pr.P.Key(), pr.D.Key()
-			rc.Failovers = append(rc.Failovers, "pair "+pk+"+"+dk+": "+f.reason)
-			if st.badPairs == nil {
-				st.badPairs, st.avoid = map[[2]string]bool{}, map[string]bool{}
-			}
-			st.badPairs[[2]string{pk, dk}] = true
-			st.avoid[pk], st.avoid[dk] = true, true
-			if f.blameP {
-				exclude[pk] = true
-			}
-			if f.blameD {
-				exclude[dk] = true
-			}
-		} else {
-			rc.Failovers = append(rc.Failovers, f.leg+" "+f.w.Key()+": "+f.reason)
-			exclude[f.w.Key()] = true
-		}
-		if e.m != nil {
-			e.m.PDFailovers.WithLabelValues(f.reason).Inc()
-		}
 	}
+}
+
+// noPairLeft writes the failure when no pair is left: the last attempt's
+// (last, nil before the first) or the selection's (pf).
+func (e *Engine) noPairLeft(tw *trackingWriter, st *reqState, last, pf *failure) {
+	if last != nil {
+		last.msg += fmt.Sprintf(" (no pair left to fail over to after %d attempt(s): %s)", st.rc.Attempts, pf.msg)
+		e.writeFailure(tw, st, last)
+		return
+	}
+	e.writeFailure(tw, st, pf)
+}
+
+// failedOver handles attempt f's failure on pr: it writes the failure and
+// returns false when no other pair may be tried, else records what to
+// avoid (*excludep, made here, and st's bad pairs) and returns true.
+func (e *Engine) failedOver(ctx context.Context, tw *trackingWriter, st *reqState, pr *Pair, f *failure, failovers int, excludep *map[string]bool) bool {
+	rc := st.rc
+	if f.reason != "client_disconnect" {
+		e.log.Warn("pd attempt failed", "prefill", pr.P.Key(), "decode", pr.D.Key(), "leg", f.leg,
+			"reason", f.reason, "status", f.status, "err", f.msg, "retry", f.retry)
+	}
+	if !f.retry || failovers >= e.o.MaxFailovers || ctx.Err() != nil || f.w == nil {
+		e.writeFailure(tw, st, f)
+		return false
+	}
+	if *excludep == nil {
+		*excludep = map[string]bool{}
+	}
+	exclude := *excludep
+	if f.pair {
+		// the transfer between P and D failed: never this pair again,
+		// preferably neither of its workers, and a blamed one not at all
+		pk, dk := pr.P.Key(), pr.D.Key()
+		rc.Failovers = append(rc.Failovers, "pair "+pk+"+"+dk+": "+f.reason)
+		if st.badPairs == nil {
+			st.badPairs, st.avoid = map[[2]string]bool{}, map[string]bool{}
+		}
+		st.badPairs[[2]string{pk, dk}] = true
+		st.avoid[pk], st.avoid[dk] = true, true
+		if f.blameP {
+			exclude[pk] = true
+		}
+		if f.blameD {
+			exclude[dk] = true
+		}
+	} else {
+		rc.Failovers = append(rc.Failovers, f.leg+" "+f.w.Key()+": "+f.reason)
+		exclude[f.w.Key()] = true
+	}
+	if e.m != nil {
+		e.m.PDFailovers.WithLabelValues(f.reason).Inc()
+	}
+	return true
 }
 
 // pickedPair is a Pair plus the policies' reason.
@@ -906,6 +953,16 @@ func (t *trackingWriter) Write(b []byte) (int, error) {
 	return t.ResponseWriter.Write(b)
 }
 
-func (t *trackingWriter) Flush() { _ = http.NewResponseController(t.ResponseWriter).Flush() }
+func (t *trackingWriter) Flush() { _ = t.FlushError() }
+
+// FlushError flushes the client directly through the next writer's
+// FlushError (http.ResponseController's unwrapping adds a frame per
+// wrapper to the response's deep first flush).
+func (t *trackingWriter) FlushError() error {
+	if f, ok := t.ResponseWriter.(interface{ FlushError() error }); ok {
+		return f.FlushError()
+	}
+	return proxy.FlushNext(t.ResponseWriter)
+}
 
 func (t *trackingWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }

@@ -1,8 +1,9 @@
 package pd
 
 import (
-	"bytes"
 	"context"
+	"errors"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -175,9 +176,15 @@ func (e *Engine) legFailed(l *leg, reason string, err error) {
 // when tracing is on.
 func (e *Engine) newLegRequest(ctx context.Context, st *reqState, pr *Pair, l *leg, rank int, body []byte) (*http.Request, error) {
 	w := l.w
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.Endpoint(st.path), bytes.NewReader(body))
+	lb := &legBody{b: body}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.Endpoint(st.path), lb)
 	if err != nil {
 		return nil, err
+	}
+	req.ContentLength = int64(len(body))
+	req.GetBody = lb.again
+	if len(body) == 0 {
+		req.Body, req.GetBody = http.NoBody, nil
 	}
 	h := req.Header
 	h.Set("Content-Type", "application/json")
@@ -198,4 +205,48 @@ func (e *Engine) newLegRequest(ctx context.Context, st *reqState, pr *Pair, l *l
 	}
 	h.Set("User-Agent", "switchyard")
 	return req, nil
+}
+
+// legBody is a leg's request body. It lets go of the bytes once closed
+// (the transport closes it once the request is written), so that a leg
+// waiting for its answer (a prefill queued behind others, a decode
+// waiting for its KV cache) holds no copy of the prompt: at thousands of
+// open streams, and with long prompts, those copies add up
+// (docs/BENCHMARKS.md, section 3). Each attempt and a continuation build
+// their bodies anew; GetBody (a redirect, net/http's retry of a request
+// not written yet) works until the body is closed.
+type legBody struct {
+	mu  sync.Mutex
+	b   []byte // nil once closed
+	off int
+}
+
+var errLegBodyClosed = errors.New("pd: the leg's request body was already sent and released")
+
+func (lb *legBody) Read(p []byte) (int, error) {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	if lb.off >= len(lb.b) {
+		return 0, io.EOF
+	}
+	n := copy(p, lb.b[lb.off:])
+	lb.off += n
+	return n, nil
+}
+
+func (lb *legBody) Close() error {
+	lb.mu.Lock()
+	lb.b, lb.off = nil, 0
+	lb.mu.Unlock()
+	return nil
+}
+
+// again is the request's GetBody: a fresh reader while the bytes are held.
+func (lb *legBody) again() (io.ReadCloser, error) {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	if lb.b == nil {
+		return nil, errLegBodyClosed
+	}
+	return &legBody{b: lb.b}, nil
 }

@@ -42,11 +42,19 @@ type H1Transport struct {
 	sweep *time.Timer          // armed while idle connections exist
 }
 
-// h1ReadBuffer is each connection's read buffer: it holds a response head
-// and SSE framing (a worker's events are a few hundred bytes; reads larger
-// than the buffer bypass it). At thousands of open streams these buffers
-// are much of the router's memory.
+// h1ReadBuffer is a connection's read buffer while it reads: it holds a
+// response head and SSE framing (a worker's events are a few hundred bytes;
+// reads larger than the buffer bypass it). A connection takes one from
+// h1ReadBufs only once its worker has sent something (waitReadable), and
+// gives it back when it goes idle, so a connection that waits for a
+// response (a prefill queued behind others, a decode waiting for its KV)
+// or sits in the pool holds none: at thousands of open streams these
+// buffers were much of the router's memory (docs/BENCHMARKS.md, section 3).
 const h1ReadBuffer = 4 << 10
+
+// h1ReadBufs holds the read buffers, each in a bufio.Reader that serves as
+// its carrier (see h1Conn.attach).
+var h1ReadBufs = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, h1ReadBuffer) }}
 
 // h1InlineBody: bodies up to this size are written with the headers in one
 // write.
@@ -80,10 +88,77 @@ func (t *H1Transport) CloseIdleConnections() {
 
 // h1Conn is one upstream connection.
 type h1Conn struct {
-	nc        net.Conn
+	nc net.Conn
+	rc syscall.RawConn // nil: nc has no file descriptor (its buffer stays attached)
+	// br is the connection's reader; http.ReadResponse's body readers keep
+	// the pointer, so it never changes. Its buffer is attached (taken from
+	// h1ReadBufs) while a response is read and detached (given back) when
+	// nothing is buffered and the connection waits: a detached br is the
+	// zero Reader and must not be read from. Only the goroutine reading the
+	// connection attaches and detaches.
 	br        *bufio.Reader
+	spare     *bufio.Reader // while attached: the carrier the buffer came in
+	attached  bool
 	addr      string
 	idleSince time.Time
+}
+
+func newH1Conn(nc net.Conn, addr string) *h1Conn {
+	c := &h1Conn{nc: nc, br: new(bufio.Reader), addr: addr}
+	if sc, ok := nc.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			c.rc = rc
+		}
+	}
+	if c.rc == nil {
+		c.attach()
+	}
+	return c
+}
+
+// attach gives br a buffer from the pool (a no-op when it has one).
+func (c *h1Conn) attach() {
+	if c.attached {
+		return
+	}
+	r := h1ReadBufs.Get().(*bufio.Reader)
+	*c.br = *r
+	*r = bufio.Reader{}
+	c.spare = r
+	c.br.Reset(c.nc)
+	c.attached = true
+}
+
+// detach gives br's buffer back to the pool when nothing is buffered in it
+// (a no-op otherwise, and for a connection without a file descriptor).
+func (c *h1Conn) detach() {
+	if !c.attached || c.rc == nil || c.br.Buffered() > 0 {
+		return
+	}
+	r := c.spare
+	*r = *c.br
+	r.Reset(nil)
+	*c.br = bufio.Reader{}
+	c.spare = nil
+	c.attached = false
+	h1ReadBufs.Put(r)
+}
+
+// waitReadable waits, without holding a read buffer, until the worker has
+// sent something on the connection (or closed it, or the connection was
+// closed: the read that follows reports that), then attaches the buffer.
+// A read already buffered returns at once.
+func (c *h1Conn) waitReadable() {
+	c.detach()
+	if c.attached {
+		return
+	}
+	var one [1]byte
+	_ = c.rc.Read(func(fd uintptr) bool {
+		_, _, err := syscall.Recvfrom(int(fd), one[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		return err != syscall.EAGAIN && err != syscall.EWOULDBLOCK
+	})
+	c.attach()
 }
 
 // RoundTrip implements http.RoundTripper.
@@ -120,10 +195,10 @@ func (t *H1Transport) roundTrip(ctx context.Context, req *http.Request) (*http.R
 		return nil, err
 	}
 	bp := h1Bufs.Get().(*[]byte)
-	defer h1Bufs.Put(bp)
 	head, err := appendRequestHead((*bp)[:0], req)
 	*bp = head[:0]
 	if err != nil {
+		h1Bufs.Put(bp)
 		closeBody()
 		t.put(c) // unused
 		return nil, err
@@ -135,6 +210,7 @@ func (t *H1Transport) roundTrip(ctx context.Context, req *http.Request) (*http.R
 		return nil, err
 	}
 	err = c.writeRequest(bp, head, req)
+	h1Bufs.Put(bp) // not held while the response is awaited
 	closeBody()
 	if err != nil {
 		return fail(err)
@@ -142,6 +218,7 @@ func (t *H1Transport) roundTrip(ctx context.Context, req *http.Request) (*http.R
 	if tr := httptrace.ContextClientTrace(ctx); tr != nil && tr.WroteRequest != nil {
 		tr.WroteRequest(httptrace.WroteRequestInfo{})
 	}
+	c.waitReadable()
 	resp, err := readResponse(c.br, req)
 	if err != nil {
 		return fail(err)
@@ -283,26 +360,21 @@ func (t *H1Transport) get(ctx context.Context, addr string) (*h1Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &h1Conn{nc: nc, br: bufio.NewReaderSize(nc, h1ReadBuffer), addr: addr}, nil
+	return newH1Conn(nc, addr), nil
 }
 
 // open reports whether an idle connection is still usable: the worker has
 // neither closed it nor sent anything on it (a peek that would block).
 func (c *h1Conn) open() bool {
-	if c.br.Buffered() > 0 {
+	if c.attached && c.br.Buffered() > 0 {
 		return false
 	}
-	sc, ok := c.nc.(syscall.Conn)
-	if !ok {
+	if c.rc == nil {
 		return true
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
 	}
 	alive := false
 	var one [1]byte
-	err = rc.Read(func(fd uintptr) bool {
+	err := c.rc.Read(func(fd uintptr) bool {
 		n, _, err := syscall.Recvfrom(int(fd), one[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		alive = n < 0 && (err == syscall.EAGAIN || err == syscall.EWOULDBLOCK)
 		return true // never wait for readiness
@@ -368,6 +440,10 @@ type h1Body struct {
 	keep bool          // the connection may be reused
 	done atomic.Bool
 	eof  atomic.Bool // done after a clean end
+	// started: the first Read ran. It waits for the body's first byte
+	// without a read buffer (a decode's first token can be seconds away,
+	// behind the worker's queue and the KV transfer).
+	started bool
 }
 
 func (b *h1Body) Read(p []byte) (int, error) {
@@ -376,6 +452,10 @@ func (b *h1Body) Read(p []byte) (int, error) {
 			return 0, io.EOF
 		}
 		return 0, errBodyClosed
+	}
+	if !b.started {
+		b.started = true
+		b.c.waitReadable()
 	}
 	n, err := b.rc.Read(p)
 	switch {
@@ -389,6 +469,18 @@ func (b *h1Body) Read(p []byte) (int, error) {
 }
 
 var errBodyClosed = errors.New("http: read on closed response body")
+
+// AwaitBody waits until the body's first byte has arrived, or its end or
+// an error (the Read that follows returns it), when body is one of
+// H1Transport's and was not read yet: the caller can then allocate its
+// read buffer once there is something to read (a decode's first token may
+// be seconds away). Other bodies return at once.
+func AwaitBody(body io.Reader) {
+	if b, ok := body.(*h1Body); ok && !b.started && !b.done.Load() {
+		b.started = true
+		b.c.waitReadable()
+	}
+}
 
 // Close closes the connection unless the body was read to its end; it may
 // run while a Read is blocked (the idle timeout) and unblocks it.
@@ -405,6 +497,7 @@ func (b *h1Body) finish(clean bool) {
 	}
 	b.eof.Store(clean)
 	if clean && b.stop() && b.keep && b.c.br.Buffered() == 0 {
+		b.c.detach()
 		b.t.put(b.c)
 		return
 	}

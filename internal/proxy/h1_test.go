@@ -133,6 +133,12 @@ func TestH1RequestAndReuse(t *testing.T) {
 			if n := s.conns.Load(); n != 1 {
 				t.Fatalf("request %d: %d upstream connections, want 1 (keep-alive)", i, n)
 			}
+			tr.mu.Lock()
+			idle := tr.idle[s.Listener.Addr().String()]
+			tr.mu.Unlock()
+			if len(idle) != 1 || idle[0].attached {
+				t.Fatalf("idle pool %d connection(s), want 1 holding no read buffer", len(idle))
+			}
 		})
 	}
 }
@@ -416,5 +422,87 @@ func BenchmarkH1RoundTrip(b *testing.B) {
 			}
 			tc.rt.(interface{ CloseIdleConnections() }).CloseIdleConnections()
 		})
+	}
+}
+
+// An h1Conn holds its read buffer only while something is to be read:
+// waitReadable waits for the worker's bytes (or its close, or a local
+// close) without one and attaches it; detach gives it back only when
+// nothing is buffered.
+func TestH1ReadBufferOnlyWhileReading(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+		close(accepted)
+	}()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer := <-accepted
+	if peer == nil {
+		t.Fatal("accept failed")
+	}
+	defer peer.Close()
+	c := newH1Conn(nc, ln.Addr().String())
+	defer nc.Close()
+	if c.attached || c.rc == nil {
+		t.Fatalf("new connection: attached %v, raw conn %v; want no buffer yet", c.attached, c.rc != nil)
+	}
+	// wait runs waitReadable, bounded (a hang guard, not a timing claim).
+	wait := func() {
+		t.Helper()
+		done := make(chan struct{})
+		go func() { c.waitReadable(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("waitReadable did not return within 10 s")
+		}
+	}
+	for _, tc := range []struct {
+		name      string
+		send      string
+		read      int
+		wantAfter bool // attached after detach
+	}{
+		{"all read: buffer given back", "hello", 5, false},
+		{"bytes left: buffer kept", "ab", 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := io.WriteString(peer, tc.send); err != nil {
+				t.Fatal(err)
+			}
+			wait()
+			if !c.attached {
+				t.Fatal("no buffer attached after waitReadable")
+			}
+			got := make([]byte, tc.read)
+			if _, err := io.ReadFull(c.br, got); err != nil || string(got) != tc.send[:tc.read] {
+				t.Fatalf("read %q %v, want %q", got, err, tc.send[:tc.read])
+			}
+			c.detach()
+			if c.attached != tc.wantAfter {
+				t.Fatalf("attached %v after detach, want %v", c.attached, tc.wantAfter)
+			}
+		})
+	}
+	// what was left is still there; then the peer's close ends a wait
+	wait()
+	if b, err := c.br.ReadByte(); err != nil || b != 'b' {
+		t.Fatalf("left byte %q %v, want 'b'", b, err)
+	}
+	peer.Close()
+	wait()
+	if _, err := c.br.ReadByte(); !errors.Is(err, io.EOF) {
+		t.Fatalf("read after the peer closed: %v, want EOF", err)
 	}
 }

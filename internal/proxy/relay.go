@@ -57,7 +57,6 @@ type RelayResult struct {
 // fires. Bytes read together with an error are still written first. The
 // caller has already written the status line and closes the body.
 func Relay(ctx context.Context, w http.ResponseWriter, body io.Reader, o RelayOptions) RelayResult {
-	rc := http.NewResponseController(w)
 	pool := &bufPool
 	if o.Stream {
 		pool = &streamBufPool
@@ -65,6 +64,7 @@ func Relay(ctx context.Context, w http.ResponseWriter, body io.Reader, o RelayOp
 	bp := pool.get()
 	defer pool.put(bp)
 	buf := *bp
+	fl, _ := w.(interface{ FlushError() error }) // FlushNext, without its frame
 	res := RelayResult{DownstreamOK: true, AtEventBoundary: true}
 	var tail uint32 // the last four bytes written, oldest in the high byte
 
@@ -89,7 +89,13 @@ func Relay(ctx context.Context, w http.ResponseWriter, body io.Reader, o RelayOp
 				res.DownstreamOK = false
 				return res
 			}
-			if ferr := rc.Flush(); ferr != nil && !errors.Is(ferr, http.ErrNotSupported) {
+			var ferr error
+			if fl != nil {
+				ferr = fl.FlushError()
+			} else {
+				ferr = flushController(w)
+			}
+			if ferr != nil && !errors.Is(ferr, http.ErrNotSupported) {
 				res.DownstreamOK = false
 				return res
 			}
@@ -214,3 +220,19 @@ func (p *relayPool) put(b *[]byte) {
 	default:
 	}
 }
+
+// FlushNext flushes w through its own FlushError when it has one (as
+// net/http's response and the router's writers do), else through
+// http.ResponseController. A writer wrapping another flushes with it: one
+// call per wrapper instead of a controller's, which keeps the first flush
+// of a response (net/http writes the headers then, deep in its stack)
+// shallower (docs/BENCHMARKS.md, section 3).
+func FlushNext(w http.ResponseWriter) error {
+	if f, ok := w.(interface{ FlushError() error }); ok {
+		return f.FlushError()
+	}
+	return flushController(w) // out of line: FlushNext itself inlines
+}
+
+//go:noinline
+func flushController(w http.ResponseWriter) error { return http.NewResponseController(w).Flush() }

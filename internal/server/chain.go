@@ -53,18 +53,48 @@ func RequestID(ctx context.Context) string {
 // CORS → auth → access log/metrics → body limit → mux. Keeping it one
 // function means one ResponseWriter wrapper and one context per request.
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
-	// The request's state and its ResponseWriter wrapper live and die
-	// together: one allocation for both.
+	st, rw := s.newRequestState(w, r)
+	s.active.inc()
+	defer s.active.dec()
+	defer s.recoverPanic(rw, r)
+
+	r, answered := s.beginRequest(w, r, st)
+	if answered {
+		return
+	}
+
+	defer func(r *http.Request) {
+		v := recover()
+		defer s.finish(rw, r) // also when onPanic re-panics to abort the connection
+		if v != nil {
+			s.onPanic(rw, r, v)
+		}
+	}(r)
+
+	if !s.admitRequest(w, rw, r, st) {
+		return
+	}
+	s.mux.ServeHTTP(rw, r)
+}
+
+// newRequestState returns the request's state and its ResponseWriter
+// wrapper, which live and die together: one allocation for both.
+func (s *Server) newRequestState(w http.ResponseWriter, r *http.Request) (*reqState, *respWriter) {
 	pair := &struct {
 		st reqState
 		rw respWriter
 	}{st: reqState{start: time.Now(), route: s.classify(r)}}
 	st, rw := &pair.st, &pair.rw
 	*rw = respWriter{ResponseWriter: w, s: s, st: st}
-	s.active.inc()
-	defer s.active.dec()
-	defer s.recoverPanic(rw, r)
+	return st, rw
+}
 
+// beginRequest sets the request id, answers a CORS preflight (answered)
+// and returns r with the request's context (its state, the server span).
+// It and admitRequest are serveHTTP's steps in frames of their own: while
+// a response is relayed only serveHTTP's stays on the stack, below the
+// deep first flush (docs/BENCHMARKS.md, section 3).
+func (s *Server) beginRequest(w http.ResponseWriter, r *http.Request, st *reqState) (_ *http.Request, answered bool) {
 	// request id
 	st.id = s.requestID(r)
 	w.Header().Set("X-Request-Id", st.id)
@@ -72,7 +102,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	// CORS (answers preflights itself)
 	if s.cors.apply(w, r) {
 		w.WriteHeader(http.StatusNoContent)
-		return
+		return r, true
 	}
 
 	ctx := r.Context()
@@ -82,30 +112,29 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx = context.WithValue(ctx, stateKey{}, st)
 	r = r.WithContext(ctx)
 
-	// auth and everything after it are logged and measured
+	// auth and everything after it are logged and measured (serveHTTP's
+	// deferred finish)
 	s.requestsTotalFor(st.route.label).Inc()
 	s.inFlight.Inc()
-	defer func(r *http.Request) {
-		v := recover()
-		defer s.finish(rw, r) // also when onPanic re-panics to abort the connection
-		if v != nil {
-			s.onPanic(rw, r, v)
-		}
-	}(r)
+	return r, false
+}
 
+// admitRequest authorizes the request and bounds its body; false when it
+// answered the request.
+func (s *Server) admitRequest(w http.ResponseWriter, rw *respWriter, r *http.Request, st *reqState) bool {
 	if !s.authorize(rw, r, st.route.access) {
-		return
+		return false
 	}
 
 	// body limit
 	if r.ContentLength > s.o.MaxPayloadSize {
 		s.writeError(rw, r, http.StatusRequestEntityTooLarge, "payload_too_large", tooLargeMessage(s.o.MaxPayloadSize))
-		return
+		return false
 	}
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = http.MaxBytesReader(w, r.Body, s.o.MaxPayloadSize)
 	}
-	s.mux.ServeHTTP(rw, r)
+	return true
 }
 
 func tooLargeMessage(limit int64) string {
@@ -383,6 +412,12 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 	}
 	body, err := readAll(r.Body, r.ContentLength, s.o.MaxPayloadSize)
 	if err == nil {
+		// Closed at its end, the body is done with for net/http: the
+		// response's first write no longer tries to discard what is left
+		// of it (an io.CopyN to io.Discard whose call chain, at the bottom
+		// of a relay, doubled the request goroutine's stack for the rest of
+		// a stream's life: docs/BENCHMARKS.md, section 3).
+		_ = r.Body.Close()
 		if deadline {
 			// A deadline left on the connection would fire during a long
 			// stream and cancel the request (net/http's background read,
@@ -493,7 +528,10 @@ func (w *respWriter) FlushError() error {
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
 	}
-	return http.NewResponseController(w.ResponseWriter).Flush()
+	if f, ok := w.ResponseWriter.(interface{ FlushError() error }); ok {
+		return f.FlushError() // directly: one frame less on the deep first flush
+	}
+	return proxy.FlushNext(w.ResponseWriter)
 }
 
 func (w *respWriter) Flush() { _ = w.FlushError() }

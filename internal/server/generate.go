@@ -18,16 +18,44 @@ var pdPassthroughRoutes = map[string]bool{"/v1/embeddings": true, "/v1/rerank": 
 // handleGenerate reads and checks the JSON body, takes an admission slot,
 // and hands the request to the dispatcher. The slot is released when the
 // dispatcher returns, i.e. after the last byte of the (streamed) response.
+//
+// The checks are in admitGenerate, whose frame is gone from the stack
+// while the response is relayed (the first flush of a response is deep,
+// and a goroutine whose stack doubled once keeps the larger stack:
+// docs/BENCHMARKS.md, section 3).
 func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
+	c, release, passthrough := s.admitGenerate(w, r)
+	if c == nil {
+		return
+	}
+	defer release()
+	r = r.WithContext(proxy.WithCall(r.Context(), c))
+	if passthrough {
+		// The Call in the context gives the passthrough its route label and
+		// receipt; the body it streams is the one already read.
+		setBody(r, c.Body)
+		s.o.Passthrough.ServeHTTP(w, r)
+		return
+	}
+	if c.Route == responsesRoute && s.o.History != nil {
+		w = s.learnResponseID(w, c)
+	}
+	s.o.Generate.Dispatch(w, r, c)
+}
+
+// admitGenerate reads and checks the body and takes the admission slot:
+// it returns the request's Call, the slot's release and whether the route
+// is passed through, or a nil Call when it answered the request.
+func (s *Server) admitGenerate(w http.ResponseWriter, r *http.Request) (*proxy.Call, func(), bool) {
 	st := stateFrom(r.Context())
 	route := st.route.label
 	body, ok := s.readBody(w, r)
 	if !ok {
-		return
+		return nil, nil, false
 	}
 	if len(body) == 0 {
 		s.writeError(w, r, http.StatusBadRequest, "invalid_json", "Request body is empty: expected a JSON object")
-		return
+		return nil, nil, false
 	}
 	obj, err := rawjson.Parse(body)
 	if err != nil {
@@ -36,28 +64,29 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
 			msg = "Invalid request body: expected a JSON object"
 		}
 		s.writeError(w, r, http.StatusBadRequest, "invalid_json", msg)
-		return
+		return nil, nil, false
 	}
 
 	release, err := s.limiter.Admit(r.Context(), r.Header, obj)
 	if err != nil {
 		s.rejectAdmission(w, r, err)
-		return
+		return nil, nil, false
 	}
-	defer release()
 	if p, ok := s.limiter.EnginePriority(r.Header, obj); ok {
 		// --flow-engine-priority: the band travels to vLLM's scheduler.
 		body = obj.Apply(rawjson.Set("priority", strconv.AppendInt(nil, p, 10)))
 		if obj, err = rawjson.Parse(body); err != nil {
 			s.writeError(w, r, http.StatusInternalServerError, "internal", "patching priority: "+err.Error())
-			return
+			release()
+			return nil, nil, false
 		}
 	}
 
 	passthrough := s.o.Mode == ModePD && pdPassthroughRoutes[route]
 	if passthrough && s.o.Passthrough == nil {
 		s.writeError(w, r, http.StatusNotImplemented, "not_implemented", route+" is not available in PD mode")
-		return
+		release()
+		return nil, nil, false
 	}
 
 	stream, _ := obj.Bool("stream")
@@ -78,18 +107,7 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
 		Receipt:   &box.rec,
 	}
 	st.call = c
-	r = r.WithContext(proxy.WithCall(r.Context(), c))
-	if passthrough {
-		// The Call in the context gives the passthrough its route label and
-		// receipt; the body it streams is the one already read.
-		setBody(r, body)
-		s.o.Passthrough.ServeHTTP(w, r)
-		return
-	}
-	if route == responsesRoute && s.o.History != nil {
-		w = s.learnResponseID(w, c)
-	}
-	s.o.Generate.Dispatch(w, r, c)
+	return c, release, passthrough
 }
 
 func (s *Server) rejectAdmission(w http.ResponseWriter, r *http.Request, err error) {
