@@ -88,8 +88,10 @@ func TestKVQuick(t *testing.T) {
 		if tok := r.TokenizeCalls; (r.Policy == "kv_aware") != (tok == uint64(c.prompts()) && r.TokenizeSeconds > 0) {
 			t.Errorf("%s %s: %d /tokenize calls in %v s", r.Fleet, r.Policy, tok, r.TokenizeSeconds)
 		}
-		if !(r.RouterCPU > 0) || r.Requests != c.prompts() {
-			t.Errorf("%s %s: router CPU %v s over %d requests, want > 0 over %d", r.Fleet, r.Policy, r.RouterCPU, r.Requests, c.prompts())
+		// Read, not NaN (process_cpu_seconds_total counts in 10 ms steps:
+		// 12 requests may cost less than one).
+		if !(r.RouterCPU >= 0) || r.Requests != c.prompts() {
+			t.Errorf("%s %s: router CPU %v s over %d requests, want >= 0 over %d", r.Fleet, r.Policy, r.RouterCPU, r.Requests, c.prompts())
 		}
 		if r.HitRate() > best+1e-9 {
 			t.Errorf("%s %s: hit rate %v above the bound %v", r.Fleet, r.Policy, r.HitRate(), best)
