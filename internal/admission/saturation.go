@@ -37,9 +37,14 @@ type SaturationConfig struct {
 	PollInterval time.Duration
 	// Timeout bounds one poll; 0 → min(PollInterval, 2 s).
 	Timeout time.Duration
-	Client  *http.Client
-	Metrics *metrics.Metrics
-	Logger  *slog.Logger
+	// AvoidPrefill and IsolatePrefill are the prefill rules (steer.go;
+	// regular mode only): the highest band's pick prefers workers with the
+	// fewest requests awaiting their first byte; lower bands are held off a
+	// worker while a highest-band request there awaits its first byte.
+	AvoidPrefill, IsolatePrefill bool
+	Client                       *http.Client
+	Metrics                      *metrics.Metrics
+	Logger                       *slog.Logger
 }
 
 // Detector judges whether the fleet is saturated: the flow-control gate.
@@ -113,8 +118,13 @@ func (d *Detector) polls() bool { return d.c.MaxWaiting > 0 || d.c.MaxKVUsage > 
 func (d *Detector) Run(ctx context.Context, kick func()) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	unsubscribe := d.c.Registry.Subscribe(func(worker.Change) { kick() })
+	arm := d.armer(kick)
+	unsubscribe := d.c.Registry.Subscribe(func(ch worker.Change) {
+		arm(ch.Added)
+		kick()
+	})
 	defer unsubscribe()
+	defer d.armer(nil)(d.c.Registry.Snapshot().All)
 	t := time.NewTicker(d.c.PollInterval)
 	defer t.Stop()
 	for {
@@ -122,13 +132,33 @@ func (d *Detector) Run(ctx context.Context, kick func()) {
 			d.pollAll(ctx, &wg)
 		}
 		kick()
-		for _, w := range d.c.Registry.Snapshot().All {
+		all := d.c.Registry.Snapshot().All
+		arm(all)
+		for _, w := range all {
 			d.Worker(w) // publish the per-worker gauges
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// armer returns the function that makes each worker's last highest-band
+// request reaching its first byte call kick (IsolatePrefill: the lower
+// bands held off that worker may go); a no-op without IsolatePrefill.
+func (d *Detector) armer(kick func()) func([]*worker.Worker) {
+	if !d.c.IsolatePrefill || d.c.PD {
+		return func([]*worker.Worker) {}
+	}
+	var f *func()
+	if kick != nil {
+		f = &kick
+	}
+	return func(ws []*worker.Worker) {
+		for _, w := range ws {
+			w.OnTopPrefillDone(f)
 		}
 	}
 }
@@ -289,24 +319,31 @@ func (d *Detector) saturated(w *worker.Worker) bool {
 	return false
 }
 
-// Open is the Scheduler's gate: false while the fleet is saturated.
-func (d *Detector) Open(inUse int) bool {
+// Open is the Scheduler's gate: false while the fleet is saturated. top
+// says whether the request to dispatch is of the highest band; with
+// IsolatePrefill a lower band is also held while every available worker
+// is saturated or has a highest-band request awaiting its first byte.
+func (d *Detector) Open(inUse int, top bool) bool {
 	snap := d.c.Registry.Snapshot()
 	if d.c.PD {
-		satP := d.fleetSaturated(snap.Prefill, -1) // a prefill leg is short: no capacity count
-		satD := d.fleetSaturated(snap.Decode, inUse)
+		satP := d.fleetSaturated(snap.Prefill, -1, false) // a prefill leg is short: no capacity count
+		satD := d.fleetSaturated(snap.Decode, inUse, false)
 		d.setFleet(&d.satPrefill, "prefill", satP)
 		d.setFleet(&d.satMain, "decode", satD)
 		return !satP && !satD
 	}
-	sat := d.fleetSaturated(snap.Regular, inUse)
+	sat := d.fleetSaturated(snap.Regular, inUse, false)
 	d.setFleet(&d.satMain, "regular", sat)
+	if !sat && d.c.IsolatePrefill && !top {
+		return !d.fleetSaturated(snap.Regular, inUse, true)
+	}
 	return !sat
 }
 
-// fleetSaturated: every available worker saturated, or (inUse >= 0 and a
+// fleetSaturated: every available worker saturated (or, with held, has a
+// highest-band request awaiting its first byte), or (inUse >= 0 and a
 // per-worker limit) the slots in use reach the fleet's in-flight capacity.
-func (d *Detector) fleetSaturated(ws []*worker.Worker, inUse int) bool {
+func (d *Detector) fleetSaturated(ws []*worker.Worker, inUse int, held bool) bool {
 	avail, capacity, all := 0, 0, true
 	for _, w := range ws {
 		if !w.Available() {
@@ -322,7 +359,9 @@ func (d *Detector) fleetSaturated(ws []*worker.Worker, inUse int) bool {
 				capacity += int(w.Load())
 			}
 		} else {
-			all = false
+			if !held || w.PrefillingTop() == 0 {
+				all = false
+			}
 			capacity += d.c.MaxInFlight
 		}
 	}

@@ -313,8 +313,16 @@ func (c *Config) validateExtras(add func(*Error)) {
 	}
 	if c.FlowControl {
 		c.validateFlow(add)
-	} else if c.FlowEnginePriority {
-		add(invalid("--flow-engine-priority", "true", "Needs --flow-control (the priority is the request's flow-control band)"))
+	} else {
+		if c.FlowEnginePriority {
+			add(invalid("--flow-engine-priority", "true", "Needs --flow-control (the priority is the request's flow-control band)"))
+		}
+		if c.FlowAvoidPrefill {
+			add(invalid("--flow-avoid-prefill", "true", "Needs --flow-control (the rule is about the flow-control bands)"))
+		}
+		if c.FlowIsolatePrefill {
+			add(invalid("--flow-isolate-prefill", "true", "Needs --flow-control (the rule is about the flow-control bands)"))
+		}
 	}
 	if c.CBMinRequests < 1 {
 		add(invalid("--cb-min-requests", "0", "Must be >= 1"))

@@ -276,6 +276,10 @@ func TestValidate(t *testing.T) {
 		{name: "engine priority without flow control", args: with(w, "--flow-engine-priority"), want: []string{
 			"invalid value for --flow-engine-priority: true - Needs --flow-control (the priority is the request's flow-control band)",
 		}},
+		{name: "prefill rules without flow control", args: with(w, "--flow-avoid-prefill", "--flow-isolate-prefill"), want: []string{
+			"invalid value for --flow-avoid-prefill: true - Needs --flow-control (the rule is about the flow-control bands)",
+			"invalid value for --flow-isolate-prefill: true - Needs --flow-control (the rule is about the flow-control bands)",
+		}},
 		{name: "flow lists unchecked while flow control is off", args: with(w, "--flow-bands", "b", "--flow-weights", "x")},
 
 		// Order across rules.

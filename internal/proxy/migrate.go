@@ -136,7 +136,7 @@ func (p *Regular) migrateOnce(ctx context.Context, w http.ResponseWriter, rs *re
 	m.done++
 	ctx, span := startMigrationSpan(ctx, rs, wk, cause, m)
 	defer span.End()
-	slot := p.startSlot(wk, done)
+	slot := p.startSlot(wk, done, rs)
 	defer slot.release()
 	crs := *rs
 	crs.body = body

@@ -39,7 +39,7 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	release, err := s.limiter.Admit(r.Context(), r.Header, obj)
+	release, top, err := s.limiter.Admit(r.Context(), r.Header, obj)
 	if err != nil {
 		s.rejectAdmission(w, r, err)
 		return
@@ -76,6 +76,7 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
 		RequestID: st.id,
 		Start:     st.start,
 		Receipt:   &box.rec,
+		Top:       top,
 	}
 	st.call = c
 	r = r.WithContext(proxy.WithCall(r.Context(), c))

@@ -34,6 +34,14 @@ type FlowConfig struct {
 	// (--flow-engine-priority). Requests without the field are served in
 	// arrival order by such an engine, so the other runs are unchanged.
 	EnginePriority bool
+	// PrefillRules adds a run whose flow router also applies the prefill
+	// rules (--flow-avoid-prefill --flow-isolate-prefill).
+	PrefillRules bool
+	// IdleMatch adds a second idle run at IdleRate, long enough for at
+	// least as many samples as the overload runs' high band is expected to
+	// have (HighShare × Overload × capacity × Duration), so the idle and
+	// loaded P99s are percentiles of samples of the same size.
+	IdleMatch bool
 	// QueueInFlight is --flow-worker-max-inflight of the run that lets
 	// each engine queue (above MaxNumSeqs) for engine priority to order.
 	QueueInFlight int
@@ -59,7 +67,7 @@ func DefaultFlowConfig() FlowConfig {
 	return FlowConfig{
 		Sims: 2, MaxNumSeqs: 16, StepBase: 20 * time.Millisecond, StepPerSeq: 250 * time.Microsecond,
 		PrefillBase: 10 * time.Millisecond, PrefillTok: 40 * time.Microsecond, Headroom: 12,
-		EnginePriority: true, QueueInFlight: 24,
+		EnginePriority: true, QueueInFlight: 24, PrefillRules: true, IdleMatch: true,
 		InputWords: 256, OutputLen: 48,
 		Overload: 2, HighShare: 0.2, HeavyRatio: 10, Duration: 60 * time.Second,
 		Idle: 15 * time.Second, IdleRate: 2, QueueSize: 512, QueueTimout: 20 * time.Second, Seed: 1234,
@@ -112,9 +120,15 @@ type FlowReport struct {
 	Machine     string
 	CapacityRPS float64
 	IdleP99     float64 // ms, high band on the idle fleet (flow control on)
-	Runs        []FlowRun
-	Notes       []string
-	Elapsed     time.Duration
+	IdleN       int     // its samples
+	// IdleMatchP99 is the same over the longer idle run (IdleMatch), with
+	// IdleMatchN samples over IdleMatchDur; 0 when not run.
+	IdleMatchP99 float64
+	IdleMatchN   int
+	IdleMatchDur time.Duration
+	Runs         []FlowRun
+	Notes        []string
+	Elapsed      time.Duration
 }
 
 func (r *FlowReport) head() (*time.Duration, *[]string) { return &r.Elapsed, &r.Notes }
@@ -149,6 +163,9 @@ func (c FlowConfig) enginePriorityFlags(queue bool) []string {
 	}
 	return f
 }
+
+// prefillRuleFlags are the extra router flags of the prefill-rules run.
+var prefillRuleFlags = []string{"--flow-avoid-prefill", "--flow-isolate-prefill"}
 
 // routerFlags: the FIFO baseline (admission at the fleet's capacity) and
 // flow control (router-side queue while every worker has MaxNumSeqs in
@@ -201,6 +218,12 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 			return err
 		}
 	}
+	var preR *router // flow control with the prefill rules
+	if c.PrefillRules {
+		if preR, err = start("switchyard-flow-prefill", true, c.Headroom, prefillRuleFlags...); err != nil {
+			return err
+		}
+	}
 	var prioR, prio0R *router // engine priority, with headroom and without
 	if c.EnginePriority {
 		if prioR, err = start("switchyard-flow-prio", true, c.Headroom, c.enginePriorityFlags(false)...); err != nil {
@@ -227,7 +250,21 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 		return "high", []string{"x-gateway-inference-objective", "high"}
 	})
 	rep.IdleP99 = percentile(ttfts(idle, "high"), 99)
-	e.printf("idle high-band TTFT P99 %.1f ms\n", rep.IdleP99)
+	rep.IdleN = len(ttfts(idle, "high"))
+	e.printf("idle high-band TTFT P99 %.1f ms (%d samples)\n", rep.IdleP99, rep.IdleN)
+	if c.IdleMatch && c.IdleRate > 0 {
+		want := c.HighShare * c.Overload * capRPS * c.Duration.Seconds() * 1.05
+		d := max(c.Idle, time.Duration(math.Ceil(want/c.IdleRate))*time.Second)
+		if _, err := e.budget(d+time.Minute, d+10*time.Second); err != nil {
+			return err
+		}
+		long := openLoop(ctx, cl, flowR.base, body, c.IdleRate, d, c.Seed+7, func(*rand.Rand) (string, []string) {
+			return "high", []string{"x-gateway-inference-objective", "high"}
+		})
+		t := ttfts(long, "high")
+		rep.IdleMatchP99, rep.IdleMatchN, rep.IdleMatchDur = percentile(t, 99), len(t), d
+		e.printf("idle high-band TTFT P99 %.1f ms over %v (%d samples)\n", rep.IdleMatchP99, d, len(t))
+	}
 
 	rate := c.Overload * capRPS
 	prio := func(r *rand.Rand) (string, []string) {
@@ -266,6 +303,9 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 		runs = slices.Insert(runs, 1,
 			flowRunSpec{"priority, flow control, engine priority", prioR, true, c.Headroom, c.enginePriorityFlags(false), prio, false, []string{"high", "low"}},
 			flowRunSpec{"priority, flow control without headroom, engines queue, engine priority", prio0R, true, 0, c.enginePriorityFlags(true), prio, false, []string{"high", "low"}})
+	}
+	if preR != nil {
+		runs = slices.Insert(runs, 1, flowRunSpec{"priority, flow control, prefill rules", preR, true, c.Headroom, prefillRuleFlags, prio, false, []string{"high", "low"}})
 	}
 	if len(c.Only) > 0 {
 		runs = slices.DeleteFunc(runs, func(r flowRunSpec) bool { return !slices.Contains(c.Only, r.name) })
@@ -565,8 +605,13 @@ func (r *FlowReport) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintf(&b, "## Flow control under overload\n\n")
 	fmt.Fprintf(&b, "`%s` — %s; %d × vllm-sim `%s`; prompts of %d words, %d output tokens, streaming; open-loop Poisson arrivals at %.1f× the measured capacity for %v per run. Wall time %s.\n\n",
 		r.Options.Command, r.Machine, c.Sims, strings.Join(c.simArgs(), " "), c.InputWords, c.OutputLen, c.Overload, c.Duration, sec(r.Elapsed))
-	fmt.Fprintf(&b, "Capacity (closed loop at %d streams, %v): **%.2f req/s**. Idle fleet, high band only at %.1f req/s for %v: TTFT P99 **%s ms** (target for the high band under overload: ≤ 1.5× = %s ms).\n\n",
-		c.Sims*c.MaxNumSeqs, c.Idle, r.CapacityRPS, c.IdleRate, c.Idle, ms(r.IdleP99), ms(1.5*r.IdleP99))
+	fmt.Fprintf(&b, "Capacity (closed loop at %d streams, %v): **%.2f req/s**. Idle fleet, high band only at %.1f req/s for %v: TTFT P99 **%s ms** over %d samples (target for the high band under overload: ≤ 1.5× = %s ms).",
+		c.Sims*c.MaxNumSeqs, c.Idle, r.CapacityRPS, c.IdleRate, c.Idle, ms(r.IdleP99), r.IdleN, ms(1.5*r.IdleP99))
+	if r.IdleMatchN > 0 {
+		fmt.Fprintf(&b, " The same for %v, as many samples as the overload runs' high band: TTFT P99 **%s ms** over %d samples (≤ 1.5× = %s ms).",
+			r.IdleMatchDur, ms(r.IdleMatchP99), r.IdleMatchN, ms(1.5*r.IdleMatchP99))
+	}
+	b.WriteString("\n\n")
 	for _, run := range r.Runs {
 		fmt.Fprintf(&b, "### %s\n\nswitchyard `%s`; offered %.2f req/s; run wall time %s (drain included).\n\n", run.Name, run.Router, run.Offered, sec(run.Wall))
 		fmt.Fprintf(&b, "| class | sent | 200 | 429 | 408 | other | lost | TTFT P50 ms | TTFT P99 ms | router wait < 10 ms | share of 200s | max-min fair share |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -579,7 +624,11 @@ func (r *FlowReport) WriteMarkdown(w io.Writer) error {
 		}
 		for _, k := range run.Classes {
 			if k.Class == "high" && r.IdleP99 > 0 && k.OK200 > 0 {
-				fmt.Fprintf(&b, "\nHigh-band TTFT P99 / idle P99: **%.2f×** (target ≤ 1.5×).\n", k.TTFTP99/r.IdleP99)
+				fmt.Fprintf(&b, "\nHigh-band TTFT P99 / idle P99: **%.2f×** (target ≤ 1.5×; %d idle samples)", k.TTFTP99/r.IdleP99, r.IdleN)
+				if r.IdleMatchP99 > 0 {
+					fmt.Fprintf(&b, "; over the %d-sample idle P99: **%.2f×**", r.IdleMatchN, k.TTFTP99/r.IdleMatchP99)
+				}
+				b.WriteString(".\n")
 			}
 		}
 		if len(run.Failures) > 0 {
@@ -606,6 +655,8 @@ func parseFlow(args []string, o *Options, stderr io.Writer) (FlowConfig, error) 
 	fs.IntVar(&c.Headroom, "headroom", c.Headroom, "switchyard --flow-headroom of the flow-control router")
 	fs.BoolVar(&c.EnginePriority, "engine-priority", c.EnginePriority, "vllm-sim --scheduling-policy priority, plus runs with switchyard --flow-engine-priority")
 	fs.IntVar(&c.QueueInFlight, "queue-inflight", c.QueueInFlight, "--flow-worker-max-inflight of the engine-priority run without headroom (engines queue above --max-num-seqs)")
+	fs.BoolVar(&c.PrefillRules, "prefill-rules", c.PrefillRules, "add a flow-control run with switchyard --flow-avoid-prefill --flow-isolate-prefill")
+	fs.BoolVar(&c.IdleMatch, "idle-match", c.IdleMatch, "add an idle run long enough for as many high-band samples as an overload run")
 	fs.Func("only", "keep only the run with this name (repeatable), e.g. \"priority, flow control\"", func(s string) error {
 		c.Only = append(c.Only, s)
 		return nil
