@@ -133,7 +133,7 @@ func NewWithFlow(c Config) (*Limiter, error) {
 		}
 		l.det = NewDetector(sat)
 		sc.Gate = l.det.Open
-		l.markTop = sat.AvoidPrefill || sat.IsolatePrefill
+		l.markTop = sat.AvoidPrefill || sat.IsolatePrefill || sat.PrefillReserve > 0
 	}
 	if l.flow, err = NewScheduler(sc); err != nil {
 		return nil, err

@@ -42,9 +42,13 @@ type SaturationConfig struct {
 	// fewest requests awaiting their first byte; lower bands are held off a
 	// worker while a highest-band request there awaits its first byte.
 	AvoidPrefill, IsolatePrefill bool
-	Client                       *http.Client
-	Metrics                      *metrics.Metrics
-	Logger                       *slog.Logger
+	// PrefillReserve keeps that many workers free of lower-band prefills
+	// for the highest band: while no more are free, a lower-band request
+	// joins a worker already prefilling (steer.go; a pick rule only).
+	PrefillReserve int
+	Client         *http.Client
+	Metrics        *metrics.Metrics
+	Logger         *slog.Logger
 }
 
 // Detector judges whether the fleet is saturated: the flow-control gate.
@@ -90,6 +94,10 @@ type WorkerSaturation struct {
 	KVUsage     *float64 `json:"kv_cache_usage_perc,omitempty"`
 	PolledAt    string   `json:"polled_at,omitempty"`
 	PollError   string   `json:"poll_error,omitempty"`
+	// With a prefill rule on (regular mode): the router's requests on the
+	// worker not yet past their first byte, and those of the highest band.
+	AwaitingFirstByte    *int64 `json:"awaiting_first_byte,omitempty"`
+	AwaitingFirstByteTop *int64 `json:"awaiting_first_byte_top,omitempty"`
 }
 
 // NewDetector builds a Detector; Run polls.
@@ -145,11 +153,14 @@ func (d *Detector) Run(ctx context.Context, kick func()) {
 	}
 }
 
-// armer returns the function that makes each worker's last highest-band
-// request reaching its first byte call kick (IsolatePrefill: the lower
-// bands held off that worker may go); a no-op without IsolatePrefill.
+// lowRules: a prefill rule may hold the lower bands (regular mode).
+func (d *Detector) lowRules() bool { return d.c.IsolatePrefill && !d.c.PD }
+
+// armer returns the function that makes a worker whose requests awaiting
+// their first byte (all, or of the highest band) drop to none call kick:
+// the lower bands held off it may go. A no-op without a rule that holds.
 func (d *Detector) armer(kick func()) func([]*worker.Worker) {
-	if !d.c.IsolatePrefill || d.c.PD {
+	if !d.lowRules() {
 		return func([]*worker.Worker) {}
 	}
 	var f *func()
@@ -158,7 +169,7 @@ func (d *Detector) armer(kick func()) func([]*worker.Worker) {
 	}
 	return func(ws []*worker.Worker) {
 		for _, w := range ws {
-			w.OnTopPrefillDone(f)
+			w.OnPrefillDone(f)
 		}
 	}
 }
@@ -334,15 +345,15 @@ func (d *Detector) Open(inUse int, top bool) bool {
 	}
 	sat := d.fleetSaturated(snap.Regular, inUse, false)
 	d.setFleet(&d.satMain, "regular", sat)
-	if !sat && d.c.IsolatePrefill && !top {
+	if !sat && d.lowRules() && !top {
 		return !d.fleetSaturated(snap.Regular, inUse, true)
 	}
 	return !sat
 }
 
 // fleetSaturated: every available worker saturated (or, with held, has a
-// highest-band request awaiting its first byte), or (inUse >= 0 and a
-// per-worker limit) the slots in use reach the fleet's in-flight capacity.
+// highest-band request awaiting its first byte), or (inUse >= 0 and a per-worker
+// limit) the slots in use reach the fleet's in-flight capacity.
 func (d *Detector) fleetSaturated(ws []*worker.Worker, inUse int, held bool) bool {
 	avail, capacity, all := 0, 0, true
 	for _, w := range ws {
@@ -388,6 +399,10 @@ func (d *Detector) setFleet(b *atomic.Bool, role string, sat bool) {
 // as metrics.
 func (d *Detector) Worker(w *worker.Worker) WorkerSaturation {
 	ws := WorkerSaturation{Saturated: d.saturated(w), InFlight: w.Load(), MaxInFlight: d.c.MaxInFlight}
+	if (d.c.AvoidPrefill || d.c.IsolatePrefill || d.c.PrefillReserve > 0) && !d.c.PD {
+		n, top := w.Prefilling(), w.PrefillingTop()
+		ws.AwaitingFirstByte, ws.AwaitingFirstByteTop = &n, &top
+	}
 	d.mu.Lock()
 	if st := d.polled[w.URL]; st != nil {
 		if !st.at.IsZero() {

@@ -20,10 +20,20 @@ import (
 //     prefill step; the policy chooses among those.
 //   - IsolatePrefill: no lower-band request is sent to a worker while a
 //     highest-band request there awaits its first byte, so no low prompt
-//     shares the high request's prefill step. The Detector's gate holds the
-//     lower bands while every worker is so held (or saturated), and the
-//     pick avoids held workers; a worker's last such request reaching its
-//     first byte kicks the scheduler.
+//     shares the high request's prefill step.
+//   - PrefillReserve N: while at most N workers (below MaxInFlight) have
+//     nothing awaiting its first byte, a lower-band request joins a worker
+//     that is prefilling already, if one below its limit exists, rather
+//     than start a prefill on a free one; so N workers stay free of low
+//     prefills for a high request arriving (with two workers and N = 1,
+//     lower-band prompts are prefilled on one worker at a time, batched
+//     into its steps). It only steers: with nothing to join, a low request
+//     takes a free worker, so it never waits for the rule.
+//
+// For IsolatePrefill, the Detector's gate holds the lower bands while
+// every worker is so held (or saturated), and the pick avoids held
+// workers; a worker whose requests of the highest band awaiting their
+// first byte drop to none kicks the scheduler.
 //
 // Both are narrowing preferences: a pick they would leave without a worker
 // is made without them.
@@ -33,14 +43,15 @@ type Steer struct {
 	MaxInFlight    int // per-worker in-flight limit (0 = none)
 	AvoidPrefill   bool
 	IsolatePrefill bool
+	PrefillReserve int
 }
 
-// NewSteer returns the pick rule of c, or nil when neither rule is on.
+// NewSteer returns the pick rules of c, or nil when none is on.
 func NewSteer(c *SaturationConfig) *Steer {
-	if c == nil || (!c.AvoidPrefill && !c.IsolatePrefill) {
+	if c == nil || (!c.AvoidPrefill && !c.IsolatePrefill && c.PrefillReserve <= 0) {
 		return nil
 	}
-	return &Steer{MaxInFlight: c.MaxInFlight, AvoidPrefill: c.AvoidPrefill, IsolatePrefill: c.IsolatePrefill}
+	return &Steer{MaxInFlight: c.MaxInFlight, AvoidPrefill: c.AvoidPrefill, IsolatePrefill: c.IsolatePrefill, PrefillReserve: max(c.PrefillReserve, 0)}
 }
 
 // Steer returns the workers req should avoid (req.Exclude included), or nil
@@ -60,8 +71,24 @@ func (s *Steer) Steer(ws []*worker.Worker, req *policy.Request) map[string]bool 
 			return nil
 		}
 		return avoid(ws, req, func(w *worker.Worker) bool { return !s.eligible(w, req) || w.Prefilling() > best })
-	case !req.Top && s.IsolatePrefill:
-		return avoid(ws, req, func(w *worker.Worker) bool { return w.PrefillingTop() > 0 || w.Suspect() })
+	case !req.Top && (s.IsolatePrefill || s.PrefillReserve > 0):
+		isolated := func(w *worker.Worker) bool { return s.IsolatePrefill && w.PrefillingTop() > 0 }
+		free, join := 0, false
+		if s.PrefillReserve > 0 {
+			for _, w := range ws {
+				switch {
+				case !s.eligible(w, req) || isolated(w):
+				case w.Prefilling() == 0:
+					free++
+				default:
+					join = true
+				}
+			}
+		}
+		reserve := join && free <= s.PrefillReserve
+		return avoid(ws, req, func(w *worker.Worker) bool {
+			return w.Suspect() || isolated(w) || (reserve && w.Prefilling() == 0)
+		})
 	}
 	return nil
 }

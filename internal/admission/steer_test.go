@@ -87,6 +87,26 @@ func TestSteer(t *testing.T) {
 			states: []wstate{{streaming: 1}, {lowPrefill: 1}}, want: nil},
 		{name: "low: rule off", steer: Steer{AvoidPrefill: true},
 			states: []wstate{{topPrefill: 1}, {}}, want: nil},
+		{name: "low: reserve 1 joins the worker already prefilling", steer: Steer{PrefillReserve: 1},
+			states: []wstate{{lowPrefill: 1}, {streaming: 1}}, want: []int{1}},
+		{name: "low: reserve 1 with two free workers, no narrowing", steer: Steer{PrefillReserve: 1},
+			states: []wstate{{streaming: 3}, {streaming: 1}}, want: nil},
+		{name: "low: reserve 1, three workers, one prefilling: free ones may go", steer: Steer{PrefillReserve: 1},
+			states: []wstate{{lowPrefill: 1}, {}, {}}, want: nil},
+		{name: "low: reserve 2, three workers, one prefilling", steer: Steer{PrefillReserve: 2},
+			states: []wstate{{lowPrefill: 1}, {}, {}}, want: []int{1, 2}},
+		{name: "low: a free worker at its limit is no reserve", steer: Steer{PrefillReserve: 1, MaxInFlight: 2},
+			states: []wstate{{streaming: 2}, {streaming: 1}, {lowPrefill: 1}}, want: []int{0, 1}},
+		{name: "low: nothing to join below its limit: a free worker may go", steer: Steer{PrefillReserve: 1, MaxInFlight: 2},
+			states: []wstate{{lowPrefill: 2}, {streaming: 1}}, want: nil},
+		{name: "low: one worker, nothing to join: never held", steer: Steer{PrefillReserve: 1},
+			states: []wstate{{streaming: 1}}, want: nil},
+		{name: "low: reserve and isolation together", steer: Steer{PrefillReserve: 1, IsolatePrefill: true},
+			states: []wstate{{topPrefill: 1}, {lowPrefill: 1}, {}}, want: []int{0, 2}},
+		{name: "low: a top prefill is nothing to join under isolation", steer: Steer{PrefillReserve: 1, IsolatePrefill: true},
+			states: []wstate{{topPrefill: 1}, {}}, want: []int{0}},
+		{name: "low: the reserve alone joins a top prefill", steer: Steer{PrefillReserve: 1},
+			states: []wstate{{topPrefill: 1}, {}}, want: []int{1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ws, done := steerFleet(t, tc.states)
@@ -118,6 +138,9 @@ func TestNewSteer(t *testing.T) {
 		t.Fatal("a steer without a rule")
 	}
 	if s := NewSteer(&SaturationConfig{MaxInFlight: 3, IsolatePrefill: true}); s == nil || s.MaxInFlight != 3 || s.AvoidPrefill || !s.IsolatePrefill {
+		t.Fatalf("steer %+v", s)
+	}
+	if s := NewSteer(&SaturationConfig{PrefillReserve: 1}); s == nil || s.PrefillReserve != 1 {
 		t.Fatalf("steer %+v", s)
 	}
 }
@@ -179,8 +202,14 @@ func TestIsolatePrefillOff(t *testing.T) {
 	if !d.Open(1, false) {
 		t.Fatal("held without --flow-isolate-prefill")
 	}
+	if ws := d.Worker(ws[0]); ws.AwaitingFirstByte != nil {
+		t.Fatalf("/workers shows the prefill counts without a prefill rule: %+v", ws)
+	}
 	d = NewDetector(SaturationConfig{Registry: reg, MaxInFlight: 8, IsolatePrefill: true})
 	if d.Open(1, false) || !d.Open(1, true) {
 		t.Fatalf("with the rule: low open %v, top open %v; want held and open", d.Open(1, false), d.Open(1, true))
+	}
+	if ws := d.Worker(ws[0]); ws.AwaitingFirstByte == nil || *ws.AwaitingFirstByte != 1 || *ws.AwaitingFirstByteTop != 1 {
+		t.Fatalf("/workers view %+v", ws)
 	}
 }

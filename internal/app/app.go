@@ -793,7 +793,7 @@ func flowConfig(cfg *config.Config) (*admission.FlowConfig, error) {
 		Headroom:        cfg.FlowHeadroom,
 		EnginePriority:  cfg.FlowEnginePriority,
 	}
-	if cfg.FlowWorkerMaxInFlight > 0 || cfg.FlowMaxWaiting > 0 || cfg.FlowMaxKVUsage > 0 || cfg.FlowAvoidPrefill || cfg.FlowIsolatePrefill {
+	if cfg.FlowWorkerMaxInFlight > 0 || cfg.FlowMaxWaiting > 0 || cfg.FlowMaxKVUsage > 0 || cfg.FlowAvoidPrefill || cfg.FlowIsolatePrefill || cfg.FlowPrefillReserve > 0 {
 		fc.Saturation = &admission.SaturationConfig{
 			MaxInFlight:    cfg.FlowWorkerMaxInFlight,
 			MaxWaiting:     cfg.FlowMaxWaiting,
@@ -801,6 +801,7 @@ func flowConfig(cfg *config.Config) (*admission.FlowConfig, error) {
 			PollInterval:   cfg.FlowPollInterval(),
 			AvoidPrefill:   cfg.FlowAvoidPrefill,
 			IsolatePrefill: cfg.FlowIsolatePrefill,
+			PrefillReserve: cfg.FlowPrefillReserve,
 		}
 	}
 	return fc, nil

@@ -236,6 +236,7 @@ type Config struct {
 	FlowEnginePriority    bool     `json:"flow_engine_priority"` // add vLLM's "priority" from the band
 	FlowAvoidPrefill      bool     `json:"flow_avoid_prefill"`   // highest band: fewest requests awaiting a first byte
 	FlowIsolatePrefill    bool     `json:"flow_isolate_prefill"` // lower bands held off a worker with a highest-band prefill
+	FlowPrefillReserve    int      `json:"flow_prefill_reserve"` // workers kept free of lower-band prefills
 
 	// Models are the config file's per-model sections (--enable-igw);
 	// no flag sets them.

@@ -334,8 +334,11 @@ func (s *Slot) Release() {
 }
 
 func (w *Worker) leavePrefill(top bool) {
-	w.prefilling.Add(-1)
+	fire := w.prefilling.Add(-1) == 0
 	if top && w.prefillTop.Add(-1) == 0 {
+		fire = true
+	}
+	if fire {
 		if f := w.topHook.Load(); f != nil {
 			(*f)()
 		}
@@ -349,9 +352,9 @@ func (w *Worker) Prefilling() int64 { return w.prefilling.Load() }
 // PrefillingTop is the part of Prefilling in the highest flow-control band.
 func (w *Worker) PrefillingTop() int64 { return w.prefillTop.Load() }
 
-// OnTopPrefillDone sets the function called (on the caller's goroutine,
-// must not block) when PrefillingTop drops to 0; nil clears it.
-func (w *Worker) OnTopPrefillDone(f *func()) { w.topHook.Store(f) }
+// OnPrefillDone sets the function called (on the caller's goroutine, must
+// not block) when Prefilling or PrefillingTop drops to 0; nil clears it.
+func (w *Worker) OnPrefillDone(f *func()) { w.topHook.Store(f) }
 
 // Load is the router's own in-flight count for this worker.
 func (w *Worker) Load() int64 { return w.inflight.Load() }

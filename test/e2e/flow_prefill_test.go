@@ -174,3 +174,25 @@ func TestFlowPrefillRules(t *testing.T) {
 		t.Fatalf("queue depth %v at the end", v)
 	}
 }
+
+// TestFlowPrefillReserve: with --flow-prefill-reserve 1 and two workers, a
+// low request joins the worker already prefilling another rather than
+// start a prefill on the last free one (round_robin alone would take the
+// free one).
+func TestFlowPrefillReserve(t *testing.T) {
+	a, b := startSim(t, prefillSimArgs...), startSim(t, prefillSimArgs...)
+	r := startRouter(t, "--worker-urls", a.URL(), b.URL(), "--policy", "round_robin", "--route-receipt", "--flow-control",
+		"--flow-worker-max-inflight", "4", "--flow-prefill-reserve", "1", "--queue-size", "16")
+	r.WaitReady(t, 10*time.Second)
+	ctx := ctxT(t, 120*time.Second)
+
+	l1 := openPrefillStream(ctx, t, r.Base, "l1", "low", 400)
+	x := l1.worker(t)
+	l2 := openPrefillStream(ctx, t, r.Base, "l2", "low", 1)
+	if w := l2.worker(t); w != x || l1.streamed() {
+		t.Fatalf("l2 went to %s (want %s, which is prefilling l1; l1 streamed already: %v)", w, x, l1.streamed())
+	}
+	for _, s := range []*prefillStream{l1, l2} {
+		s.wait(t)
+	}
+}

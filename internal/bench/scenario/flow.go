@@ -35,8 +35,10 @@ type FlowConfig struct {
 	// arrival order by such an engine, so the other runs are unchanged.
 	EnginePriority bool
 	// PrefillRules adds a run whose flow router also applies the prefill
-	// rules (--flow-avoid-prefill --flow-isolate-prefill).
-	PrefillRules bool
+	// rules (--flow-avoid-prefill --flow-isolate-prefill, and
+	// --flow-prefill-reserve PrefillReserve when > 0).
+	PrefillRules   bool
+	PrefillReserve int
 	// IdleMatch adds a second idle run at IdleRate, long enough for at
 	// least as many samples as the overload runs' high band is expected to
 	// have (HighShare × Overload × capacity × Duration), so the idle and
@@ -47,18 +49,23 @@ type FlowConfig struct {
 	QueueInFlight int
 	// Only, when set, keeps the runs with these names (comparisons
 	// repeated without the whole scenario).
-	Only        []string
-	InputWords  int           // prompt length (words = sim tokens)
-	OutputLen   int           // max_tokens (ignore_eos)
-	Overload    float64       // offered rate / measured capacity
-	HighShare   float64       // fraction of requests in the high band
-	HeavyRatio  float64       // heavy tenant's rate / light tenant's rate
-	Duration    time.Duration // of each overload run
-	Idle        time.Duration // of the idle (reference TTFT) run
-	IdleRate    float64       // requests/s of the idle run
-	QueueSize   int           // --queue-size of both routers
-	QueueTimout time.Duration // --queue-timeout-secs of both routers
-	Seed        uint64
+	Only       []string
+	InputWords int // prompt length (words = sim tokens)
+	// UniquePrompts starts each request's prompt with a word of its own,
+	// so no request reuses another's prefix-cache blocks and every one is
+	// prefilled in full (the sims cache prefixes, as vLLM does by default;
+	// with one prompt for all, every prefill after the first is ~1 token).
+	UniquePrompts bool
+	OutputLen     int           // max_tokens (ignore_eos)
+	Overload      float64       // offered rate / measured capacity
+	HighShare     float64       // fraction of requests in the high band
+	HeavyRatio    float64       // heavy tenant's rate / light tenant's rate
+	Duration      time.Duration // of each overload run
+	Idle          time.Duration // of the idle (reference TTFT) run
+	IdleRate      float64       // requests/s of the idle run
+	QueueSize     int           // --queue-size of both routers
+	QueueTimout   time.Duration // --queue-timeout-secs of both routers
+	Seed          uint64
 }
 
 // DefaultFlowConfig is the issue's benchmark: 2× capacity for 60 s, 20 %
@@ -68,7 +75,7 @@ func DefaultFlowConfig() FlowConfig {
 		Sims: 2, MaxNumSeqs: 16, StepBase: 20 * time.Millisecond, StepPerSeq: 250 * time.Microsecond,
 		PrefillBase: 10 * time.Millisecond, PrefillTok: 40 * time.Microsecond, Headroom: 12,
 		EnginePriority: true, QueueInFlight: 24, PrefillRules: true, IdleMatch: true,
-		InputWords: 256, OutputLen: 48,
+		InputWords: 256, OutputLen: 48, UniquePrompts: true,
 		Overload: 2, HighShare: 0.2, HeavyRatio: 10, Duration: 60 * time.Second,
 		Idle: 15 * time.Second, IdleRate: 2, QueueSize: 512, QueueTimout: 20 * time.Second, Seed: 1234,
 	}
@@ -166,7 +173,13 @@ func (c FlowConfig) enginePriorityFlags(queue bool) []string {
 }
 
 // prefillRuleFlags are the extra router flags of the prefill-rules run.
-var prefillRuleFlags = []string{"--flow-avoid-prefill", "--flow-isolate-prefill"}
+func (c FlowConfig) prefillRuleFlags() []string {
+	f := []string{"--flow-avoid-prefill", "--flow-isolate-prefill"}
+	if c.PrefillReserve > 0 {
+		f = append(f, "--flow-prefill-reserve", strconv.Itoa(c.PrefillReserve))
+	}
+	return f
+}
 
 // routerFlags: the FIFO baseline (admission at the fleet's capacity) and
 // flow control (router-side queue while every worker has MaxNumSeqs in
@@ -221,7 +234,7 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 	}
 	var preR *router // flow control with the prefill rules
 	if c.PrefillRules {
-		if preR, err = start("switchyard-flow-prefill", true, c.Headroom, prefillRuleFlags...); err != nil {
+		if preR, err = start("switchyard-flow-prefill", true, c.Headroom, c.prefillRuleFlags()...); err != nil {
 			return err
 		}
 	}
@@ -306,7 +319,7 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 			flowRunSpec{"priority, flow control without headroom, engines queue, engine priority", prio0R, true, 0, c.enginePriorityFlags(true), prio, false, []string{"high", "low"}})
 	}
 	if preR != nil {
-		runs = slices.Insert(runs, 1, flowRunSpec{"priority, flow control, prefill rules", preR, true, c.Headroom, prefillRuleFlags, prio, false, []string{"high", "low"}})
+		runs = slices.Insert(runs, 1, flowRunSpec{"priority, flow control, prefill rules", preR, true, c.Headroom, c.prefillRuleFlags(), prio, false, []string{"high", "low"}})
 	}
 	if len(c.Only) > 0 {
 		runs = slices.DeleteFunc(runs, func(r flowRunSpec) bool { return !slices.Contains(c.Only, r.name) })
@@ -384,19 +397,36 @@ func procsOf(ss []*sim) []*proc {
 	return out
 }
 
-func (c FlowConfig) body() []byte {
+// body returns the request body maker: the same prompt for every request,
+// or (UniquePrompts) one whose first word is the request's own number.
+func (c FlowConfig) body() func() []byte {
 	words := make([]string, c.InputWords)
 	for i := range words {
 		words[i] = "flow"
 	}
-	b, _ := json.Marshal(map[string]any{"model": simModel, "prompt": strings.Join(words, " "), "max_tokens": c.OutputLen,
-		"ignore_eos": true, "stream": true})
-	return b
+	mk := func() []byte {
+		b, _ := json.Marshal(map[string]any{"model": simModel, "prompt": strings.Join(words, " "), "max_tokens": c.OutputLen,
+			"ignore_eos": true, "stream": true})
+		return b
+	}
+	if !c.UniquePrompts {
+		b := mk()
+		return func() []byte { return b }
+	}
+	var mu sync.Mutex
+	n := 0
+	return func() []byte {
+		mu.Lock()
+		defer mu.Unlock()
+		n++
+		words[0] = "u" + strconv.Itoa(n)
+		return mk()
+	}
 }
 
 // measureCapacity runs n closed-loop streams for d and returns completed
 // requests per second.
-func measureCapacity(ctx context.Context, cl *http.Client, base string, body []byte, n int, d time.Duration) (float64, error) {
+func measureCapacity(ctx context.Context, cl *http.Client, base string, body func() []byte, n int, d time.Duration) (float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
 	defer cancel()
 	end := time.Now().Add(d)
@@ -406,7 +436,7 @@ func measureCapacity(ctx context.Context, cl *http.Client, base string, body []b
 	for range n {
 		wg.Go(func() {
 			for time.Now().Before(end) && ctx.Err() == nil {
-				o := sendOne(ctx, cl, base, body, "cap", nil)
+				o := sendOne(ctx, cl, base, body(), "cap", nil)
 				mu.Lock()
 				if o.status == 200 && o.ok {
 					done++
@@ -426,7 +456,7 @@ func measureCapacity(ctx context.Context, cl *http.Client, base string, body []b
 
 // openLoop sends Poisson arrivals at rate for d (classes chosen by pick)
 // and waits for every request (each bounded by a 2-minute client timeout).
-func openLoop(ctx context.Context, cl *http.Client, base string, body []byte, rate float64, d time.Duration, seed uint64, pick func(*rand.Rand) (string, []string)) []flowOutcome {
+func openLoop(ctx context.Context, cl *http.Client, base string, body func() []byte, rate float64, d time.Duration, seed uint64, pick func(*rand.Rand) (string, []string)) []flowOutcome {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	var mu sync.Mutex
 	var outs []flowOutcome
@@ -443,10 +473,11 @@ func openLoop(ctx context.Context, cl *http.Client, base string, body []byte, ra
 			}
 		}
 		class, hdr := pick(rng)
+		b := body()
 		wg.Go(func() {
 			rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 			defer cancel()
-			o := sendOne(rctx, cl, base, body, class, hdr)
+			o := sendOne(rctx, cl, base, b, class, hdr)
 			mu.Lock()
 			outs = append(outs, o)
 			mu.Unlock()
@@ -605,8 +636,12 @@ func (r *FlowReport) WriteMarkdown(w io.Writer) error {
 	c := r.Config
 	var b strings.Builder
 	fmt.Fprintf(&b, "## Flow control under overload\n\n")
-	fmt.Fprintf(&b, "`%s` — %s; %d × vllm-sim `%s`; prompts of %d words, %d output tokens, streaming; open-loop Poisson arrivals at %.1f× the measured capacity for %v per run. Wall time %s.\n\n",
-		r.Options.Command, r.Machine, c.Sims, strings.Join(c.simArgs(), " "), c.InputWords, c.OutputLen, c.Overload, c.Duration, sec(r.Elapsed))
+	prompts := "the same prompt for all (a prefix-cache hit after the first)"
+	if c.UniquePrompts {
+		prompts = "each its own (its first word), so every prompt is prefilled in full"
+	}
+	fmt.Fprintf(&b, "`%s` — %s; %d × vllm-sim `%s`; prompts of %d words, %s; %d output tokens, streaming; open-loop Poisson arrivals at %.1f× the measured capacity for %v per run. Wall time %s.\n\n",
+		r.Options.Command, r.Machine, c.Sims, strings.Join(c.simArgs(), " "), c.InputWords, prompts, c.OutputLen, c.Overload, c.Duration, sec(r.Elapsed))
 	fmt.Fprintf(&b, "Capacity (closed loop at %d streams, %v): **%.2f req/s**. Idle fleet, high band only at %.1f req/s for %v: TTFT P99 **%s ms** over %d samples (target for the high band under overload: ≤ 1.5× = %s ms).",
 		c.Sims*c.MaxNumSeqs, c.Idle, r.CapacityRPS, c.IdleRate, c.Idle, ms(r.IdleP99), r.IdleN, ms(1.5*r.IdleP99))
 	if r.IdleMatchN > 0 {
@@ -654,10 +689,12 @@ func parseFlow(args []string, o *Options, stderr io.Writer) (FlowConfig, error) 
 	fs.DurationVar(&c.StepBase, "decode-step", c.StepBase, "vllm-sim --decode-step-base")
 	fs.IntVar(&c.OutputLen, "output-len", c.OutputLen, "max_tokens")
 	fs.IntVar(&c.InputWords, "input-len", c.InputWords, "prompt words (vllm-sim tokens)")
+	fs.BoolVar(&c.UniquePrompts, "unique-prompts", c.UniquePrompts, "start each prompt with a word of its own (no prefix-cache reuse between requests); false sends one prompt to all")
 	fs.IntVar(&c.Headroom, "headroom", c.Headroom, "switchyard --flow-headroom of the flow-control router")
 	fs.BoolVar(&c.EnginePriority, "engine-priority", c.EnginePriority, "vllm-sim --scheduling-policy priority, plus runs with switchyard --flow-engine-priority")
 	fs.IntVar(&c.QueueInFlight, "queue-inflight", c.QueueInFlight, "--flow-worker-max-inflight of the engine-priority run without headroom (engines queue above --max-num-seqs)")
 	fs.BoolVar(&c.PrefillRules, "prefill-rules", c.PrefillRules, "add a flow-control run with switchyard --flow-avoid-prefill --flow-isolate-prefill")
+	fs.IntVar(&c.PrefillReserve, "prefill-reserve", c.PrefillReserve, "switchyard --flow-prefill-reserve of the prefill-rules run (0 = not set)")
 	fs.BoolVar(&c.IdleMatch, "idle-match", c.IdleMatch, "add an idle run long enough for as many high-band samples as an overload run")
 	fs.Func("only", "keep only the run with this name (repeatable), e.g. \"priority, flow control\"", func(s string) error {
 		c.Only = append(c.Only, s)
