@@ -144,7 +144,7 @@ func (r *FlowReport) head() (*time.Duration, *[]string) { return &r.Elapsed, &r.
 // RunFlow runs the flow-control scenario.
 func RunFlow(ctx context.Context, o Options, c FlowConfig) (*FlowReport, error) {
 	return runScenario(ctx, o, scenarioSpec[*FlowReport]{
-		name: "flow", defMax: 15 * time.Minute, skipped: "runs",
+		name: "flow", defMax: 20 * time.Minute, skipped: "runs",
 		report: func(e *env) *FlowReport { return &FlowReport{Config: c, Options: e.o, Machine: e.m.String()} },
 		run:    func(ctx context.Context, e *env, rep *FlowReport) error { return runFlow(ctx, e, c, rep) },
 		files:  []scenarioFile[*FlowReport]{{name: "flow.md", write: (*FlowReport).WriteMarkdown}},
@@ -683,7 +683,7 @@ func (r *FlowReport) WriteMarkdown(w io.Writer) error {
 func parseFlow(args []string, o *Options, stderr io.Writer) (FlowConfig, error) {
 	c := configFor(args, DefaultFlowConfig, QuickFlowConfig)
 	fs := newFlagSet("flow", stderr, "Open-loop overload (default 2× measured capacity) through switchyard with and without --flow-control: a 20 % high band, then two tenants at 10:1.")
-	commonFlags(fs, o, 15*time.Minute)
+	commonFlags(fs, o, 20*time.Minute)
 	fs.IntVar(&c.Sims, "sims", c.Sims, "unified vllm-sim workers")
 	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", c.MaxNumSeqs, "vllm-sim --max-num-seqs (and --flow-worker-max-inflight)")
 	fs.DurationVar(&c.StepBase, "decode-step", c.StepBase, "vllm-sim --decode-step-base")
