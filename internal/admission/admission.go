@@ -88,6 +88,8 @@ type Limiter struct {
 	det  *Detector
 	// enginePriority: FlowConfig.EnginePriority
 	enginePriority bool
+	// markTop: a prefill rule is on (Admit reports the highest band)
+	markTop bool
 }
 
 type waiter struct {
@@ -131,6 +133,7 @@ func NewWithFlow(c Config) (*Limiter, error) {
 		}
 		l.det = NewDetector(sat)
 		sc.Gate = l.det.Open
+		l.markTop = sat.AvoidPrefill || sat.IsolatePrefill || sat.PrefillReserve > 0
 	}
 	if l.flow, err = NewScheduler(sc); err != nil {
 		return nil, err
@@ -146,20 +149,23 @@ func (l *Limiter) FlowControl() bool { return l.flow != nil }
 // Admit admits one generation request: with flow control it is classified
 // from its headers and parsed body (band, flow, deadline) and queued by
 // the Scheduler; without, it is Acquire. An invalid flow-control header
-// fails with an error wrapping ErrBadFlowRequest.
-func (l *Limiter) Admit(ctx context.Context, h http.Header, obj *rawjson.Object) (release func(), err error) {
+// fails with an error wrapping ErrBadFlowRequest. top reports a request of
+// the highest band when a prefill rule needs to know it (proxy.Call.Top).
+func (l *Limiter) Admit(ctx context.Context, h http.Header, obj *rawjson.Object) (release func(), top bool, err error) {
 	if l.flow == nil {
-		return l.Acquire(ctx)
+		release, err = l.Acquire(ctx)
+		return release, false, err
 	}
 	r, err := l.cls.classify(h, obj, time.Now())
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if l.bucket != nil && !l.bucket.take() {
 		l.reject("rate_limited")
-		return nil, ErrRateLimited
+		return nil, false, ErrRateLimited
 	}
-	return l.flow.Acquire(ctx, r)
+	release, err = l.flow.Acquire(ctx, r)
+	return release, l.markTop && l.flow.Top(r.Band), err
 }
 
 // EnginePriority returns the vLLM "priority" value that carries the

@@ -158,16 +158,16 @@ func TestLimiterAdmit(t *testing.T) {
 	}
 	bad := http.Header{}
 	bad.Set(DefaultObjectiveHeader, "nope")
-	if _, err := l.Admit(t.Context(), bad, nil); Status(err) != 400 {
+	if _, _, err := l.Admit(t.Context(), bad, nil); Status(err) != 400 {
 		t.Fatalf("bad objective: %v", err)
 	}
-	rel, err := l.Admit(t.Context(), http.Header{}, nil)
+	rel, _, err := l.Admit(t.Context(), http.Header{}, nil)
 	if err != nil || l.InUse() != 1 {
 		t.Fatalf("first: %v in use %d", err, l.InUse())
 	}
 	rel()
-	_, _ = l.Admit(t.Context(), http.Header{}, nil) // second token (burst 2), slot taken
-	if _, err := l.Admit(t.Context(), http.Header{}, nil); !errors.Is(err, ErrRateLimited) {
+	_, _, _ = l.Admit(t.Context(), http.Header{}, nil) // second token (burst 2), slot taken
+	if _, _, err := l.Admit(t.Context(), http.Header{}, nil); !errors.Is(err, ErrRateLimited) {
 		t.Fatalf("over the rate: %v", err)
 	}
 	if _, err := NewWithFlow(Config{Flow: &FlowConfig{Bands: bands, FairnessKey: "nope"}}); err == nil {
@@ -177,7 +177,7 @@ func TestLimiterAdmit(t *testing.T) {
 	if err != nil || off.FlowControl() || off.FlowQueued() != nil || off.Saturation(nil) != nil {
 		t.Fatalf("flow off: %v", err)
 	}
-	rel, err = off.Admit(t.Context(), http.Header{}, nil)
+	rel, _, err = off.Admit(t.Context(), http.Header{}, nil)
 	if err != nil || off.InUse() != 1 {
 		t.Fatalf("flow off Admit: %v", err)
 	}

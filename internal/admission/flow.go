@@ -92,9 +92,10 @@ type SchedulerConfig struct {
 	// Weights of flows by id; absent flows weigh 1.
 	Weights map[string]float64
 	// Gate reports whether another request may be dispatched now, given
-	// the slots in use. nil = always. It is called with the scheduler's
-	// lock held and must not call back into the scheduler.
-	Gate func(inUse int) bool
+	// the slots in use and whether it is of the highest band. nil =
+	// always. It is called with the scheduler's lock held and must not
+	// call back into the scheduler.
+	Gate func(inUse int, top bool) bool
 	// MaxFlowLabels bounds the per-flow metric labels (others are "other");
 	// 0 → 32.
 	MaxFlowLabels int
@@ -227,14 +228,14 @@ func (s *Scheduler) Acquire(ctx context.Context, r FlowRequest) (release func(),
 // canDispatch reports whether a slot is free for band b and the gate open;
 // the caller holds mu.
 func (s *Scheduler) canDispatch(b *band) bool {
-	used := s.inUse
-	if b != s.bands[0] {
+	used, top := s.inUse, b == s.bands[0]
+	if !top {
 		used += s.c.Headroom
 	}
 	if s.c.MaxConcurrent > 0 && used >= s.c.MaxConcurrent {
 		return false
 	}
-	return s.c.Gate == nil || s.c.Gate(used)
+	return s.c.Gate == nil || s.c.Gate(used, top)
 }
 
 // head returns the highest non-empty band; the caller holds mu.
@@ -383,6 +384,9 @@ func (s *Scheduler) dispatchLocked() {
 		close(it.ready)
 	}
 }
+
+// Top reports whether band index i is the highest band.
+func (s *Scheduler) Top(i int) bool { return i >= 0 && i < len(s.byIdx) && s.byIdx[i] == s.bands[0] }
 
 // Kick re-evaluates the gate (the saturation state changed).
 func (s *Scheduler) Kick() {

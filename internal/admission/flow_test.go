@@ -316,7 +316,7 @@ func TestSchedulerGate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var mu sync.Mutex
 		open := true
-		gate := func(int) bool { mu.Lock(); defer mu.Unlock(); return open }
+		gate := func(int, bool) bool { mu.Lock(); defer mu.Unlock(); return open }
 		setGate := func(v bool) { mu.Lock(); open = v; mu.Unlock() }
 		h := newHarness(t, SchedulerConfig{MaxConcurrent: 1, QueueSize: 10, Gate: gate})
 		h.start(t.Context(), "a", FlowRequest{Band: bDefault})

@@ -37,9 +37,18 @@ type SaturationConfig struct {
 	PollInterval time.Duration
 	// Timeout bounds one poll; 0 → min(PollInterval, 2 s).
 	Timeout time.Duration
-	Client  *http.Client
-	Metrics *metrics.Metrics
-	Logger  *slog.Logger
+	// AvoidPrefill and IsolatePrefill are the prefill rules (steer.go;
+	// regular mode only): the highest band's pick prefers workers with the
+	// fewest requests awaiting their first byte; lower bands are held off a
+	// worker while a highest-band request there awaits its first byte.
+	AvoidPrefill, IsolatePrefill bool
+	// PrefillReserve keeps that many workers free of lower-band prefills
+	// for the highest band: while no more are free, a lower-band request
+	// joins a worker already prefilling (steer.go; a pick rule only).
+	PrefillReserve int
+	Client         *http.Client
+	Metrics        *metrics.Metrics
+	Logger         *slog.Logger
 }
 
 // Detector judges whether the fleet is saturated: the flow-control gate.
@@ -85,6 +94,10 @@ type WorkerSaturation struct {
 	KVUsage     *float64 `json:"kv_cache_usage_perc,omitempty"`
 	PolledAt    string   `json:"polled_at,omitempty"`
 	PollError   string   `json:"poll_error,omitempty"`
+	// With a prefill rule on (regular mode): the router's requests on the
+	// worker not yet past their first byte, and those of the highest band.
+	AwaitingFirstByte    *int64 `json:"awaiting_first_byte,omitempty"`
+	AwaitingFirstByteTop *int64 `json:"awaiting_first_byte_top,omitempty"`
 }
 
 // NewDetector builds a Detector; Run polls.
@@ -113,8 +126,13 @@ func (d *Detector) polls() bool { return d.c.MaxWaiting > 0 || d.c.MaxKVUsage > 
 func (d *Detector) Run(ctx context.Context, kick func()) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	unsubscribe := d.c.Registry.Subscribe(func(worker.Change) { kick() })
+	arm := d.armer(kick)
+	unsubscribe := d.c.Registry.Subscribe(func(ch worker.Change) {
+		arm(ch.Added)
+		kick()
+	})
 	defer unsubscribe()
+	defer d.armer(nil)(d.c.Registry.Snapshot().All)
 	t := time.NewTicker(d.c.PollInterval)
 	defer t.Stop()
 	for {
@@ -122,13 +140,36 @@ func (d *Detector) Run(ctx context.Context, kick func()) {
 			d.pollAll(ctx, &wg)
 		}
 		kick()
-		for _, w := range d.c.Registry.Snapshot().All {
+		all := d.c.Registry.Snapshot().All
+		arm(all)
+		for _, w := range all {
 			d.Worker(w) // publish the per-worker gauges
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// lowRules: a prefill rule may hold the lower bands (regular mode).
+func (d *Detector) lowRules() bool { return d.c.IsolatePrefill && !d.c.PD }
+
+// armer returns the function that makes a worker whose requests awaiting
+// their first byte (all, or of the highest band) drop to none call kick:
+// the lower bands held off it may go. A no-op without a rule that holds.
+func (d *Detector) armer(kick func()) func([]*worker.Worker) {
+	if !d.lowRules() {
+		return func([]*worker.Worker) {}
+	}
+	var f *func()
+	if kick != nil {
+		f = &kick
+	}
+	return func(ws []*worker.Worker) {
+		for _, w := range ws {
+			w.OnPrefillDone(f)
 		}
 	}
 }
@@ -289,24 +330,31 @@ func (d *Detector) saturated(w *worker.Worker) bool {
 	return false
 }
 
-// Open is the Scheduler's gate: false while the fleet is saturated.
-func (d *Detector) Open(inUse int) bool {
+// Open is the Scheduler's gate: false while the fleet is saturated. top
+// says whether the request to dispatch is of the highest band; with
+// IsolatePrefill a lower band is also held while every available worker
+// is saturated or has a highest-band request awaiting its first byte.
+func (d *Detector) Open(inUse int, top bool) bool {
 	snap := d.c.Registry.Snapshot()
 	if d.c.PD {
-		satP := d.fleetSaturated(snap.Prefill, -1) // a prefill leg is short: no capacity count
-		satD := d.fleetSaturated(snap.Decode, inUse)
+		satP := d.fleetSaturated(snap.Prefill, -1, false) // a prefill leg is short: no capacity count
+		satD := d.fleetSaturated(snap.Decode, inUse, false)
 		d.setFleet(&d.satPrefill, "prefill", satP)
 		d.setFleet(&d.satMain, "decode", satD)
 		return !satP && !satD
 	}
-	sat := d.fleetSaturated(snap.Regular, inUse)
+	sat := d.fleetSaturated(snap.Regular, inUse, false)
 	d.setFleet(&d.satMain, "regular", sat)
+	if !sat && d.lowRules() && !top {
+		return !d.fleetSaturated(snap.Regular, inUse, true)
+	}
 	return !sat
 }
 
-// fleetSaturated: every available worker saturated, or (inUse >= 0 and a
-// per-worker limit) the slots in use reach the fleet's in-flight capacity.
-func (d *Detector) fleetSaturated(ws []*worker.Worker, inUse int) bool {
+// fleetSaturated: every available worker saturated (or, with held, has a
+// highest-band request awaiting its first byte), or (inUse >= 0 and a per-worker
+// limit) the slots in use reach the fleet's in-flight capacity.
+func (d *Detector) fleetSaturated(ws []*worker.Worker, inUse int, held bool) bool {
 	avail, capacity, all := 0, 0, true
 	for _, w := range ws {
 		if !w.Available() {
@@ -322,7 +370,9 @@ func (d *Detector) fleetSaturated(ws []*worker.Worker, inUse int) bool {
 				capacity += int(w.Load())
 			}
 		} else {
-			all = false
+			if !held || w.PrefillingTop() == 0 {
+				all = false
+			}
 			capacity += d.c.MaxInFlight
 		}
 	}
@@ -349,6 +399,10 @@ func (d *Detector) setFleet(b *atomic.Bool, role string, sat bool) {
 // as metrics.
 func (d *Detector) Worker(w *worker.Worker) WorkerSaturation {
 	ws := WorkerSaturation{Saturated: d.saturated(w), InFlight: w.Load(), MaxInFlight: d.c.MaxInFlight}
+	if (d.c.AvoidPrefill || d.c.IsolatePrefill || d.c.PrefillReserve > 0) && !d.c.PD {
+		n, top := w.Prefilling(), w.PrefillingTop()
+		ws.AwaitingFirstByte, ws.AwaitingFirstByteTop = &n, &top
+	}
 	d.mu.Lock()
 	if st := d.polled[w.URL]; st != nil {
 		if !st.at.IsZero() {

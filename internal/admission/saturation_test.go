@@ -101,31 +101,31 @@ func TestDetectorInFlight(t *testing.T) {
 	reg := worker.NewRegistry(worker.BreakerConfig{})
 	ws := addWorkers(t, reg, worker.RoleRegular, "http://127.0.0.1:1", "http://127.0.0.1:2")
 	d := NewDetector(SaturationConfig{Registry: reg, MaxInFlight: 2, Metrics: metrics.NewForTest()})
-	if !d.Open(0) {
+	if !d.Open(0, true) {
 		t.Fatal("idle fleet saturated")
 	}
 	// capacity 2×2: slots granted but not yet on a worker count too
-	if d.Open(4) || !d.Open(3) {
-		t.Fatalf("capacity: Open(4)=%v Open(3)=%v", d.Open(4), d.Open(3))
+	if d.Open(4, true) || !d.Open(3, true) {
+		t.Fatalf("capacity: Open(4)=%v Open(3)=%v", d.Open(4, true), d.Open(3, true))
 	}
 	r1, r2 := ws[0].Acquire(), ws[0].Acquire()
-	if !d.Open(2) || !d.Worker(ws[0]).Saturated || d.Worker(ws[1]).Saturated {
+	if !d.Open(2, true) || !d.Worker(ws[0]).Saturated || d.Worker(ws[1]).Saturated {
 		t.Fatal("one worker at its limit must not saturate the fleet")
 	}
 	r3, r4 := ws[1].Acquire(), ws[1].Acquire()
-	if d.Open(4) {
+	if d.Open(4, true) {
 		t.Fatal("every worker at its limit: fleet must be saturated")
 	}
 	ws[1].SetHealthy(false) // the saturated-worker set shrinks to ws[0]: still all saturated
-	if d.Open(4) {
+	if d.Open(4, true) {
 		t.Fatal("remaining available worker is saturated")
 	}
 	r1()
-	if !d.Open(3) {
+	if !d.Open(3, true) {
 		t.Fatal("a freed slot on an available worker must open the gate")
 	}
 	ws[0].SetHealthy(false)
-	if !d.Open(100) {
+	if !d.Open(100, true) {
 		t.Fatal("no available worker: never hold (the dispatcher answers 503)")
 	}
 	r2()
@@ -144,10 +144,10 @@ func TestDetectorOverLimit(t *testing.T) {
 		rel = append(rel, ws[0].Acquire())
 	}
 	rel = append(rel, ws[1].Acquire())
-	if d.Open(4) {
+	if d.Open(4, true) {
 		t.Fatal("4 slots in use of a capacity of 2×2 must hold, however they are spread")
 	}
-	if !d.Open(3) {
+	if !d.Open(3, true) {
 		t.Fatal("3 of 4 in use: open")
 	}
 	for _, r := range rel {
@@ -180,7 +180,7 @@ func TestDetectorPolledMetrics(t *testing.T) {
 		e1.set(st.w1, st.kv1, false)
 		e2.set(st.w2, st.kv2, st.fail2)
 		pollOnce(d)
-		if got := d.Open(0); got != st.open {
+		if got := d.Open(0, true); got != st.open {
 			t.Fatalf("%s: Open %v, want %v", st.name, got, st.open)
 		}
 		s1, s2 := d.Worker(ws[0]), d.Worker(ws[1])
@@ -222,7 +222,7 @@ func TestDetectorSincePoll(t *testing.T) {
 		for range tc.sent {
 			rel = append(rel, ws[0].Acquire())
 		}
-		if got := d.Open(0); got != tc.open {
+		if got := d.Open(0, true); got != tc.open {
 			t.Errorf("%s: Open %v", tc.scenario, got)
 		}
 		for _, r := range rel {
@@ -236,23 +236,23 @@ func TestDetectorPDFleets(t *testing.T) {
 	p := addWorkers(t, reg, worker.RolePrefill, "http://127.0.0.1:1")
 	dec := addWorkers(t, reg, worker.RoleDecode, "http://127.0.0.1:2", "http://127.0.0.1:3")
 	d := NewDetector(SaturationConfig{Registry: reg, PD: true, MaxInFlight: 1})
-	if !d.Open(1) {
+	if !d.Open(1, true) {
 		t.Fatal("idle PD fleet saturated")
 	}
 	rp := p[0].Acquire() // the only prefill is saturated: hold, decodes idle
-	if d.Open(1) {
+	if d.Open(1, true) {
 		t.Fatal("saturated prefill fleet must hold requests")
 	}
 	rp()
 	r1, r2 := dec[0].Acquire(), dec[1].Acquire()
-	if d.Open(2) {
+	if d.Open(2, true) {
 		t.Fatal("saturated decode fleet must hold requests")
 	}
 	r1()
-	if d.Open(2) {
+	if d.Open(2, true) {
 		t.Fatal("decode capacity 2 with 2 slots in use must hold")
 	}
-	if !d.Open(1) {
+	if !d.Open(1, true) {
 		t.Fatal("one decode free")
 	}
 	r2()

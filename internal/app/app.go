@@ -507,6 +507,11 @@ func (a *app) buildServer(ctx context.Context) error {
 		}
 		ropts.Role = worker.RoleRegular
 		ropts.Policy = p
+		if sopts.Flow != nil {
+			if st := admission.NewSteer(sopts.Flow.Saturation); st != nil {
+				ropts.Steer = st // the prefill rules (regular mode only)
+			}
+		}
 		reg := proxy.NewRegular(ropts)
 		sopts.Mode = server.ModeRegular
 		sopts.Generate = reg
@@ -788,12 +793,15 @@ func flowConfig(cfg *config.Config) (*admission.FlowConfig, error) {
 		Headroom:        cfg.FlowHeadroom,
 		EnginePriority:  cfg.FlowEnginePriority,
 	}
-	if cfg.FlowWorkerMaxInFlight > 0 || cfg.FlowMaxWaiting > 0 || cfg.FlowMaxKVUsage > 0 {
+	if cfg.FlowWorkerMaxInFlight > 0 || cfg.FlowMaxWaiting > 0 || cfg.FlowMaxKVUsage > 0 || cfg.FlowAvoidPrefill || cfg.FlowIsolatePrefill || cfg.FlowPrefillReserve > 0 {
 		fc.Saturation = &admission.SaturationConfig{
-			MaxInFlight:  cfg.FlowWorkerMaxInFlight,
-			MaxWaiting:   cfg.FlowMaxWaiting,
-			MaxKVUsage:   cfg.FlowMaxKVUsage,
-			PollInterval: cfg.FlowPollInterval(),
+			MaxInFlight:    cfg.FlowWorkerMaxInFlight,
+			MaxWaiting:     cfg.FlowMaxWaiting,
+			MaxKVUsage:     cfg.FlowMaxKVUsage,
+			PollInterval:   cfg.FlowPollInterval(),
+			AvoidPrefill:   cfg.FlowAvoidPrefill,
+			IsolatePrefill: cfg.FlowIsolatePrefill,
+			PrefillReserve: cfg.FlowPrefillReserve,
 		}
 	}
 	return fc, nil

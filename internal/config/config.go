@@ -234,6 +234,9 @@ type Config struct {
 	FlowMaxKVUsage        float64  `json:"flow_max_kv_usage"`        // 0 = not used
 	FlowPollIntervalSecs  float64  `json:"flow_poll_interval_secs"`
 	FlowEnginePriority    bool     `json:"flow_engine_priority"` // add vLLM's "priority" from the band
+	FlowAvoidPrefill      bool     `json:"flow_avoid_prefill"`   // highest band: fewest requests awaiting a first byte
+	FlowIsolatePrefill    bool     `json:"flow_isolate_prefill"` // lower bands held off a worker with a highest-band prefill
+	FlowPrefillReserve    int      `json:"flow_prefill_reserve"` // workers kept free of lower-band prefills
 
 	// Models are the config file's per-model sections (--enable-igw);
 	// no flag sets them.

@@ -264,6 +264,9 @@ var flagCases = []struct {
 	{"flow-max-waiting", "2", func(c *Config) any { return c.FlowMaxWaiting }, 2.0},
 	{"flow-max-kv-usage", "0.9", func(c *Config) any { return c.FlowMaxKVUsage }, 0.9},
 	{"flow-engine-priority", "", func(c *Config) any { return c.FlowEnginePriority }, true},
+	{"flow-avoid-prefill", "", func(c *Config) any { return c.FlowAvoidPrefill }, true},
+	{"flow-isolate-prefill", "", func(c *Config) any { return c.FlowIsolatePrefill }, true},
+	{"flow-prefill-reserve", "1", func(c *Config) any { return c.FlowPrefillReserve }, 1},
 	{"flow-poll-interval-secs", "0.1", func(c *Config) any { return c.FlowPollIntervalSecs }, 0.1},
 	{"config", "", nil, nil}, // covered by the config-file tests
 }

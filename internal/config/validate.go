@@ -252,6 +252,7 @@ func (c *Config) validateExtras(add func(*Error)) {
 		{"--max-migrations", c.MaxMigrations},
 		{"--flow-worker-max-inflight", c.FlowWorkerMaxInFlight},
 		{"--flow-headroom", c.FlowHeadroom},
+		{"--flow-prefill-reserve", c.FlowPrefillReserve},
 	} {
 		if f.v < 0 {
 			add(invalid(f.flag, strconv.Itoa(f.v), "Must be >= 0"))
@@ -313,8 +314,19 @@ func (c *Config) validateExtras(add func(*Error)) {
 	}
 	if c.FlowControl {
 		c.validateFlow(add)
-	} else if c.FlowEnginePriority {
-		add(invalid("--flow-engine-priority", "true", "Needs --flow-control (the priority is the request's flow-control band)"))
+	} else {
+		if c.FlowEnginePriority {
+			add(invalid("--flow-engine-priority", "true", "Needs --flow-control (the priority is the request's flow-control band)"))
+		}
+		if c.FlowAvoidPrefill {
+			add(invalid("--flow-avoid-prefill", "true", "Needs --flow-control (the rule is about the flow-control bands)"))
+		}
+		if c.FlowIsolatePrefill {
+			add(invalid("--flow-isolate-prefill", "true", "Needs --flow-control (the rule is about the flow-control bands)"))
+		}
+		if c.FlowPrefillReserve > 0 {
+			add(invalid("--flow-prefill-reserve", strconv.Itoa(c.FlowPrefillReserve), "Needs --flow-control (the rule is about the flow-control bands)"))
+		}
 	}
 	if c.CBMinRequests < 1 {
 		add(invalid("--cb-min-requests", "0", "Must be >= 1"))
@@ -405,6 +417,20 @@ func isHostPort(s string) bool {
 // validateFlow checks the flow-control lists: bands NAME=PRIORITY[:SECS[:ORDER]]
 // with unique names, the default band among them, weights FLOW=WEIGHT > 0.
 func (c *Config) validateFlow(add func(*Error)) {
+	if m := c.Mode(); m != ModeRegular {
+		for _, f := range []struct {
+			flag, v string
+			on      bool
+		}{
+			{"--flow-avoid-prefill", "true", c.FlowAvoidPrefill},
+			{"--flow-isolate-prefill", "true", c.FlowIsolatePrefill},
+			{"--flow-prefill-reserve", strconv.Itoa(c.FlowPrefillReserve), c.FlowPrefillReserve > 0},
+		} {
+			if f.on {
+				add(invalid(f.flag, f.v, "Regular mode only (the router picks a worker per request there), not "+string(m)+" mode"))
+			}
+		}
+	}
 	names := map[string]bool{}
 	for _, it := range c.FlowBands {
 		name, spec, ok := strings.Cut(it, "=")

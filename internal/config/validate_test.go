@@ -276,6 +276,14 @@ func TestValidate(t *testing.T) {
 		{name: "engine priority without flow control", args: with(w, "--flow-engine-priority"), want: []string{
 			"invalid value for --flow-engine-priority: true - Needs --flow-control (the priority is the request's flow-control band)",
 		}},
+		{name: "prefill rules outside regular mode", args: []string{"--vllm-pd-disaggregation", "--prefill", "http://p:1", "--decode", "http://d:1", "--flow-control", "--flow-avoid-prefill"}, want: []string{
+			"invalid value for --flow-avoid-prefill: true - Regular mode only (the router picks a worker per request there), not vllm_prefill_decode mode",
+		}},
+		{name: "prefill rules without flow control", args: with(w, "--flow-avoid-prefill", "--flow-isolate-prefill", "--flow-prefill-reserve", "1"), want: []string{
+			"invalid value for --flow-avoid-prefill: true - Needs --flow-control (the rule is about the flow-control bands)",
+			"invalid value for --flow-isolate-prefill: true - Needs --flow-control (the rule is about the flow-control bands)",
+			"invalid value for --flow-prefill-reserve: 1 - Needs --flow-control (the rule is about the flow-control bands)",
+		}},
 		{name: "flow lists unchecked while flow control is off", args: with(w, "--flow-bands", "b", "--flow-weights", "x")},
 
 		// Order across rules.

@@ -49,6 +49,9 @@ type Request struct {
 	TokenErr error
 	// Prepared is opaque state a Preparer leaves for its own Pick.
 	Prepared any
+	// Top: the request is in flow control's highest band (set only when a
+	// flow-control pick rule needs it).
+	Top bool
 
 	// Lazily computed by RoutingText / HashKey (request.go); a Request is
 	// used by one goroutine at a time, like *http.Request.

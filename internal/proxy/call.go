@@ -19,6 +19,7 @@ type Call struct {
 	RequestID string          // the id echoed to the client in x-request-id
 	Start     time.Time       // when the router received the request
 	Receipt   *Receipt        // route receipt (never nil)
+	Top       bool            // flow control's highest band (RegularOptions.Steer)
 }
 
 // Dispatcher serves generation requests: the regular proxy and the PD engine

@@ -136,7 +136,7 @@ func (p *Regular) migrateOnce(ctx context.Context, w http.ResponseWriter, rs *re
 	m.done++
 	ctx, span := startMigrationSpan(ctx, rs, wk, cause, m)
 	defer span.End()
-	slot := p.startSlot(wk, done)
+	slot := p.startSlot(wk, done, rs)
 	defer slot.release()
 	crs := *rs
 	crs.body = body
@@ -169,7 +169,7 @@ func (p *Regular) migrateOnce(ctx context.Context, w http.ResponseWriter, rs *re
 	}
 	cut := m.tr.LastWrite()
 	m.w.StartLeg(migrate.NewStitcher(m.req, m.tr), func() { p.o.MigrationMetrics.ObserveStall(time.Since(cut)) })
-	res := Relay(actx, m.w, resp.Body, RelayOptions{IdleTimeout: p.o.StreamIdleTimeout, Stream: true})
+	res := Relay(actx, m.w, resp.Body, RelayOptions{IdleTimeout: p.o.StreamIdleTimeout, Stream: true, OnFirstByte: slot.ws.FirstByte})
 	next := m.finish(&res)
 	switch {
 	case m.w.Ended() || (next == "" && res.DownstreamOK):

@@ -64,6 +64,15 @@ type RegularOptions struct {
 	// mid-way may move to another worker (0 = off; migrate.go).
 	MaxMigrations    int
 	MigrationMetrics *migrate.Metrics
+	// Steer, when set, narrows each pick first (flow control's prefill
+	// rules); a pick it narrows to nothing is made without it.
+	Steer Steerer
+}
+
+// Steerer returns the workers a pick should avoid for req (a superset of
+// req.Exclude), or nil to pick without narrowing.
+type Steerer interface {
+	Steer(ws []*worker.Worker, req *policy.Request) map[string]bool
 }
 
 // Regular is the regular-mode dispatcher: it routes each generation request
@@ -163,7 +172,7 @@ func (p *Regular) Dispatch(w http.ResponseWriter, r *http.Request, c *Call) {
 	if _, ok := rs.header["Content-Type"]; !ok {
 		rs.header["Content-Type"] = []string{"application/json"}
 	}
-	rs.preq = policy.Request{Path: c.Path, Headers: p.policyHeaders(r.Header), Body: c.Body}
+	rs.preq = policy.Request{Path: c.Path, Headers: p.policyHeaders(r.Header), Body: c.Body, Top: c.Top}
 	if pp, ok := p.o.Policy.(policy.Preparer); ok {
 		snap := p.o.Registry.Snapshot()
 		pp.Prepare(r.Context(), &rs.preq, policy.Candidates{Gen: snap.Gen, Workers: snap.ByRole(p.o.Role)})
@@ -255,6 +264,16 @@ const panicReason = "panic: no worker healthy and closed-circuit"
 func (p *Regular) pick(req *policy.Request) (policy.Choice, error) {
 	snap := p.o.Registry.Snapshot()
 	cands := policy.Candidates{Gen: snap.Gen, Workers: snap.ByRole(p.o.Role)}
+	if p.o.Steer != nil {
+		if ex := p.o.Steer.Steer(cands.Workers, req); ex != nil {
+			alt := *req
+			alt.Exclude = ex
+			if ch, err := p.o.Policy.Pick(&alt, cands); err == nil && ch.Worker != nil {
+				p.o.Panic.Normal(p.o.Role)
+				return ch, nil
+			}
+		}
+	}
 	if ex := worker.WithSuspects(cands.Workers, req.Exclude); ex != nil {
 		alt := *req
 		alt.Exclude = ex
@@ -378,7 +397,7 @@ func (p *Regular) serve(parent context.Context, w http.ResponseWriter, rs *reqSp
 			continue
 		}
 		rec.Worker, rec.Reason, rec.Attempts = wk.Key(), choice.Reason, attempt
-		slot := p.startSlot(wk, done)
+		slot := p.startSlot(wk, done, rs)
 
 		resp, actx, acancel, err := p.roundTrip(ctx, wk, rs, attempt)
 		if err != nil {
@@ -600,15 +619,19 @@ func (p *Regular) fail(w http.ResponseWriter, rs *reqSpec, rec *Receipt, err err
 type attemptSlot struct {
 	p       *Regular
 	w       *worker.Worker
-	done    func(bool) // the breaker's
-	rel     func()     // the worker's in-flight count
+	done    func(bool)  // the breaker's
+	ws      worker.Slot // the worker's in-flight count
 	running prometheus.Gauge
 	off     atomic.Bool // released
 }
 
 // startSlot counts the request in flight on w until release.
-func (p *Regular) startSlot(w *worker.Worker, done func(bool)) *attemptSlot {
-	s := &attemptSlot{p: p, w: w, done: done, rel: w.Acquire()}
+func (p *Regular) startSlot(w *worker.Worker, done func(bool), rs *reqSpec) *attemptSlot {
+	s := &attemptSlot{p: p, w: w, done: done}
+	s.ws.Start(w, rs.preq.Top)
+	if !rs.sse {
+		s.ws.FirstByte() // its first byte is its last: not counted as in prefill
+	}
 	if p.m != nil {
 		s.running = p.m.RunningRequests.WithLabelValues(w.Key())
 		s.running.Inc()
@@ -622,7 +645,7 @@ func (s *attemptSlot) release() {
 	if !s.off.CompareAndSwap(false, true) {
 		return
 	}
-	s.rel()
+	s.ws.Release()
 	if s.running != nil {
 		s.running.Dec()
 		s.p.inflightRole.Dec()
@@ -682,10 +705,18 @@ func (p *Regular) relay(ctx context.Context, w http.ResponseWriter, rs *reqSpec,
 		ro.IdleTimeout = p.o.StreamIdleTimeout
 	}
 	ro.Stream = streaming
-	if streaming && rs.gen && p.m != nil {
-		ttft := p.ttftFor(rs.route)
+	if streaming && rs.gen {
+		var ttft prometheus.Observer
+		if p.m != nil {
+			ttft = p.ttftFor(rs.route)
+		}
 		start := rs.start
-		ro.OnFirstByte = func() { ttft.Observe(time.Since(start).Seconds()) }
+		ro.OnFirstByte = func() {
+			slot.ws.FirstByte()
+			if ttft != nil {
+				ttft.Observe(time.Since(start).Seconds())
+			}
+		}
 	}
 	var out http.ResponseWriter = w
 	mig := p.startMigration(rs, w, resp)

@@ -67,7 +67,7 @@ func (s *Server) admitGenerate(w http.ResponseWriter, r *http.Request) (*proxy.C
 		return nil, nil, false
 	}
 
-	release, err := s.limiter.Admit(r.Context(), r.Header, obj)
+	release, top, err := s.limiter.Admit(r.Context(), r.Header, obj)
 	if err != nil {
 		s.rejectAdmission(w, r, err)
 		return nil, nil, false
@@ -105,6 +105,7 @@ func (s *Server) admitGenerate(w http.ResponseWriter, r *http.Request) (*proxy.C
 		RequestID: st.id,
 		Start:     st.start,
 		Receipt:   &box.rec,
+		Top:       top,
 	}
 	st.call = c
 	return c, release, passthrough

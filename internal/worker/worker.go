@@ -233,6 +233,9 @@ type Worker struct {
 	breaker *Breaker
 
 	inflight   atomic.Int64
+	prefilling atomic.Int64 // slots not yet past their first byte
+	prefillTop atomic.Int64 // of which in the highest flow-control band
+	topHook    atomic.Pointer[func()]
 	total      atomic.Uint64
 	healthy    atomic.Bool
 	routable   atomic.Bool
@@ -273,17 +276,85 @@ func (w *Worker) Key() string { return w.key }
 func (w *Worker) Endpoint(path string) string { return w.URL + path }
 
 // Acquire counts one in-flight request and returns its idempotent release.
-// Call release when the response body has been fully relayed.
+// Call release when the response body has been fully relayed. The request
+// counts as awaiting its first byte until then (see Slot).
 func (w *Worker) Acquire() (release func()) {
+	s := new(Slot)
+	s.Start(w, false)
+	return s.Release
+}
+
+// Slot is one request in flight on a worker, counted in Load from Start to
+// Release. Until FirstByte (or Release) it also counts in Prefilling: the
+// router has sent it and seen nothing of its answer yet, so it is waiting
+// for or in the engine's prefill. A slot of the highest flow-control band
+// (top) counts in PrefillingTop too. The zero value is ready for Start;
+// embed it to save an allocation. FirstByte and Release are idempotent and
+// safe for concurrent use.
+type Slot struct {
+	w     *Worker
+	top   bool
+	state atomic.Uint32 // slotPrefill, slotStreaming, slotReleased
+}
+
+const (
+	slotPrefill uint32 = iota
+	slotStreaming
+	slotReleased
+)
+
+// Start counts the slot on w; call it once.
+func (s *Slot) Start(w *Worker, top bool) {
+	s.w, s.top = w, top
 	w.inflight.Add(1)
 	w.total.Add(1)
-	var once atomic.Bool
-	return func() {
-		if once.CompareAndSwap(false, true) {
-			w.inflight.Add(-1)
+	w.prefilling.Add(1)
+	if top {
+		w.prefillTop.Add(1)
+	}
+}
+
+// FirstByte marks the first byte of the answer relayed: the request is
+// out of prefill.
+func (s *Slot) FirstByte() {
+	if s.state.CompareAndSwap(slotPrefill, slotStreaming) {
+		s.w.leavePrefill(s.top)
+	}
+}
+
+// Release ends the slot.
+func (s *Slot) Release() {
+	switch s.state.Swap(slotReleased) {
+	case slotReleased:
+		return
+	case slotPrefill:
+		s.w.leavePrefill(s.top)
+	}
+	s.w.inflight.Add(-1)
+}
+
+func (w *Worker) leavePrefill(top bool) {
+	fire := w.prefilling.Add(-1) == 0
+	if top && w.prefillTop.Add(-1) == 0 {
+		fire = true
+	}
+	if fire {
+		if f := w.topHook.Load(); f != nil {
+			(*f)()
 		}
 	}
 }
+
+// Prefilling is the number of the router's in-flight requests on w that
+// have not yet produced their first byte.
+func (w *Worker) Prefilling() int64 { return w.prefilling.Load() }
+
+// PrefillingTop is the part of Prefilling in the highest flow-control band.
+func (w *Worker) PrefillingTop() int64 { return w.prefillTop.Load() }
+
+// OnPrefillDone sets the function called (on the caller's goroutine, must
+// not block) when Prefilling or PrefillingTop drops to 0; nil clears it.
+func (w *Worker) OnPrefillDone(f *func()) { w.topHook.Store(f) }
 
 // Load is the router's own in-flight count for this worker.
 func (w *Worker) Load() int64 { return w.inflight.Load() }

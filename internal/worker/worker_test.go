@@ -260,3 +260,43 @@ func TestBreakerNeutralOutcome(t *testing.T) {
 	}
 	f(OutcomeFailure)
 }
+
+func TestSlotCounts(t *testing.T) {
+	w := New(Spec{URL: "http://a:1", DPRank: -1}, BreakerConfig{})
+	fired := 0
+	hook := func() { fired++ }
+	w.OnPrefillDone(&hook)
+	check := func(step string, load, pre, top int64, hooks int) {
+		t.Helper()
+		if w.Load() != load || w.Prefilling() != pre || w.PrefillingTop() != top || fired != hooks {
+			t.Fatalf("%s: load %d prefilling %d top %d hooks %d, want %d %d %d %d",
+				step, w.Load(), w.Prefilling(), w.PrefillingTop(), fired, load, pre, top, hooks)
+		}
+	}
+	var low, hi1, hi2 Slot
+	low.Start(w, false)
+	hi1.Start(w, true)
+	hi2.Start(w, true)
+	check("started", 3, 3, 2, 0)
+	hi1.FirstByte()
+	hi1.FirstByte() // idempotent
+	check("one top streams", 3, 2, 1, 0)
+	low.FirstByte()
+	check("low streams", 3, 1, 1, 0)
+	hi2.Release() // ended before its first byte (an error, a client gone): both counts reach 0, one call
+	check("last top released", 2, 0, 0, 1)
+	hi2.Release()
+	hi2.FirstByte() // after release: nothing
+	check("released twice", 2, 0, 0, 1)
+	hi1.Release()
+	low.Release()
+	check("all released", 0, 0, 0, 1)
+	release := w.Acquire() // counts as awaiting its first byte until released
+	check("acquired", 1, 1, 0, 1)
+	release()
+	release()
+	check("acquire released", 0, 0, 0, 2) // Prefilling dropped to 0 again
+	if w.TotalRequests() != 4 {
+		t.Fatalf("total %d, want 4", w.TotalRequests())
+	}
+}

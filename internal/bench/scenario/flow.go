@@ -34,23 +34,38 @@ type FlowConfig struct {
 	// (--flow-engine-priority). Requests without the field are served in
 	// arrival order by such an engine, so the other runs are unchanged.
 	EnginePriority bool
+	// PrefillRules adds a run whose flow router also applies the prefill
+	// rules (--flow-avoid-prefill --flow-isolate-prefill, and
+	// --flow-prefill-reserve PrefillReserve when > 0).
+	PrefillRules   bool
+	PrefillReserve int
+	// IdleMatch adds a second idle run at IdleRate, long enough for at
+	// least as many samples as the overload runs' high band is expected to
+	// have (HighShare × Overload × capacity × Duration), so the idle and
+	// loaded P99s are percentiles of samples of the same size.
+	IdleMatch bool
 	// QueueInFlight is --flow-worker-max-inflight of the run that lets
 	// each engine queue (above MaxNumSeqs) for engine priority to order.
 	QueueInFlight int
 	// Only, when set, keeps the runs with these names (comparisons
 	// repeated without the whole scenario).
-	Only        []string
-	InputWords  int           // prompt length (words = sim tokens)
-	OutputLen   int           // max_tokens (ignore_eos)
-	Overload    float64       // offered rate / measured capacity
-	HighShare   float64       // fraction of requests in the high band
-	HeavyRatio  float64       // heavy tenant's rate / light tenant's rate
-	Duration    time.Duration // of each overload run
-	Idle        time.Duration // of the idle (reference TTFT) run
-	IdleRate    float64       // requests/s of the idle run
-	QueueSize   int           // --queue-size of both routers
-	QueueTimout time.Duration // --queue-timeout-secs of both routers
-	Seed        uint64
+	Only       []string
+	InputWords int // prompt length (words = sim tokens)
+	// UniquePrompts starts each request's prompt with a word of its own,
+	// so no request reuses another's prefix-cache blocks and every one is
+	// prefilled in full (the sims cache prefixes, as vLLM does by default;
+	// with one prompt for all, every prefill after the first is ~1 token).
+	UniquePrompts bool
+	OutputLen     int           // max_tokens (ignore_eos)
+	Overload      float64       // offered rate / measured capacity
+	HighShare     float64       // fraction of requests in the high band
+	HeavyRatio    float64       // heavy tenant's rate / light tenant's rate
+	Duration      time.Duration // of each overload run
+	Idle          time.Duration // of the idle (reference TTFT) run
+	IdleRate      float64       // requests/s of the idle run
+	QueueSize     int           // --queue-size of both routers
+	QueueTimout   time.Duration // --queue-timeout-secs of both routers
+	Seed          uint64
 }
 
 // DefaultFlowConfig is the issue's benchmark: 2× capacity for 60 s, 20 %
@@ -59,8 +74,8 @@ func DefaultFlowConfig() FlowConfig {
 	return FlowConfig{
 		Sims: 2, MaxNumSeqs: 16, StepBase: 20 * time.Millisecond, StepPerSeq: 250 * time.Microsecond,
 		PrefillBase: 10 * time.Millisecond, PrefillTok: 40 * time.Microsecond, Headroom: 12,
-		EnginePriority: true, QueueInFlight: 24,
-		InputWords: 256, OutputLen: 48,
+		EnginePriority: true, QueueInFlight: 24, PrefillRules: true, IdleMatch: true,
+		InputWords: 256, OutputLen: 48, UniquePrompts: true,
 		Overload: 2, HighShare: 0.2, HeavyRatio: 10, Duration: 60 * time.Second,
 		Idle: 15 * time.Second, IdleRate: 2, QueueSize: 512, QueueTimout: 20 * time.Second, Seed: 1234,
 	}
@@ -89,6 +104,7 @@ type FlowClass struct {
 	Sent, OK200, R429, R408  int
 	Other, Lost              int
 	TTFTP50, TTFTP99         float64 // ms, over the 200s
+	TTFTP90, TTFTMax         float64 // ms, over the 200s
 	CompletionShare, FairPct float64 // fairness runs: share of all 200s; its max-min fair share
 	// RouterWait10ms is the share of the band's requests that waited
 	// under 10 ms in the router's flow-control queue (flow priority runs).
@@ -112,9 +128,15 @@ type FlowReport struct {
 	Machine     string
 	CapacityRPS float64
 	IdleP99     float64 // ms, high band on the idle fleet (flow control on)
-	Runs        []FlowRun
-	Notes       []string
-	Elapsed     time.Duration
+	IdleN       int     // its samples
+	// IdleMatchP99 is the same over the longer idle run (IdleMatch), with
+	// IdleMatchN samples over IdleMatchDur; 0 when not run.
+	IdleMatchP99 float64
+	IdleMatchN   int
+	IdleMatchDur time.Duration
+	Runs         []FlowRun
+	Notes        []string
+	Elapsed      time.Duration
 }
 
 func (r *FlowReport) head() (*time.Duration, *[]string) { return &r.Elapsed, &r.Notes }
@@ -122,7 +144,7 @@ func (r *FlowReport) head() (*time.Duration, *[]string) { return &r.Elapsed, &r.
 // RunFlow runs the flow-control scenario.
 func RunFlow(ctx context.Context, o Options, c FlowConfig) (*FlowReport, error) {
 	return runScenario(ctx, o, scenarioSpec[*FlowReport]{
-		name: "flow", defMax: 15 * time.Minute, skipped: "runs",
+		name: "flow", defMax: 20 * time.Minute, skipped: "runs",
 		report: func(e *env) *FlowReport { return &FlowReport{Config: c, Options: e.o, Machine: e.m.String()} },
 		run:    func(ctx context.Context, e *env, rep *FlowReport) error { return runFlow(ctx, e, c, rep) },
 		files:  []scenarioFile[*FlowReport]{{name: "flow.md", write: (*FlowReport).WriteMarkdown}},
@@ -146,6 +168,15 @@ func (c FlowConfig) enginePriorityFlags(queue bool) []string {
 	f := []string{"--flow-engine-priority"}
 	if queue {
 		f = append(f, "--flow-worker-max-inflight", strconv.Itoa(c.QueueInFlight))
+	}
+	return f
+}
+
+// prefillRuleFlags are the extra router flags of the prefill-rules run.
+func (c FlowConfig) prefillRuleFlags() []string {
+	f := []string{"--flow-avoid-prefill", "--flow-isolate-prefill"}
+	if c.PrefillReserve > 0 {
+		f = append(f, "--flow-prefill-reserve", strconv.Itoa(c.PrefillReserve))
 	}
 	return f
 }
@@ -201,6 +232,12 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 			return err
 		}
 	}
+	var preR *router // flow control with the prefill rules
+	if c.PrefillRules {
+		if preR, err = start("switchyard-flow-prefill", true, c.Headroom, c.prefillRuleFlags()...); err != nil {
+			return err
+		}
+	}
 	var prioR, prio0R *router // engine priority, with headroom and without
 	if c.EnginePriority {
 		if prioR, err = start("switchyard-flow-prio", true, c.Headroom, c.enginePriorityFlags(false)...); err != nil {
@@ -227,7 +264,21 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 		return "high", []string{"x-gateway-inference-objective", "high"}
 	})
 	rep.IdleP99 = percentile(ttfts(idle, "high"), 99)
-	e.printf("idle high-band TTFT P99 %.1f ms\n", rep.IdleP99)
+	rep.IdleN = len(ttfts(idle, "high"))
+	e.printf("idle high-band TTFT P99 %.1f ms (%d samples)\n", rep.IdleP99, rep.IdleN)
+	if c.IdleMatch && c.IdleRate > 0 {
+		want := c.HighShare * c.Overload * capRPS * c.Duration.Seconds() * 1.05
+		d := max(c.Idle, time.Duration(math.Ceil(want/c.IdleRate))*time.Second)
+		if _, err := e.budget(d+time.Minute, d+10*time.Second); err != nil {
+			return err
+		}
+		long := openLoop(ctx, cl, flowR.base, body, c.IdleRate, d, c.Seed+7, func(*rand.Rand) (string, []string) {
+			return "high", []string{"x-gateway-inference-objective", "high"}
+		})
+		t := ttfts(long, "high")
+		rep.IdleMatchP99, rep.IdleMatchN, rep.IdleMatchDur = percentile(t, 99), len(t), d
+		e.printf("idle high-band TTFT P99 %.1f ms over %v (%d samples)\n", rep.IdleMatchP99, d, len(t))
+	}
 
 	rate := c.Overload * capRPS
 	prio := func(r *rand.Rand) (string, []string) {
@@ -266,6 +317,9 @@ func runFlow(ctx context.Context, e *env, c FlowConfig, rep *FlowReport) error {
 		runs = slices.Insert(runs, 1,
 			flowRunSpec{"priority, flow control, engine priority", prioR, true, c.Headroom, c.enginePriorityFlags(false), prio, false, []string{"high", "low"}},
 			flowRunSpec{"priority, flow control without headroom, engines queue, engine priority", prio0R, true, 0, c.enginePriorityFlags(true), prio, false, []string{"high", "low"}})
+	}
+	if preR != nil {
+		runs = slices.Insert(runs, 1, flowRunSpec{"priority, flow control, prefill rules", preR, true, c.Headroom, c.prefillRuleFlags(), prio, false, []string{"high", "low"}})
 	}
 	if len(c.Only) > 0 {
 		runs = slices.DeleteFunc(runs, func(r flowRunSpec) bool { return !slices.Contains(c.Only, r.name) })
@@ -343,19 +397,36 @@ func procsOf(ss []*sim) []*proc {
 	return out
 }
 
-func (c FlowConfig) body() []byte {
+// body returns the request body maker: the same prompt for every request,
+// or (UniquePrompts) one whose first word is the request's own number.
+func (c FlowConfig) body() func() []byte {
 	words := make([]string, c.InputWords)
 	for i := range words {
 		words[i] = "flow"
 	}
-	b, _ := json.Marshal(map[string]any{"model": simModel, "prompt": strings.Join(words, " "), "max_tokens": c.OutputLen,
-		"ignore_eos": true, "stream": true})
-	return b
+	mk := func() []byte {
+		b, _ := json.Marshal(map[string]any{"model": simModel, "prompt": strings.Join(words, " "), "max_tokens": c.OutputLen,
+			"ignore_eos": true, "stream": true})
+		return b
+	}
+	if !c.UniquePrompts {
+		b := mk()
+		return func() []byte { return b }
+	}
+	var mu sync.Mutex
+	n := 0
+	return func() []byte {
+		mu.Lock()
+		defer mu.Unlock()
+		n++
+		words[0] = "u" + strconv.Itoa(n)
+		return mk()
+	}
 }
 
 // measureCapacity runs n closed-loop streams for d and returns completed
 // requests per second.
-func measureCapacity(ctx context.Context, cl *http.Client, base string, body []byte, n int, d time.Duration) (float64, error) {
+func measureCapacity(ctx context.Context, cl *http.Client, base string, body func() []byte, n int, d time.Duration) (float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
 	defer cancel()
 	end := time.Now().Add(d)
@@ -365,7 +436,7 @@ func measureCapacity(ctx context.Context, cl *http.Client, base string, body []b
 	for range n {
 		wg.Go(func() {
 			for time.Now().Before(end) && ctx.Err() == nil {
-				o := sendOne(ctx, cl, base, body, "cap", nil)
+				o := sendOne(ctx, cl, base, body(), "cap", nil)
 				mu.Lock()
 				if o.status == 200 && o.ok {
 					done++
@@ -385,7 +456,7 @@ func measureCapacity(ctx context.Context, cl *http.Client, base string, body []b
 
 // openLoop sends Poisson arrivals at rate for d (classes chosen by pick)
 // and waits for every request (each bounded by a 2-minute client timeout).
-func openLoop(ctx context.Context, cl *http.Client, base string, body []byte, rate float64, d time.Duration, seed uint64, pick func(*rand.Rand) (string, []string)) []flowOutcome {
+func openLoop(ctx context.Context, cl *http.Client, base string, body func() []byte, rate float64, d time.Duration, seed uint64, pick func(*rand.Rand) (string, []string)) []flowOutcome {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	var mu sync.Mutex
 	var outs []flowOutcome
@@ -402,10 +473,11 @@ func openLoop(ctx context.Context, cl *http.Client, base string, body []byte, ra
 			}
 		}
 		class, hdr := pick(rng)
+		b := body()
 		wg.Go(func() {
 			rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 			defer cancel()
-			o := sendOne(rctx, cl, base, body, class, hdr)
+			o := sendOne(rctx, cl, base, b, class, hdr)
 			mu.Lock()
 			outs = append(outs, o)
 			mu.Unlock()
@@ -540,6 +612,7 @@ func summarize(outs []flowOutcome, classes []string, fair bool) ([]FlowClass, []
 		fc := by[c]
 		t := ttfts(outs, c)
 		fc.TTFTP50, fc.TTFTP99 = percentile(t, 50), percentile(t, 99)
+		fc.TTFTP90, fc.TTFTMax = percentile(t, 90), percentile(t, 100)
 		out = append(out, *fc)
 	}
 	if fair && total > 0 && len(out) == 2 {
@@ -563,10 +636,19 @@ func (r *FlowReport) WriteMarkdown(w io.Writer) error {
 	c := r.Config
 	var b strings.Builder
 	fmt.Fprintf(&b, "## Flow control under overload\n\n")
-	fmt.Fprintf(&b, "`%s` — %s; %d × vllm-sim `%s`; prompts of %d words, %d output tokens, streaming; open-loop Poisson arrivals at %.1f× the measured capacity for %v per run. Wall time %s.\n\n",
-		r.Options.Command, r.Machine, c.Sims, strings.Join(c.simArgs(), " "), c.InputWords, c.OutputLen, c.Overload, c.Duration, sec(r.Elapsed))
-	fmt.Fprintf(&b, "Capacity (closed loop at %d streams, %v): **%.2f req/s**. Idle fleet, high band only at %.1f req/s for %v: TTFT P99 **%s ms** (target for the high band under overload: ≤ 1.5× = %s ms).\n\n",
-		c.Sims*c.MaxNumSeqs, c.Idle, r.CapacityRPS, c.IdleRate, c.Idle, ms(r.IdleP99), ms(1.5*r.IdleP99))
+	prompts := "the same prompt for all (a prefix-cache hit after the first)"
+	if c.UniquePrompts {
+		prompts = "each its own (its first word), so every prompt is prefilled in full"
+	}
+	fmt.Fprintf(&b, "`%s` — %s; %d × vllm-sim `%s`; prompts of %d words, %s; %d output tokens, streaming; open-loop Poisson arrivals at %.1f× the measured capacity for %v per run. Wall time %s.\n\n",
+		r.Options.Command, r.Machine, c.Sims, strings.Join(c.simArgs(), " "), c.InputWords, prompts, c.OutputLen, c.Overload, c.Duration, sec(r.Elapsed))
+	fmt.Fprintf(&b, "Capacity (closed loop at %d streams, %v): **%.2f req/s**. Idle fleet, high band only at %.1f req/s for %v: TTFT P99 **%s ms** over %d samples (target for the high band under overload: ≤ 1.5× = %s ms).",
+		c.Sims*c.MaxNumSeqs, c.Idle, r.CapacityRPS, c.IdleRate, c.Idle, ms(r.IdleP99), r.IdleN, ms(1.5*r.IdleP99))
+	if r.IdleMatchN > 0 {
+		fmt.Fprintf(&b, " The same for %v, as many samples as the overload runs' high band: TTFT P99 **%s ms** over %d samples (≤ 1.5× = %s ms).",
+			r.IdleMatchDur, ms(r.IdleMatchP99), r.IdleMatchN, ms(1.5*r.IdleMatchP99))
+	}
+	b.WriteString("\n\n")
 	for _, run := range r.Runs {
 		fmt.Fprintf(&b, "### %s\n\nswitchyard `%s`; offered %.2f req/s; run wall time %s (drain included).\n\n", run.Name, run.Router, run.Offered, sec(run.Wall))
 		fmt.Fprintf(&b, "| class | sent | 200 | 429 | 408 | other | lost | TTFT P50 ms | TTFT P99 ms | router wait < 10 ms | share of 200s | max-min fair share |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -579,7 +661,11 @@ func (r *FlowReport) WriteMarkdown(w io.Writer) error {
 		}
 		for _, k := range run.Classes {
 			if k.Class == "high" && r.IdleP99 > 0 && k.OK200 > 0 {
-				fmt.Fprintf(&b, "\nHigh-band TTFT P99 / idle P99: **%.2f×** (target ≤ 1.5×).\n", k.TTFTP99/r.IdleP99)
+				fmt.Fprintf(&b, "\nHigh-band TTFT P90 %s ms, max %s ms. High-band TTFT P99 / idle P99: **%.2f×** (target ≤ 1.5×; %d idle samples)", ms(k.TTFTP90), ms(k.TTFTMax), k.TTFTP99/r.IdleP99, r.IdleN)
+				if r.IdleMatchP99 > 0 {
+					fmt.Fprintf(&b, "; over the %d-sample idle P99: **%.2f×**", r.IdleMatchN, k.TTFTP99/r.IdleMatchP99)
+				}
+				b.WriteString(".\n")
 			}
 		}
 		if len(run.Failures) > 0 {
@@ -597,15 +683,19 @@ func (r *FlowReport) WriteMarkdown(w io.Writer) error {
 func parseFlow(args []string, o *Options, stderr io.Writer) (FlowConfig, error) {
 	c := configFor(args, DefaultFlowConfig, QuickFlowConfig)
 	fs := newFlagSet("flow", stderr, "Open-loop overload (default 2× measured capacity) through switchyard with and without --flow-control: a 20 % high band, then two tenants at 10:1.")
-	commonFlags(fs, o, 15*time.Minute)
+	commonFlags(fs, o, 20*time.Minute)
 	fs.IntVar(&c.Sims, "sims", c.Sims, "unified vllm-sim workers")
 	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", c.MaxNumSeqs, "vllm-sim --max-num-seqs (and --flow-worker-max-inflight)")
 	fs.DurationVar(&c.StepBase, "decode-step", c.StepBase, "vllm-sim --decode-step-base")
 	fs.IntVar(&c.OutputLen, "output-len", c.OutputLen, "max_tokens")
 	fs.IntVar(&c.InputWords, "input-len", c.InputWords, "prompt words (vllm-sim tokens)")
+	fs.BoolVar(&c.UniquePrompts, "unique-prompts", c.UniquePrompts, "start each prompt with a word of its own (no prefix-cache reuse between requests); false sends one prompt to all")
 	fs.IntVar(&c.Headroom, "headroom", c.Headroom, "switchyard --flow-headroom of the flow-control router")
 	fs.BoolVar(&c.EnginePriority, "engine-priority", c.EnginePriority, "vllm-sim --scheduling-policy priority, plus runs with switchyard --flow-engine-priority")
 	fs.IntVar(&c.QueueInFlight, "queue-inflight", c.QueueInFlight, "--flow-worker-max-inflight of the engine-priority run without headroom (engines queue above --max-num-seqs)")
+	fs.BoolVar(&c.PrefillRules, "prefill-rules", c.PrefillRules, "add a flow-control run with switchyard --flow-avoid-prefill --flow-isolate-prefill")
+	fs.IntVar(&c.PrefillReserve, "prefill-reserve", c.PrefillReserve, "switchyard --flow-prefill-reserve of the prefill-rules run (0 = not set)")
+	fs.BoolVar(&c.IdleMatch, "idle-match", c.IdleMatch, "add an idle run long enough for as many high-band samples as an overload run")
 	fs.Func("only", "keep only the run with this name (repeatable), e.g. \"priority, flow control\"", func(s string) error {
 		c.Only = append(c.Only, s)
 		return nil

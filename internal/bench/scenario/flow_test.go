@@ -21,7 +21,7 @@ func TestFlowTiny(t *testing.T) {
 		t.Fatalf("RunFlow: %v\n%s", err, log.String())
 	}
 	noChildren(t)
-	if len(rep.Runs) != 7 || !(rep.CapacityRPS > 0) || math.IsNaN(rep.IdleP99) {
+	if len(rep.Runs) != 8 || !(rep.CapacityRPS > 0) || math.IsNaN(rep.IdleP99) {
 		t.Fatalf("report: %+v", rep)
 	}
 	for _, r := range rep.Runs {
@@ -36,13 +36,19 @@ func TestFlowTiny(t *testing.T) {
 			t.Errorf("%s: nothing sent", r.Name)
 		}
 	}
-	for _, i := range []int{0, 1} { // flow control; the same with engine priority
+	for _, i := range []int{0, 1, 2} { // flow control; the same with prefill rules, with engine priority
 		if hi := rep.Runs[i].Classes[0]; hi.Class != "high" || hi.R408 != 0 || hi.OK200 != hi.Sent {
 			t.Errorf("%s: high band %+v", rep.Runs[i].Name, hi)
 		}
 	}
-	if !strings.Contains(rep.Runs[1].Router, "--flow-engine-priority") {
-		t.Errorf("run 1 router flags %q lack --flow-engine-priority", rep.Runs[1].Router)
+	if !strings.Contains(rep.Runs[1].Router, "--flow-isolate-prefill") {
+		t.Errorf("run 1 router flags %q lack --flow-isolate-prefill", rep.Runs[1].Router)
+	}
+	if !strings.Contains(rep.Runs[2].Router, "--flow-engine-priority") {
+		t.Errorf("run 2 router flags %q lack --flow-engine-priority", rep.Runs[2].Router)
+	}
+	if rep.IdleMatchN == 0 || rep.IdleMatchDur < c.Idle {
+		t.Errorf("matched idle run: %d samples over %v", rep.IdleMatchN, rep.IdleMatchDur)
 	}
 	var md bytes.Buffer
 	if err := rep.WriteMarkdown(&md); err != nil || !strings.Contains(md.String(), "### tenants 10:1, flow control") {
