@@ -121,12 +121,20 @@ func (s *prefillStream) wait(t *testing.T) {
 	}
 }
 
-func TestFlowPrefillRules(t *testing.T) {
+// startPrefillFleet starts two slow-prefill sims and a round_robin router
+// with flow control and flags in front of them.
+func startPrefillFleet(t *testing.T, flags ...string) (*router, context.Context) {
+	t.Helper()
 	a, b := startSim(t, prefillSimArgs...), startSim(t, prefillSimArgs...)
-	r := startRouter(t, "--worker-urls", a.URL(), b.URL(), "--policy", "round_robin", "--route-receipt", "--flow-control",
-		"--flow-worker-max-inflight", "4", "--flow-avoid-prefill", "--flow-isolate-prefill", "--queue-size", "16")
+	args := append([]string{"--worker-urls", a.URL(), b.URL(), "--policy", "round_robin", "--route-receipt", "--flow-control",
+		"--flow-worker-max-inflight", "4", "--queue-size", "16"}, flags...)
+	r := startRouter(t, args...)
 	r.WaitReady(t, 10*time.Second)
-	ctx := ctxT(t, 120*time.Second)
+	return r, ctxT(t, 120*time.Second)
+}
+
+func TestFlowPrefillRules(t *testing.T) {
+	r, ctx := startPrefillFleet(t, "--flow-avoid-prefill", "--flow-isolate-prefill")
 	const long, short = 400, 1
 
 	// A long low prompt on one worker (X), a short one on the other (Y)
@@ -180,11 +188,7 @@ func TestFlowPrefillRules(t *testing.T) {
 // start a prefill on the last free one (round_robin alone would take the
 // free one).
 func TestFlowPrefillReserve(t *testing.T) {
-	a, b := startSim(t, prefillSimArgs...), startSim(t, prefillSimArgs...)
-	r := startRouter(t, "--worker-urls", a.URL(), b.URL(), "--policy", "round_robin", "--route-receipt", "--flow-control",
-		"--flow-worker-max-inflight", "4", "--flow-prefill-reserve", "1", "--queue-size", "16")
-	r.WaitReady(t, 10*time.Second)
-	ctx := ctxT(t, 120*time.Second)
+	r, ctx := startPrefillFleet(t, "--flow-prefill-reserve", "1")
 
 	l1 := openPrefillStream(ctx, t, r.Base, "l1", "low", 400)
 	x := l1.worker(t)
