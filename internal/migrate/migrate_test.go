@@ -332,14 +332,7 @@ func TestHeldBackTokensGeneratedAgain(t *testing.T) {
 	if tr.HeldBack() != 2 || tr.Tokens() != 3 {
 		t.Fatalf("held back %d of %d tokens, want 2 of 3", tr.HeldBack(), tr.Tokens())
 	}
-	b, err := req.Continue(tr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
+	m := continuation(t, req, tr)
 	if compact(m["prompt"]) != "[7,8,1]" || compact(m["max_tokens"]) != "9" {
 		t.Fatalf("continuation prompt %s max_tokens %s, want [7,8,1] and 9", m["prompt"], m["max_tokens"])
 	}
@@ -389,14 +382,7 @@ func TestChatHeldBackTokens(t *testing.T) {
 	if tr.HeldBack() != 1 || tr.Tokens() != 2 {
 		t.Fatalf("held back %d of %d tokens, want 1 of 2", tr.HeldBack(), tr.Tokens())
 	}
-	b, err := req.Continue(tr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
+	m := continuation(t, req, tr)
 	if compact(m["max_tokens"]) != "9" || !strings.Contains(string(m["messages"]), `" a"`) {
 		t.Fatalf("continuation max_tokens %s messages %s, want 9 and the text so far", m["max_tokens"], m["messages"])
 	}
@@ -442,13 +428,8 @@ func TestChatHeldBackDiffers(t *testing.T) {
 		`{"id":"chatcmpl-a","object":"chat.completion.chunk","created":111,"model":"m","prompt_token_ids":[7,8],"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`,
 		ev(`" a"`, "null", "[1]"),
 		ev(`""`, "null", "[2]")))
-	b, err := req.Continue(tr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(b, &m); err != nil || compact(m["max_tokens"]) != "3" {
-		t.Fatalf("continuation max_tokens %s (%v), want 3 (4 less the one token not held back)", m["max_tokens"], err)
+	if m := continuation(t, req, tr); compact(m["max_tokens"]) != "3" {
+		t.Fatalf("continuation max_tokens %s, want 3 (4 less the one token not held back)", m["max_tokens"])
 	}
 	s := NewStitcher(req, tr)
 	steps := []struct{ in, want string }{
@@ -463,4 +444,18 @@ func TestChatHeldBackDiffers(t *testing.T) {
 			t.Errorf("step %d: %s, want %s", i, got, st.want)
 		}
 	}
+}
+
+// continuation is req's continuation body after tr, as top-level fields.
+func continuation(t *testing.T, req *Request, tr *Tracker) map[string]json.RawMessage {
+	t.Helper()
+	b, err := req.Continue(tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
