@@ -219,8 +219,10 @@ func (t *H1Transport) roundTrip(ctx context.Context, req *http.Request) (*http.R
 		tr.WroteRequest(httptrace.WroteRequestInfo{})
 	}
 	c.waitReadable()
-	resp, err := readResponse(c.br, req)
-	if err != nil {
+	resp, ok := readHeadFast(c.br, req)
+	if ok {
+		setBody(resp, c.br)
+	} else if resp, err = readResponse(c.br, req); err != nil {
 		return fail(err)
 	}
 	keep := !resp.Close && !req.Close && !strings.EqualFold(req.Header.Get("Connection"), "close")

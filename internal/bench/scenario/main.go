@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-const usage = `Usage: sybench scenario pd|overhead|ceiling|kv|flow|compare [flags]
+const usage = `Usage: sybench scenario pd|overhead|ceiling|kv|flow|relay|compare [flags]
 
 Starts the router (switchyard) and simulated workers (vllm-sim) from --bin-dir
 as child processes on free loopback ports, runs the benchmark in-process
@@ -29,6 +29,9 @@ tables; with --out-dir it also writes them (Markdown, and a PNG for pd).
             caches and KV events: hit rate, TTFT          -> kv.md
   flow      2× capacity open loop with and without --flow-control: a high
             band, then two tenants at 10:1                -> flow.md
+  relay     paced token streams whose events carry the worker's write
+            time, direct and through switchyard regular mode: what the
+            router adds per relayed event, its CPU per event -> relay.md
   compare   head to head: switchyard vs vllm-router, sglang-router, nginx
             and vLLM's NIXL toy proxy on the same fleets (wrk, sybench,
             faults, READ→WRITE turnover, ceiling, a real vLLM CPU
@@ -88,6 +91,13 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		_, err = RunKV(ctx, o, c)
 		return err
+	case "relay":
+		c, err := parseRelay(rest, &o, stderr)
+		if err != nil {
+			return helpOK(err)
+		}
+		_, err = RunRelay(ctx, o, c)
+		return err
 	case "compare":
 		c, err := parseCompare(rest, &o, stderr)
 		if err != nil {
@@ -97,7 +107,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprint(stderr, usage)
-	return fmt.Errorf("scenario: unknown scenario %q (want pd, overhead, ceiling, kv, flow or compare)", name)
+	return fmt.Errorf("scenario: unknown scenario %q (want pd, overhead, ceiling, kv, flow, relay or compare)", name)
 }
 
 func helpOK(err error) error {
@@ -329,6 +339,30 @@ func parseOverhead(args []string, o *Options, stderr io.Writer) (OverheadConfig,
 	var err error
 	c.PDMode, err = transferMode(c.PDMode, "--pd-mode")
 	return c, err
+}
+
+func parseRelay(args []string, o *Options, stderr io.Writer) (RelayConfig, error) {
+	c := configFor(args, DefaultRelayConfig, QuickRelayConfig)
+	fs := newFlagSet("relay", stderr, "Paced token streams, direct and through switchyard regular mode; every event carries the time the worker wrote it: per-event delivery latency and router CPU per event.")
+	commonFlags(fs, o, 10*time.Minute)
+	cs := intList(c.Concurrency)
+	fs.Var(&cs, "concurrency", "concurrent streams per point")
+	fs.IntVar(&c.Events, "events", c.Events, "token events per stream")
+	fs.DurationVar(&c.Interval, "interval", c.Interval, "time between two events of a stream")
+	fs.Float64Var(&c.Streams, "streams-per-concurrency", c.Streams, "streams per point = ceil(this × C)")
+	fs.IntVar(&c.Repeats, "repeats", c.Repeats, "interleaved repetitions of every (C, target) run; tables report medians")
+	fs.StringVar(&c.Policy, "policy", c.Policy, "switchyard --policy")
+	fs.StringVar(&c.VLLMRouter, "vllm-router", c.VLLMRouter, "vllm-router executable to measure as a third target (e.g. .venv-peers/bin/vllm-router)")
+	ra := strList(c.RouterArgs)
+	fs.Var(&ra, "router-arg", "more switchyard flags, comma-separated (e.g. --router-arg=--max-migrations=0)")
+	if err := finishParse(fs, args); err != nil {
+		return c, err
+	}
+	c.Concurrency, c.RouterArgs = cs, ra
+	if c.Events < 1 || c.Interval <= 0 || c.Streams <= 0 {
+		return c, fmt.Errorf("relay: --events, --interval and --streams-per-concurrency must be positive")
+	}
+	return c, nil
 }
 
 func parseCeiling(args []string, o *Options, stderr io.Writer) (CeilingConfig, error) {

@@ -95,6 +95,9 @@ type OverheadRow struct {
 	Prompts     int
 	Row         bench.SweepRow
 	Completed   int
+	// Events is the token events the run streamed (Σ output tokens: every
+	// token is one SSE event of the worker, relayed by the router).
+	Events int
 	// RouterCPU and WorkerCPU are CPU time (user+system) of the router and
 	// of the workers during the measured run.
 	RouterCPU, WorkerCPU time.Duration
@@ -104,6 +107,9 @@ type OverheadRow struct {
 
 // RouterCPUPer1k is router CPU seconds per 1000 completed requests.
 func (r OverheadRow) RouterCPUPer1k() float64 { return per1k(r.RouterCPU, r.Completed) }
+
+// RouterCPUPer1kEvents is router CPU seconds per 1000 relayed token events.
+func (r OverheadRow) RouterCPUPer1kEvents() float64 { return per1k(r.RouterCPU, r.Events) }
 
 // WorkerCPUPer1k is worker CPU seconds per 1000 completed requests.
 func (r OverheadRow) WorkerCPUPer1k() float64 { return per1k(r.WorkerCPU, r.Completed) }
@@ -204,7 +210,7 @@ func (e *env) runOverhead(ctx context.Context, c OverheadConfig, rep *OverheadRe
 					return fmt.Errorf("%s C=%d: %w", t.name, conc, err)
 				}
 				row := OverheadRow{Target: t.name, Concurrency: conc, Rep: k, Prompts: n, Row: sweepRow(t.name, "", res),
-					Completed: res.Metrics.Completed, RouterCPU: r1 - r0, WorkerCPU: w1 - w0, Wall: wall, Stopped: res.Stopped}
+					Completed: res.Metrics.Completed, Events: res.Metrics.TotalOutput, RouterCPU: r1 - r0, WorkerCPU: w1 - w0, Wall: wall, Stopped: res.Stopped}
 				rep.Rows = append(rep.Rows, row)
 				e.printf("#%d %-7s C=%-5d n=%-5d failed %d, %.1f req/s, TTFT p50/p99 %s/%s ms, router CPU %.3f s/1k req, worker CPU %.3f s/1k req (%s)%s\n",
 					k+1, t.name, conc, n, row.Row.Failed, row.Row.RequestThroughput, ms(row.Row.TTFTP50), ms(row.Row.TTFTP99),
@@ -228,12 +234,15 @@ type overheadAgg struct {
 	reqPerS, ttft50, ttft99            float64
 	routerCPU1k, workerCPU1k           float64
 	ttft50Lo, ttft50Hi, rcpuLo, rcpuHi float64
+	// Per relayed event.
+	itl50, itl99, tpot50, cpuPer1kEvents float64
+	itl50Lo, itl50Hi                     float64
 }
 
 // row aggregates the runs of (target, concurrency).
 func (r *OverheadReport) row(target string, c int) (overheadAgg, bool) {
 	var a overheadAgg
-	var rps, t50, t99, rc, wc []float64
+	var rps, t50, t99, rc, wc, i50, i99, tp50, ce []float64
 	for _, x := range r.Rows {
 		if x.Target != target || x.Concurrency != c {
 			continue
@@ -246,6 +255,10 @@ func (r *OverheadReport) row(target string, c int) (overheadAgg, bool) {
 		t99 = append(t99, x.Row.TTFTP99)
 		rc = append(rc, x.RouterCPUPer1k())
 		wc = append(wc, x.WorkerCPUPer1k())
+		i50 = append(i50, x.Row.ITLP50)
+		i99 = append(i99, x.Row.ITLP99)
+		tp50 = append(tp50, x.Row.TPOTP50)
+		ce = append(ce, x.RouterCPUPer1kEvents())
 	}
 	if a.runs == 0 {
 		return a, false
@@ -254,6 +267,8 @@ func (r *OverheadReport) row(target string, c int) (overheadAgg, bool) {
 	a.routerCPU1k, a.workerCPU1k = medianOf(rc), medianOf(wc)
 	a.ttft50Lo, a.ttft50Hi = slices.Min(t50), slices.Max(t50)
 	a.rcpuLo, a.rcpuHi = slices.Min(rc), slices.Max(rc)
+	a.itl50, a.itl99, a.tpot50, a.cpuPer1kEvents = medianOf(i50), medianOf(i99), medianOf(tp50), medianOf(ce)
+	a.itl50Lo, a.itl50Hi = slices.Min(i50), slices.Max(i50)
 	return a, true
 }
 
@@ -279,6 +294,44 @@ func (r *OverheadReport) concurrencies() []int {
 		}
 	}
 	return cs
+}
+
+// writeEventTable writes what the router adds per relayed token event:
+// the inter-token latency against direct and its CPU per event.
+func (r *OverheadReport) writeEventTable(b *strings.Builder) {
+	b.WriteString("## Per relayed token event\n\n")
+	b.WriteString("Every output token is one SSE event of the worker, relayed by the router as it arrives. ITL is the gap between two events " +
+		"at the client; the added ITL is the router's per-event latency (regular against direct; PD's decode is a second worker, so its ITL is " +
+		"compared with direct too, as an upper bound). Router CPU per 1k events is the router's CPU over Σ output tokens of the run " +
+		"(it includes the requests' own routing, so it is an upper bound of the relay's share).\n\n")
+	b.WriteString("| C | Target | Events | ITL P50 / P99 ms | Added ITL P50 µs | TPOT P50 ms | Router CPU s / 1k events | Router CPU µs / event |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|\n")
+	for _, conc := range r.concurrencies() {
+		d, haveD := r.row(TargetDirect, conc)
+		for _, t := range []string{TargetDirect, TargetRegular, TargetPD} {
+			x, ok := r.row(t, conc)
+			if !ok {
+				continue
+			}
+			events := 0
+			for _, row := range r.Rows {
+				if row.Target == t && row.Concurrency == conc {
+					events += row.Events
+				}
+			}
+			added, cpu, us := "—", "—", "—"
+			if haveD && t != TargetDirect {
+				added = fmt.Sprintf("%+.0f (%+.0f to %+.0f)", (x.itl50-d.itl50)*1000, (x.itl50Lo-d.itl50)*1000, (x.itl50Hi-d.itl50)*1000)
+			}
+			if t != TargetDirect {
+				cpu = fmt.Sprintf("%.4f", x.cpuPer1kEvents)
+				us = fmt.Sprintf("%.1f", x.cpuPer1kEvents*1000)
+			}
+			fmt.Fprintf(b, "| %d | %s | %d | %s / %s | %s | %s | %s | %s |\n",
+				conc, t, events, ms(x.itl50), ms(x.itl99), added, ms(x.tpot50), cpu, us)
+		}
+	}
+	b.WriteString("\n")
 }
 
 // WriteMarkdown writes the measurements and the ratios vs direct.
@@ -328,6 +381,7 @@ func (r *OverheadReport) WriteMarkdown(w io.Writer) error {
 		}
 	}
 	b.WriteString("\n")
+	r.writeEventTable(&b)
 	var sum []string
 	for _, conc := range r.concurrencies() {
 		rg, ok1 := r.row(TargetRegular, conc)

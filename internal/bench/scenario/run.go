@@ -19,6 +19,7 @@ func (r *PDReport) head() (*time.Duration, *[]string)       { return &r.Elapsed,
 func (r *OverheadReport) head() (*time.Duration, *[]string) { return &r.Elapsed, &r.Notes }
 func (r *CeilingReport) head() (*time.Duration, *[]string)  { return &r.Elapsed, &r.Notes }
 func (r *CompareReport) head() (*time.Duration, *[]string)  { return &r.Elapsed, &r.Notes }
+func (r *RelayReport) head() (*time.Duration, *[]string)    { return &r.Elapsed, &r.Notes }
 
 // scenarioFile is one output written under --out-dir.
 type scenarioFile[R any] struct {

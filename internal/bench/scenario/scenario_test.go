@@ -123,8 +123,8 @@ func TestOverheadAndCeilingQuick(t *testing.T) {
 		t.Fatalf("overhead rows = %d, want 3", len(orep.Rows))
 	}
 	for _, r := range orep.Rows {
-		if r.Row.Failed != 0 || r.Completed != 32 {
-			t.Errorf("%s: failed %d completed %d", r.Target, r.Row.Failed, r.Completed)
+		if r.Row.Failed != 0 || r.Completed != 32 || r.Events != 32*4 {
+			t.Errorf("%s: failed %d completed %d events %d", r.Target, r.Row.Failed, r.Completed, r.Events)
 		}
 	}
 	var md bytes.Buffer
@@ -140,6 +140,35 @@ func TestOverheadAndCeilingQuick(t *testing.T) {
 	}
 	if len(crep.Steps) != 2 || crep.FirstFailing() != 0 || crep.Steps[1].Completed != 32 || crep.Steps[1].RouterFDs == 0 {
 		t.Errorf("ceiling steps: %+v", crep.Steps)
+	}
+	noChildren(t)
+}
+
+// TestRelayQuick runs the per-event relay scenario on one small point: every
+// token event is timed, through the router too, and the router's CPU per
+// event is measured.
+func TestRelayQuick(t *testing.T) {
+	o := Options{BinDir: binDir, MaxDuration: time.Minute, Out: io.Discard}
+	c := QuickRelayConfig()
+	c.Concurrency, c.Events, c.Interval = []int{4}, 10, 5*time.Millisecond
+	rep, err := RunRelay(context.Background(), o, c)
+	if err != nil {
+		t.Fatalf("RunRelay: %v", err)
+	}
+	if len(rep.Rows) != 2 {
+		t.Fatalf("relay rows = %d, want 2 (direct, regular)", len(rep.Rows))
+	}
+	for _, r := range rep.Rows {
+		if r.Failed != 0 || r.Streams != 4 || r.Events != 4*10 || !(r.P50 > 0 && r.P50 <= r.P99) {
+			t.Errorf("%s: %+v", r.Target, r)
+		}
+		if r.Target == TargetDirect && r.RouterCPU != 0 { // the router's is read in 10 ms ticks: may be 0 here
+			t.Errorf("%s: router CPU %v", r.Target, r.RouterCPU)
+		}
+	}
+	var md bytes.Buffer
+	if err := rep.WriteMarkdown(&md); err != nil || !strings.Contains(md.String(), "| 4 | regular | 4 | 0 | 40 |") {
+		t.Errorf("relay markdown (%v):\n%s", err, md.String())
 	}
 	noChildren(t)
 }
