@@ -4,7 +4,7 @@ GO ?= go
 BIN := bin
 export CGO_ENABLED ?= 1
 
-.PHONY: all build run test test-short lint vet fmt bench bench-smoke fuzz-smoke e2e bench-pd bench-overhead bench-ceiling bench-kv bench-flow bench-warmup bench-compare bench-profile-pd chaos deps clean dashboard-snapshot dashboard-json interop interop-deps
+.PHONY: all build run test test-short lint vet fmt bench bench-smoke fuzz-smoke e2e bench-pd bench-overhead bench-ceiling bench-kv bench-flow bench-relay bench-warmup bench-compare bench-profile-pd chaos deps clean dashboard-snapshot dashboard-json interop interop-deps
 
 all: build
 
@@ -65,6 +65,13 @@ bench-ceiling:
 bench-flow:
 	$(GO) build -o $(BIN)/ ./cmd/...
 	$(BIN)/sybench scenario flow --bin-dir $(BIN) --out-dir $(BENCH_OUT) $(SCENARIO_FLAGS)
+
+# Per-event relay latency and CPU (docs/bench/relay.md); vllm-router is the
+# third target when scripts/install-peers.sh has installed it.
+bench-relay:
+	$(GO) build -o $(BIN)/ ./cmd/...
+	$(BIN)/sybench scenario relay --bin-dir $(BIN) --out-dir $(BENCH_OUT) \
+		$$([ -x .venv-peers/bin/vllm-router ] && echo --vllm-router $(CURDIR)/.venv-peers/bin/vllm-router) $(SCENARIO_FLAGS)
 
 KV_TOKENIZER ?= internal/tokenizer/testdata/tiny-llama.json
 bench-kv:

@@ -231,18 +231,15 @@ func (b *lengthBody) Read(p []byte) (int, error) {
 func (b *lengthBody) Close() error { return nil }
 
 // chunkedBody reads a chunked body and, after its last chunk, the trailer
-// section (its fields are dropped, as the relay would drop them), so that
-// the connection is at the next response.
+// section as net/http's body reader does (its fields are dropped, as the
+// relay would drop them), so that the connection is at the next response.
 type chunkedBody struct {
 	br   *bufio.Reader
 	r    io.Reader
 	done bool
 }
 
-// maxTrailerLines bounds the trailer section a chunked body may end with.
-const maxTrailerLines = 64
-
-var errTrailer = errors.New("chunked body: malformed or oversized trailer section")
+var errTrailer = errors.New("http: suspiciously long trailer after chunked body")
 
 func (b *chunkedBody) Read(p []byte) (int, error) {
 	if b.done {
@@ -252,19 +249,38 @@ func (b *chunkedBody) Read(p []byte) (int, error) {
 	if !errors.Is(err, io.EOF) {
 		return n, err
 	}
-	for range maxTrailerLines {
-		line, lerr := b.br.ReadSlice('\n')
-		switch {
-		case lerr != nil && (errors.Is(lerr, io.EOF) || errors.Is(lerr, io.ErrUnexpectedEOF)):
-			return n, io.ErrUnexpectedEOF
-		case lerr != nil:
-			return n, errTrailer
-		case string(line) == "\r\n":
-			b.done = true
-			return n, io.EOF
+	if err := b.readTrailer(); err != nil {
+		return n, err
+	}
+	b.done = true
+	return n, io.EOF
+}
+
+// readTrailer reads the trailer section: an empty line, or header lines
+// ending in an empty line that must already be in sight (no unbounded
+// trailer), as net/http does.
+func (b *chunkedBody) readTrailer() error {
+	buf, err := b.br.Peek(2)
+	switch {
+	case string(buf) == "\r\n":
+		_, _ = b.br.Discard(2)
+		return nil
+	case len(buf) < 2:
+		return io.ErrUnexpectedEOF
+	case err != nil:
+		return err
+	}
+	for size := 4; ; size++ {
+		buf, err := b.br.Peek(size)
+		if bytes.HasSuffix(buf, []byte("\r\n\r\n")) {
+			break
+		}
+		if err != nil {
+			return errTrailer
 		}
 	}
-	return n, errTrailer
+	_, err = textproto.NewReader(b.br).ReadMIMEHeader()
+	return err
 }
 
 func (b *chunkedBody) Close() error { return nil }

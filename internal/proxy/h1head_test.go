@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -169,4 +170,44 @@ func FuzzReadHeadFast(f *testing.F) {
 			t.Fatalf("%q: (-net/http +fast):\n%s", raw, diff)
 		}
 	})
+}
+
+// BenchmarkReadHead compares the fast path with http.ReadResponse on the
+// heads vLLM (uvicorn: lower-case keys) and vllm-sim (net/http) send.
+//
+//	go test -run '^$' -bench ReadHead -benchmem ./internal/proxy
+func BenchmarkReadHead(b *testing.B) {
+	heads := map[string]string{
+		"uvicorn-json":  "HTTP/1.1 200 OK\r\ndate: Tue, 01 Dec 2026 20:00:00 GMT\r\nserver: uvicorn\r\ncontent-length: 2\r\ncontent-type: application/json\r\n\r\n{}",
+		"uvicorn-sse":   "HTTP/1.1 200 OK\r\ndate: Tue, 01 Dec 2026 20:00:00 GMT\r\nserver: uvicorn\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+		"net-http-json": "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nDate: Tue, 01 Dec 2026 20:00:00 GMT\r\nContent-Length: 2\r\n\r\n{}",
+	}
+	for name, raw := range heads {
+		for _, fast := range []bool{false, true} {
+			b.Run(fmt.Sprintf("%s/fast=%v", name, fast), func(b *testing.B) {
+				sr := strings.NewReader(raw)
+				br := bufio.NewReaderSize(sr, 4096)
+				req, _ := http.NewRequest(http.MethodPost, "http://w/v1/completions", nil)
+				b.ReportAllocs()
+				for b.Loop() {
+					sr.Reset(raw)
+					br.Reset(sr)
+					var resp *http.Response
+					if fast {
+						var ok bool
+						if resp, ok = readHeadFast(br, req); !ok {
+							b.Fatal("not taken")
+						}
+						setBody(resp, br)
+					} else {
+						var err error
+						if resp, err = http.ReadResponse(br, req); err != nil {
+							b.Fatal(err)
+						}
+					}
+					io.Copy(io.Discard, resp.Body)
+				}
+			})
+		}
+	}
 }
