@@ -79,6 +79,10 @@ type Policy struct {
 	spec *speculative
 	rr   atomic.Uint64 // tokenize target rotation
 	S    Stats
+
+	// pickMu makes a pick and its speculative insertion one step, so
+	// the next pick sees where this one sent its new blocks.
+	pickMu sync.Mutex
 }
 
 var (
@@ -210,23 +214,27 @@ func (p *Policy) Pick(req *policy.Request, c policy.Candidates) (policy.Choice, 
 		p.S.FallbackNoEvents.Add(1)
 		return p.fallback(req, c, "no candidate publishes KV events")
 	}
-	cached := p.CachedBlocks(req)
 	n := len(req.Tokens)
 	bs := p.o.Index.BlockSize()
-	best, bestLoad := p.choose(req, c, cached, n, bs)
+	p.pickMu.Lock()
+	now := p.o.Now()
+	cached := p.CachedBlocks(req)
+	best, bestLoad, stored := p.choose(req, c, cached, n, bs, now)
 	if best < 0 {
+		p.pickMu.Unlock()
 		return policy.Choice{}, policy.ErrNoWorker
 	}
 	w := c.Workers[best]
 	hit := cached[w.Key()]
+	if p.o.Speculative && len(pr.keys) > 0 {
+		p.spec.insert(pr.keys, w.Key(), now, p.o.SpeculativeTTL, len(pr.keys)-hit, stored)
+	}
+	p.pickMu.Unlock()
 	p.S.Picks.Add(1)
 	p.S.PromptTokens.Add(uint64(n))
 	p.S.MatchedTokens.Add(uint64(hit * bs))
 	if hit > 0 {
 		p.S.Hits.Add(1)
-	}
-	if p.o.Speculative && len(pr.keys) > 0 {
-		p.spec.insert(pr.keys, w.Key(), p.o.Now(), p.o.SpeculativeTTL)
 	}
 	reason := fmt.Sprintf("kv match %d/%d blocks, load %d", hit, len(pr.keys), bestLoad)
 	return policy.Choice{Worker: w, Reason: reason + elsewhere(cached, w.Key())}, nil
@@ -273,14 +281,20 @@ type candidate struct {
 	cost   float64
 	load   int64
 	blocks int
+	stored uint64
 }
 
-// choose returns the index of the worker to route to (-1: none usable)
-// and its load. Costs within TieBand × prompt tokens of the lowest count
-// as equal: among those the worker holding fewer blocks wins (a new
-// prefix goes where it evicts least, as cache_aware's smallest tree),
-// then the lower cost, then the less loaded, then one at random.
-func (p *Policy) choose(req *policy.Request, c policy.Candidates, cached map[string]int, n, bs int) (int, int64) {
+// choose returns the index of the worker to route to (-1: none usable),
+// its load and the index's running count of blocks stored for it. Costs
+// within TieBand × prompt tokens of the lowest count as equal: among those
+// the worker holding fewer blocks wins (a new prefix goes where it evicts
+// least, as cache_aware's smallest tree), then the lower cost, then the
+// less loaded, then one at random. A worker's blocks are those its events
+// reported plus, with speculative entries, the new blocks of the prompts
+// sent to it that its events have not yet confirmed: a burst of new
+// prefixes is spread at once, not piled on the worker whose events lag
+// (or whose in-flight count has not yet grown).
+func (p *Policy) choose(req *policy.Request, c policy.Candidates, cached map[string]int, n, bs int, now time.Time) (int, int64, uint64) {
 	var buf [16]candidate
 	cs := buf[:0]
 	minCost := math.Inf(1)
@@ -302,7 +316,11 @@ func (p *Policy) choose(req *policy.Request, c policy.Candidates, cached map[str
 		if k.cost > limit {
 			continue
 		}
-		k.blocks = p.o.Index.WorkerBlocks(c.Workers[k.i].Key())
+		key := c.Workers[k.i].Key()
+		k.blocks, k.stored = p.o.Index.WorkerState(key)
+		if p.o.Speculative {
+			k.blocks += p.spec.pending(key, k.stored, now)
+		}
 		switch {
 		case best == nil || k.blocks < best.blocks ||
 			(k.blocks == best.blocks && (k.cost < best.cost || (k.cost == best.cost && k.load < best.load))):
@@ -315,9 +333,9 @@ func (p *Policy) choose(req *policy.Request, c policy.Candidates, cached map[str
 		}
 	}
 	if best == nil {
-		return -1, 0
+		return -1, 0, 0
 	}
-	return best.i, best.load
+	return best.i, best.load, best.stored
 }
 
 func (p *Policy) fallback(req *policy.Request, c policy.Candidates, why string) (policy.Choice, error) {
@@ -358,6 +376,26 @@ type speculative struct {
 	head  int                    // q[:head] are gone
 	count int                    // keys in q[head:]
 	max   int
+
+	// pend: per worker, the new blocks of the prompts routed to it within
+	// the TTL, to be confirmed by its events.
+	pend map[string]*pendingQ
+}
+
+// pendingQ is one worker's routed prompts awaiting their events, oldest
+// first.
+type pendingQ struct {
+	items []pendingItem
+	head  int
+	sum   int // blocks of items[head:]
+}
+
+// pendingItem: blocks the worker did not hold when a prompt was routed to
+// it, and the index's count of blocks stored for it then.
+type pendingItem struct {
+	exp    time.Time
+	blocks int
+	base   uint64
 }
 
 type specOwner struct {
@@ -374,17 +412,29 @@ type specBatch struct {
 }
 
 func newSpeculative(max int) *speculative {
-	return &speculative{m: map[uint64][]specOwner{}, max: max}
+	return &speculative{m: map[uint64][]specOwner{}, max: max, pend: map[string]*pendingQ{}}
 }
 
-// insert records keys on worker until now+ttl. Entries expire in
-// insertion order (one TTL for all), so pruning pops from the head.
-func (s *speculative) insert(keys []uint64, worker string, now time.Time, ttl time.Duration) {
+// insert records keys on worker until now+ttl, newBlocks of them not held
+// by the worker when the index had stored stored blocks for it. Entries
+// expire in insertion order (one TTL for all), so pruning pops from the
+// head.
+func (s *speculative) insert(keys []uint64, worker string, now time.Time, ttl time.Duration, newBlocks int, stored uint64) {
 	if len(keys) > s.max {
 		keys = keys[:s.max]
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if newBlocks > 0 {
+		q := s.pend[worker]
+		if q == nil {
+			q = &pendingQ{}
+			s.pend[worker] = q
+		}
+		q.prune(now)
+		q.items = append(q.items, pendingItem{exp: now.Add(ttl), blocks: newBlocks, base: stored})
+		q.sum += newBlocks
+	}
 	for s.head < len(s.q) && (s.count+len(keys) > s.max || !s.q[s.head].exp.After(now)) {
 		s.dropHead()
 	}
@@ -428,6 +478,43 @@ func (s *speculative) dropHead() {
 	}
 }
 
+// pending is how many of the new blocks routed to worker within the TTL
+// its events have not yet confirmed, stored being the index's running
+// count of blocks stored for it: the blocks stored since the oldest such
+// prompt was routed count against them all.
+func (s *speculative) pending(worker string, stored uint64, now time.Time) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.pend[worker]
+	if q == nil {
+		return 0
+	}
+	q.prune(now)
+	if q.head == len(q.items) {
+		return 0
+	}
+	var confirmed uint64
+	if base := q.items[q.head].base; stored > base {
+		confirmed = stored - base
+	}
+	if confirmed >= uint64(q.sum) {
+		return 0
+	}
+	return q.sum - int(confirmed)
+}
+
+// prune drops the expired items.
+func (q *pendingQ) prune(now time.Time) {
+	for q.head < len(q.items) && !q.items[q.head].exp.After(now) {
+		q.sum -= q.items[q.head].blocks
+		q.head++
+	}
+	if q.head == len(q.items) || q.head > len(q.items)/2 {
+		n := copy(q.items, q.items[q.head:])
+		q.items, q.head = q.items[:n], 0
+	}
+}
+
 func (s *speculative) match(keys []uint64, now time.Time) map[string]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -454,6 +541,7 @@ func (s *speculative) match(keys []uint64, now time.Time) map[string]int {
 func (s *speculative) removeWorker(worker string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	delete(s.pend, worker)
 	for k, os := range s.m {
 		os = slices.DeleteFunc(os, func(o specOwner) bool { return o.worker == worker })
 		if len(os) == 0 {

@@ -40,6 +40,7 @@ type IndexStats struct {
 type workerBlocks struct {
 	id     int32
 	engine map[Hash]blockRef // engine hash → router key and media
+	stored uint64            // blocks ever stored (a new entry each)
 }
 
 type blockRef struct {
@@ -180,6 +181,7 @@ func (x *Index) storeLocked(w *workerBlocks, e BlockStored) {
 		x.blocks[prev] = append(x.blocks[prev], w.id)
 		x.entries++
 		x.stats.Stored++
+		w.stored++
 	}
 }
 
@@ -295,6 +297,18 @@ func (x *Index) Stats() (IndexStats, int) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	return x.stats, x.entries
+}
+
+// WorkerState is how many blocks the index holds for one worker and how
+// many it ever stored for it (a running count: the events that arrived
+// since an earlier reading are the difference).
+func (x *Index) WorkerState(worker string) (blocks int, stored uint64) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if w := x.workers[worker]; w != nil {
+		return len(w.engine), w.stored
+	}
+	return 0, 0
 }
 
 // WorkerBlocks is how many blocks the index holds for one worker.

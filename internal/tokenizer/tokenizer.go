@@ -309,11 +309,7 @@ func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecial bool) []u
 		dst = append(dst, t.pre...)
 	}
 	sc := scratchPool.Get().(*scratch)
-	dst = t.raw.each(dst, text, func(dst []uint32, piece string) []uint32 {
-		return t.normed.each(dst, t.normalize(piece), func(dst []uint32, piece string) []uint32 {
-			return t.preTokenize(dst, piece, sc)
-		})
-	})
+	dst = t.appendBody(dst, text, sc)
 	if cap(sc.ids) <= 1<<16 { // a huge word's buffers are not kept
 		scratchPool.Put(sc)
 	}
@@ -321,6 +317,16 @@ func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecial bool) []u
 		dst = append(dst, t.suf...)
 	}
 	return dst
+}
+
+// appendBody appends the ids of text without the post-processor's
+// tokens: added tokens, normalizer, pre-tokenizer, model.
+func (t *Tokenizer) appendBody(dst []uint32, text string, sc *scratch) []uint32 {
+	return t.raw.each(dst, text, func(dst []uint32, piece string) []uint32 {
+		return t.normed.each(dst, t.normalize(piece), func(dst []uint32, piece string) []uint32 {
+			return t.preTokenize(dst, piece, sc)
+		})
+	})
 }
 
 // preTokenize splits one piece (between added tokens, normalized) into
