@@ -145,5 +145,8 @@ func BenchmarkPolicyCost(b *testing.B) {
 			x.Apply(ch.Worker.Key(), []kvevents.Event{e})
 		}
 		b.ReportMetric(float64(p.S.Hits.Load())/float64(p.S.Picks.Load()), "hits/pick")
+		if st := tok.PrefixStats(); st.TotalBytes > 0 {
+			b.ReportMetric(float64(st.ReusedBytes)/float64(st.TotalBytes), "reused/byte")
+		}
 	})
 }

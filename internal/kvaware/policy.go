@@ -170,22 +170,32 @@ func (p *Policy) tokenizeAt(req *policy.Request, c policy.Candidates, max int) [
 // CachedBlocks returns, per worker key, how many leading blocks of the
 // request's prompt the worker holds (events and speculative entries).
 func (p *Policy) CachedBlocks(req *policy.Request) map[string]int {
+	m, _ := p.cachedBlocks(req, p.o.Now())
+	return m
+}
+
+// cachedBlocks is CachedBlocks, and the index's part of it alone.
+func (p *Policy) cachedBlocks(req *policy.Request, now time.Time) (all, indexed map[string]int) {
 	pr, _ := req.Prepared.(*prepared)
 	if pr == nil || len(pr.keys) == 0 {
-		return nil
+		return nil, nil
 	}
-	m := p.o.Index.Match(pr.keys)
-	if p.o.Speculative {
-		for k, d := range p.spec.match(pr.keys, p.o.Now()) {
-			if d > m[k] {
-				if m == nil {
-					m = map[string]int{}
-				}
-				m[k] = d
-			}
-		}
+	indexed = p.o.Index.Match(pr.keys)
+	if !p.o.Speculative {
+		return indexed, indexed
 	}
-	return m
+	spec := p.spec.match(pr.keys, indexed, now)
+	if len(spec) == 0 {
+		return indexed, indexed
+	}
+	all = make(map[string]int, len(indexed)+len(spec))
+	for k, d := range indexed {
+		all[k] = d
+	}
+	for k, d := range spec {
+		all[k] = max(all[k], d)
+	}
+	return all, indexed
 }
 
 // CountBypass counts a PD request served by the decode alone.
@@ -218,7 +228,7 @@ func (p *Policy) Pick(req *policy.Request, c policy.Candidates) (policy.Choice, 
 	bs := p.o.Index.BlockSize()
 	p.pickMu.Lock()
 	now := p.o.Now()
-	cached := p.CachedBlocks(req)
+	cached, indexed := p.cachedBlocks(req, now)
 	best, bestLoad, stored := p.choose(req, c, cached, n, bs, now)
 	if best < 0 {
 		p.pickMu.Unlock()
@@ -226,8 +236,10 @@ func (p *Policy) Pick(req *policy.Request, c policy.Candidates) (policy.Choice, 
 	}
 	w := c.Workers[best]
 	hit := cached[w.Key()]
-	if p.o.Speculative && len(pr.keys) > 0 {
-		p.spec.insert(pr.keys, w.Key(), now, p.o.SpeculativeTTL, len(pr.keys)-hit, stored)
+	if d := indexed[w.Key()]; p.o.Speculative && d < len(pr.keys) {
+		// The blocks the index holds need no speculative entry: match
+		// continues from them.
+		p.spec.insert(pr.keys[d:], w.Key(), now, p.o.SpeculativeTTL, len(pr.keys)-hit, stored)
 	}
 	p.pickMu.Unlock()
 	p.S.Picks.Add(1)
@@ -515,27 +527,47 @@ func (q *pendingQ) prune(now time.Time) {
 	}
 }
 
-func (s *speculative) match(keys []uint64, now time.Time) map[string]int {
+// match returns, per worker, how many leading blocks of keys it holds by
+// the index (from: its depth there) and its speculative entries after
+// them; a worker absent from from starts at the first key.
+func (s *speculative) match(keys []uint64, from map[string]int, now time.Time) map[string]int {
+	if len(keys) == 0 {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var depth map[string]int
-	for i, k := range keys {
-		alive := 0
-		for _, o := range s.m[k] {
-			if !o.exp.After(now) || (i > 0 && depth[o.worker] != i) {
-				continue
-			}
+	extend := func(worker string, d int) {
+		e := d
+		for e < len(keys) && s.holds(keys[e], worker, now) {
+			e++
+		}
+		if e > d {
 			if depth == nil {
 				depth = map[string]int{}
 			}
-			depth[o.worker] = i + 1
-			alive++
+			depth[worker] = e
 		}
-		if alive == 0 {
-			break
+	}
+	for w, d := range from {
+		extend(w, d)
+	}
+	for _, o := range s.m[keys[0]] {
+		if _, done := from[o.worker]; !done && o.exp.After(now) {
+			extend(o.worker, 0)
 		}
 	}
 	return depth
+}
+
+// holds reports whether worker has a live speculative entry for key.
+func (s *speculative) holds(key uint64, worker string, now time.Time) bool {
+	for _, o := range s.m[key] {
+		if o.worker == worker {
+			return o.exp.After(now)
+		}
+	}
+	return false
 }
 
 func (s *speculative) removeWorker(worker string) {

@@ -392,7 +392,7 @@ func TestSpeculativeEntries(t *testing.T) {
 	s.insert([]uint64{1}, "a", t0.Add(2*time.Second), ttl, 0, 0) // renews a's key 1
 	check := func(name string, keys []uint64, now time.Time, want map[string]int) {
 		t.Helper()
-		if got := s.match(keys, now); fmt.Sprint(got) != fmt.Sprint(want) {
+		if got := s.match(keys, nil, now); fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("%s: match %v = %v, want %v", name, keys, got, want)
 		}
 	}
@@ -514,5 +514,29 @@ func TestKVAwareSpreadsABurstOfNewPrefixes(t *testing.T) {
 	now = now.Add(3 * time.Second)
 	if got := p.spec.pending(ch.Worker.Key(), stored, now); got != 0 {
 		t.Errorf("pending after the TTL: %d, want 0", got)
+	}
+}
+
+// TestSpeculativeContinuesTheIndex: entries inserted past the blocks the
+// index holds extend the index's depth, and only from it.
+func TestSpeculativeContinuesTheIndex(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	s := newSpeculative(100)
+	s.insert([]uint64{3, 4}, "z", t0, time.Second, 2, 0)
+	for _, tc := range []struct {
+		from map[string]int
+		want string
+	}{
+		{map[string]int{"z": 2}, "map[z:4]"},
+		{map[string]int{"z": 1}, "map[]"}, // block 2 neither indexed nor speculative
+		{nil, "map[]"},
+		{map[string]int{"y": 2}, "map[]"},
+	} {
+		if got := fmt.Sprint(s.match([]uint64{1, 2, 3, 4, 5}, tc.from, t0)); got != tc.want {
+			t.Errorf("match from %v = %s, want %s", tc.from, got, tc.want)
+		}
+	}
+	if got := fmt.Sprint(s.match([]uint64{1, 2, 3, 4}, map[string]int{"z": 2}, t0.Add(time.Second))); got != "map[]" {
+		t.Errorf("after the TTL: %s, want map[]", got)
 	}
 }

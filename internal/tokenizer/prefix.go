@@ -42,7 +42,7 @@ import (
 // up to it and checked byte for byte against the stored text.
 
 // cutStride is the distance between cut points a prompt is cached at.
-const cutStride = 512
+const cutStride = 256
 
 // PrefixCache encodes texts, reusing the ids of the longest prefix up to a
 // cut point that an earlier text of the cache had. Safe for concurrent
