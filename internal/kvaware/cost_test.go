@@ -61,14 +61,19 @@ func BenchmarkPolicyCost(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	const epochs = 8
-	bodies := make([][][]byte, epochs)
-	for e := range bodies {
-		bodies[e] = scenarioBodies(b, e+1)
-	}
 	ws := mkWorkers("http://a:1", "http://b:1", "http://c:1", "http://d:1")
 	c := policy.Candidates{Gen: 1, Workers: ws}
-	body := func(i int) []byte { return bodies[(i/256)%epochs][i%256] }
+	// body(i) is the i-th request; a new epoch's bodies are built with
+	// the timer stopped.
+	var cur [][]byte
+	body := func(b *testing.B, i int) []byte {
+		if i%256 == 0 {
+			b.StopTimer()
+			cur = scenarioBodies(b, i/256+1)
+			b.StartTimer()
+		}
+		return cur[i%256]
+	}
 
 	b.Run("cache_aware", func(b *testing.B) {
 		o := policy.DefaultOptions()
@@ -80,7 +85,7 @@ func BenchmarkPolicyCost(b *testing.B) {
 		defer func() { _ = policy.Close(p) }()
 		b.ReportAllocs()
 		for i := 0; b.Loop(); i++ {
-			req := &policy.Request{Path: "/v1/completions", Body: body(i)}
+			req := &policy.Request{Path: "/v1/completions", Body: body(b, i)}
 			if _, err := p.Pick(req, c); err != nil {
 				b.Fatal(err)
 			}
@@ -110,7 +115,15 @@ func BenchmarkPolicyCost(b *testing.B) {
 		var hashes []kvevents.Hash
 		b.ReportAllocs()
 		for i := 0; b.Loop(); i++ {
-			req := &policy.Request{Path: "/v1/completions", Body: body(i)}
+			if i%256 == 0 {
+				// A new epoch is a new run: the engines' caches start
+				// empty (the scenario resets them), so does the index.
+				for _, w := range ws {
+					x.RemoveWorker(w.Key())
+				}
+				clear(held)
+			}
+			req := &policy.Request{Path: "/v1/completions", Body: body(b, i)}
 			policy.Prepare(b.Context(), p, req, c)
 			ch, err := p.Pick(req, c)
 			if err != nil {

@@ -260,25 +260,31 @@ func (x *Index) Match(keys []uint64) map[string]int {
 	if len(first) == 0 {
 		return nil
 	}
-	alive := append(make([]int32, 0, len(first)), first...)
-	depth := make(map[int32]int, len(first))
-	for _, id := range alive {
-		depth[id] = 1
+	// Workers still matching, with their depth: a handful, kept on the
+	// stack.
+	type held struct {
+		id    int32
+		depth int
 	}
-	for i := 1; i < len(keys) && len(alive) > 0; i++ {
+	var buf [16]held
+	all := buf[:0]
+	for _, id := range first {
+		all = append(all, held{id, 1})
+	}
+	alive := len(all)
+	for i := 1; i < len(keys) && alive > 0; i++ {
 		hs := x.blocks[keys[i]]
-		kept := alive[:0]
-		for _, id := range alive {
-			if contains(hs, id) {
-				depth[id] = i + 1
-				kept = append(kept, id)
+		alive = 0
+		for j := range all {
+			if all[j].depth == i && contains(hs, all[j].id) {
+				all[j].depth = i + 1
+				alive++
 			}
 		}
-		alive = kept
 	}
-	out := make(map[string]int, len(depth))
-	for id, d := range depth {
-		out[x.byID[id]] = d
+	out := make(map[string]int, len(all))
+	for _, h := range all {
+		out[x.byID[h.id]] = h.depth
 	}
 	return out
 }

@@ -154,7 +154,8 @@ func appendCuts(dst []int, text string) []int {
 	return dst
 }
 
-// Encode returns what Tokenizer.Encode returns.
+// Encode returns what Tokenizer.Encode returns, in a slice the cache
+// keeps: the caller must not modify it.
 func (c *PrefixCache) Encode(text string, addSpecial bool) []uint32 {
 	t := c.t
 	if !c.cut || len(text) < 2*cutStride {
@@ -218,7 +219,7 @@ func (c *PrefixCache) Encode(text string, addSpecial bool) []uint32 {
 	if reuse != nil {
 		reused = cuts[from-1]
 	}
-	e := &prefixEntry{text: text, add: addSpecial, ids: append([]uint32(nil), ids[:body]...), cuts: cuts, counts: counts, keys: keys}
+	e := &prefixEntry{text: text, add: addSpecial, ids: ids[:body:body], cuts: cuts, counts: counts, keys: keys}
 	c.store(e, reused)
 	return ids
 }
