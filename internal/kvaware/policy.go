@@ -383,10 +383,10 @@ func (p *Policy) RemoveWorker(key string) {
 // within that time.
 type speculative struct {
 	mu    sync.Mutex
-	m     map[uint64][]specOwner // block key → workers holding it speculatively
-	q     []specBatch            // one per routed prompt, in insertion order
-	head  int                    // q[:head] are gone
-	count int                    // keys in q[head:]
+	m     map[uint64]specOwners // block key → workers holding it speculatively
+	q     []specBatch           // one per routed prompt, in insertion order
+	head  int                   // q[:head] are gone
+	count int                   // keys in q[head:]
 	max   int
 
 	// pend: per worker, the new blocks of the prompts routed to it within
@@ -415,6 +415,45 @@ type specOwner struct {
 	exp    time.Time
 }
 
+// specOwners is a key's speculative holders: the first inline (most keys
+// have one: no allocation per key), the others in a slice.
+type specOwners struct {
+	one  specOwner
+	more []specOwner
+}
+
+func (os *specOwners) n() int { return 1 + len(os.more) }
+
+func (os *specOwners) at(i int) *specOwner {
+	if i == 0 {
+		return &os.one
+	}
+	return &os.more[i-1]
+}
+
+// find returns the index of worker's entry, -1 when it has none.
+func (os *specOwners) find(worker string) int {
+	for i := range os.n() {
+		if os.at(i).worker == worker {
+			return i
+		}
+	}
+	return -1
+}
+
+// del removes entry i; it reports whether none is left.
+func (os *specOwners) del(i int) bool {
+	if len(os.more) == 0 {
+		return true
+	}
+	if i == 0 {
+		os.one = os.more[0]
+		i = 1
+	}
+	os.more = slices.Delete(os.more, i-1, i)
+	return false
+}
+
 // specBatch is one routed prompt's keys (the request's own slice, never
 // written after Prepare) on one worker.
 type specBatch struct {
@@ -424,7 +463,7 @@ type specBatch struct {
 }
 
 func newSpeculative(max int) *speculative {
-	return &speculative{m: map[uint64][]specOwner{}, max: max, pend: map[string]*pendingQ{}}
+	return &speculative{m: map[uint64]specOwners{}, max: max, pend: map[string]*pendingQ{}}
 }
 
 // insert records keys on worker until now+ttl, newBlocks of them not held
@@ -457,13 +496,16 @@ func (s *speculative) insert(keys []uint64, worker string, now time.Time, ttl ti
 	}
 	exp := now.Add(ttl)
 	for _, k := range keys {
-		os := s.m[k]
-		i := slices.IndexFunc(os, func(o specOwner) bool { return o.worker == worker })
-		if i < 0 {
-			s.m[k] = append(os, specOwner{worker, exp})
-		} else {
-			os[i].exp = exp
+		os, ok := s.m[k]
+		switch i := os.find(worker); {
+		case !ok:
+			os.one = specOwner{worker, exp}
+		case i < 0:
+			os.more = append(os.more, specOwner{worker, exp})
+		default:
+			os.at(i).exp = exp
 		}
+		s.m[k] = os
 	}
 	s.q = append(s.q, specBatch{keys, worker, exp})
 	s.count += len(keys)
@@ -477,15 +519,15 @@ func (s *speculative) dropHead() {
 	s.head++
 	s.count -= len(b.keys)
 	for _, k := range b.keys {
-		os := s.m[k]
-		i := slices.IndexFunc(os, func(o specOwner) bool { return o.worker == b.worker })
-		if i < 0 || !os[i].exp.Equal(b.exp) {
+		os, ok := s.m[k]
+		i := os.find(b.worker)
+		if !ok || i < 0 || !os.at(i).exp.Equal(b.exp) {
 			continue
 		}
-		if len(os) == 1 {
+		if os.del(i) {
 			delete(s.m, k)
 		} else {
-			s.m[k] = slices.Delete(os, i, i+1)
+			s.m[k] = os
 		}
 	}
 }
@@ -552,9 +594,13 @@ func (s *speculative) match(keys []uint64, from map[string]int, now time.Time) m
 	for w, d := range from {
 		extend(w, d)
 	}
-	for _, o := range s.m[keys[0]] {
-		if _, done := from[o.worker]; !done && o.exp.After(now) {
-			extend(o.worker, 0)
+	if os, ok := s.m[keys[0]]; ok {
+		for i := range os.n() {
+			if o := os.at(i); o.exp.After(now) {
+				if _, done := from[o.worker]; !done {
+					extend(o.worker, 0)
+				}
+			}
 		}
 	}
 	return depth
@@ -562,12 +608,12 @@ func (s *speculative) match(keys []uint64, from map[string]int, now time.Time) m
 
 // holds reports whether worker has a live speculative entry for key.
 func (s *speculative) holds(key uint64, worker string, now time.Time) bool {
-	for _, o := range s.m[key] {
-		if o.worker == worker {
-			return o.exp.After(now)
-		}
+	os, ok := s.m[key]
+	if !ok {
+		return false
 	}
-	return false
+	i := os.find(worker)
+	return i >= 0 && os.at(i).exp.After(now)
 }
 
 func (s *speculative) removeWorker(worker string) {
@@ -575,10 +621,12 @@ func (s *speculative) removeWorker(worker string) {
 	defer s.mu.Unlock()
 	delete(s.pend, worker)
 	for k, os := range s.m {
-		os = slices.DeleteFunc(os, func(o specOwner) bool { return o.worker == worker })
-		if len(os) == 0 {
+		i := os.find(worker)
+		switch {
+		case i < 0:
+		case os.del(i):
 			delete(s.m, k)
-		} else {
+		default:
 			s.m[k] = os
 		}
 	}

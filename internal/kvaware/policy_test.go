@@ -539,4 +539,17 @@ func TestSpeculativeContinuesTheIndex(t *testing.T) {
 	if got := fmt.Sprint(s.match([]uint64{1, 2, 3, 4}, map[string]int{"z": 2}, t0.Add(time.Second))); got != "map[]" {
 		t.Errorf("after the TTL: %s, want map[]", got)
 	}
+	// A key's first holder removed, the second stays; then none.
+	s.insert([]uint64{7}, "p", t0, time.Second, 1, 0)
+	s.insert([]uint64{7}, "q", t0, time.Second, 1, 0)
+	s.insert([]uint64{7}, "r", t0, time.Second, 1, 0)
+	s.removeWorker("p")
+	if got := fmt.Sprint(s.match([]uint64{7}, nil, t0)); got != "map[q:1 r:1]" {
+		t.Errorf("after removing the first holder: %s, want map[q:1 r:1]", got)
+	}
+	s.removeWorker("r")
+	s.removeWorker("q")
+	if _, ok := s.m[7]; ok || len(s.pend) != 1 {
+		t.Errorf("after removing every holder: key kept %v, %d workers pending (want only z)", ok, len(s.pend))
+	}
 }
