@@ -79,6 +79,10 @@ type Policy struct {
 	spec *speculative
 	rr   atomic.Uint64 // tokenize target rotation
 	S    Stats
+
+	// pickMu makes a pick and its speculative insertion one step, so
+	// the next pick sees where this one sent its new blocks.
+	pickMu sync.Mutex
 }
 
 var (
@@ -166,22 +170,32 @@ func (p *Policy) tokenizeAt(req *policy.Request, c policy.Candidates, max int) [
 // CachedBlocks returns, per worker key, how many leading blocks of the
 // request's prompt the worker holds (events and speculative entries).
 func (p *Policy) CachedBlocks(req *policy.Request) map[string]int {
+	m, _ := p.cachedBlocks(req, p.o.Now())
+	return m
+}
+
+// cachedBlocks is CachedBlocks, and the index's part of it alone.
+func (p *Policy) cachedBlocks(req *policy.Request, now time.Time) (all, indexed map[string]int) {
 	pr, _ := req.Prepared.(*prepared)
 	if pr == nil || len(pr.keys) == 0 {
-		return nil
+		return nil, nil
 	}
-	m := p.o.Index.Match(pr.keys)
-	if p.o.Speculative {
-		for k, d := range p.spec.match(pr.keys, p.o.Now()) {
-			if d > m[k] {
-				if m == nil {
-					m = map[string]int{}
-				}
-				m[k] = d
-			}
-		}
+	indexed = p.o.Index.Match(pr.keys)
+	if !p.o.Speculative {
+		return indexed, indexed
 	}
-	return m
+	spec := p.spec.match(pr.keys, indexed, now)
+	if len(spec) == 0 {
+		return indexed, indexed
+	}
+	all = make(map[string]int, len(indexed)+len(spec))
+	for k, d := range indexed {
+		all[k] = d
+	}
+	for k, d := range spec {
+		all[k] = max(all[k], d)
+	}
+	return all, indexed
 }
 
 // CountBypass counts a PD request served by the decode alone.
@@ -210,23 +224,29 @@ func (p *Policy) Pick(req *policy.Request, c policy.Candidates) (policy.Choice, 
 		p.S.FallbackNoEvents.Add(1)
 		return p.fallback(req, c, "no candidate publishes KV events")
 	}
-	cached := p.CachedBlocks(req)
 	n := len(req.Tokens)
 	bs := p.o.Index.BlockSize()
-	best, bestLoad := p.choose(req, c, cached, n, bs)
+	p.pickMu.Lock()
+	now := p.o.Now()
+	cached, indexed := p.cachedBlocks(req, now)
+	best, bestLoad, stored := p.choose(req, c, cached, n, bs, now)
 	if best < 0 {
+		p.pickMu.Unlock()
 		return policy.Choice{}, policy.ErrNoWorker
 	}
 	w := c.Workers[best]
 	hit := cached[w.Key()]
+	if d := indexed[w.Key()]; p.o.Speculative && d < len(pr.keys) {
+		// The blocks the index holds need no speculative entry: match
+		// continues from them.
+		p.spec.insert(pr.keys[d:], w.Key(), now, p.o.SpeculativeTTL, len(pr.keys)-hit, stored)
+	}
+	p.pickMu.Unlock()
 	p.S.Picks.Add(1)
 	p.S.PromptTokens.Add(uint64(n))
 	p.S.MatchedTokens.Add(uint64(hit * bs))
 	if hit > 0 {
 		p.S.Hits.Add(1)
-	}
-	if p.o.Speculative && len(pr.keys) > 0 {
-		p.spec.insert(pr.keys, w.Key(), p.o.Now(), p.o.SpeculativeTTL)
 	}
 	reason := fmt.Sprintf("kv match %d/%d blocks, load %d", hit, len(pr.keys), bestLoad)
 	return policy.Choice{Worker: w, Reason: reason + elsewhere(cached, w.Key())}, nil
@@ -273,14 +293,20 @@ type candidate struct {
 	cost   float64
 	load   int64
 	blocks int
+	stored uint64
 }
 
-// choose returns the index of the worker to route to (-1: none usable)
-// and its load. Costs within TieBand × prompt tokens of the lowest count
-// as equal: among those the worker holding fewer blocks wins (a new
-// prefix goes where it evicts least, as cache_aware's smallest tree),
-// then the lower cost, then the less loaded, then one at random.
-func (p *Policy) choose(req *policy.Request, c policy.Candidates, cached map[string]int, n, bs int) (int, int64) {
+// choose returns the index of the worker to route to (-1: none usable),
+// its load and the index's running count of blocks stored for it. Costs
+// within TieBand × prompt tokens of the lowest count as equal: among those
+// the worker holding fewer blocks wins (a new prefix goes where it evicts
+// least, as cache_aware's smallest tree), then the lower cost, then the
+// less loaded, then one at random. A worker's blocks are those its events
+// reported plus, with speculative entries, the new blocks of the prompts
+// sent to it that its events have not yet confirmed: a burst of new
+// prefixes is spread at once, not piled on the worker whose events lag
+// (or whose in-flight count has not yet grown).
+func (p *Policy) choose(req *policy.Request, c policy.Candidates, cached map[string]int, n, bs int, now time.Time) (int, int64, uint64) {
 	var buf [16]candidate
 	cs := buf[:0]
 	minCost := math.Inf(1)
@@ -302,7 +328,11 @@ func (p *Policy) choose(req *policy.Request, c policy.Candidates, cached map[str
 		if k.cost > limit {
 			continue
 		}
-		k.blocks = p.o.Index.WorkerBlocks(c.Workers[k.i].Key())
+		key := c.Workers[k.i].Key()
+		k.blocks, k.stored = p.o.Index.WorkerState(key)
+		if p.o.Speculative {
+			k.blocks += p.spec.pending(key, k.stored, now)
+		}
 		switch {
 		case best == nil || k.blocks < best.blocks ||
 			(k.blocks == best.blocks && (k.cost < best.cost || (k.cost == best.cost && k.load < best.load))):
@@ -315,9 +345,9 @@ func (p *Policy) choose(req *policy.Request, c policy.Candidates, cached map[str
 		}
 	}
 	if best == nil {
-		return -1, 0
+		return -1, 0, 0
 	}
-	return best.i, best.load
+	return best.i, best.load, best.stored
 }
 
 func (p *Policy) fallback(req *policy.Request, c policy.Candidates, why string) (policy.Choice, error) {
@@ -353,16 +383,75 @@ func (p *Policy) RemoveWorker(key string) {
 // within that time.
 type speculative struct {
 	mu    sync.Mutex
-	m     map[uint64][]specOwner // block key → workers holding it speculatively
-	q     []specBatch            // one per routed prompt, in insertion order
-	head  int                    // q[:head] are gone
-	count int                    // keys in q[head:]
+	m     map[uint64]specOwners // block key → workers holding it speculatively
+	q     []specBatch           // one per routed prompt, in insertion order
+	head  int                   // q[:head] are gone
+	count int                   // keys in q[head:]
 	max   int
+
+	// pend: per worker, the new blocks of the prompts routed to it within
+	// the TTL, to be confirmed by its events.
+	pend map[string]*pendingQ
+}
+
+// pendingQ is one worker's routed prompts awaiting their events, oldest
+// first.
+type pendingQ struct {
+	items []pendingItem
+	head  int
+	sum   int // blocks of items[head:]
+}
+
+// pendingItem: blocks the worker did not hold when a prompt was routed to
+// it, and the index's count of blocks stored for it then.
+type pendingItem struct {
+	exp    time.Time
+	blocks int
+	base   uint64
 }
 
 type specOwner struct {
 	worker string
 	exp    time.Time
+}
+
+// specOwners is a key's speculative holders: the first inline (most keys
+// have one: no allocation per key), the others in a slice.
+type specOwners struct {
+	one  specOwner
+	more []specOwner
+}
+
+func (os *specOwners) n() int { return 1 + len(os.more) }
+
+func (os *specOwners) at(i int) *specOwner {
+	if i == 0 {
+		return &os.one
+	}
+	return &os.more[i-1]
+}
+
+// find returns the index of worker's entry, -1 when it has none.
+func (os *specOwners) find(worker string) int {
+	for i := range os.n() {
+		if os.at(i).worker == worker {
+			return i
+		}
+	}
+	return -1
+}
+
+// del removes entry i; it reports whether none is left.
+func (os *specOwners) del(i int) bool {
+	if len(os.more) == 0 {
+		return true
+	}
+	if i == 0 {
+		os.one = os.more[0]
+		i = 1
+	}
+	os.more = slices.Delete(os.more, i-1, i)
+	return false
 }
 
 // specBatch is one routed prompt's keys (the request's own slice, never
@@ -374,17 +463,29 @@ type specBatch struct {
 }
 
 func newSpeculative(max int) *speculative {
-	return &speculative{m: map[uint64][]specOwner{}, max: max}
+	return &speculative{m: map[uint64]specOwners{}, max: max, pend: map[string]*pendingQ{}}
 }
 
-// insert records keys on worker until now+ttl. Entries expire in
-// insertion order (one TTL for all), so pruning pops from the head.
-func (s *speculative) insert(keys []uint64, worker string, now time.Time, ttl time.Duration) {
+// insert records keys on worker until now+ttl, newBlocks of them not held
+// by the worker when the index had stored stored blocks for it. Entries
+// expire in insertion order (one TTL for all), so pruning pops from the
+// head.
+func (s *speculative) insert(keys []uint64, worker string, now time.Time, ttl time.Duration, newBlocks int, stored uint64) {
 	if len(keys) > s.max {
 		keys = keys[:s.max]
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if newBlocks > 0 {
+		q := s.pend[worker]
+		if q == nil {
+			q = &pendingQ{}
+			s.pend[worker] = q
+		}
+		q.prune(now)
+		q.items = append(q.items, pendingItem{exp: now.Add(ttl), blocks: newBlocks, base: stored})
+		q.sum += newBlocks
+	}
 	for s.head < len(s.q) && (s.count+len(keys) > s.max || !s.q[s.head].exp.After(now)) {
 		s.dropHead()
 	}
@@ -395,13 +496,16 @@ func (s *speculative) insert(keys []uint64, worker string, now time.Time, ttl ti
 	}
 	exp := now.Add(ttl)
 	for _, k := range keys {
-		os := s.m[k]
-		i := slices.IndexFunc(os, func(o specOwner) bool { return o.worker == worker })
-		if i < 0 {
-			s.m[k] = append(os, specOwner{worker, exp})
-		} else {
-			os[i].exp = exp
+		os, ok := s.m[k]
+		switch i := os.find(worker); {
+		case !ok:
+			os.one = specOwner{worker, exp}
+		case i < 0:
+			os.more = append(os.more, specOwner{worker, exp})
+		default:
+			os.at(i).exp = exp
 		}
+		s.m[k] = os
 	}
 	s.q = append(s.q, specBatch{keys, worker, exp})
 	s.count += len(keys)
@@ -415,50 +519,114 @@ func (s *speculative) dropHead() {
 	s.head++
 	s.count -= len(b.keys)
 	for _, k := range b.keys {
-		os := s.m[k]
-		i := slices.IndexFunc(os, func(o specOwner) bool { return o.worker == b.worker })
-		if i < 0 || !os[i].exp.Equal(b.exp) {
+		os, ok := s.m[k]
+		i := os.find(b.worker)
+		if !ok || i < 0 || !os.at(i).exp.Equal(b.exp) {
 			continue
 		}
-		if len(os) == 1 {
+		if os.del(i) {
 			delete(s.m, k)
 		} else {
-			s.m[k] = slices.Delete(os, i, i+1)
+			s.m[k] = os
 		}
 	}
 }
 
-func (s *speculative) match(keys []uint64, now time.Time) map[string]int {
+// pending is how many of the new blocks routed to worker within the TTL
+// its events have not yet confirmed, stored being the index's running
+// count of blocks stored for it: the blocks stored since the oldest such
+// prompt was routed count against them all.
+func (s *speculative) pending(worker string, stored uint64, now time.Time) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.pend[worker]
+	if q == nil {
+		return 0
+	}
+	q.prune(now)
+	if q.head == len(q.items) {
+		return 0
+	}
+	var confirmed uint64
+	if base := q.items[q.head].base; stored > base {
+		confirmed = stored - base
+	}
+	if confirmed >= uint64(q.sum) {
+		return 0
+	}
+	return q.sum - int(confirmed)
+}
+
+// prune drops the expired items.
+func (q *pendingQ) prune(now time.Time) {
+	for q.head < len(q.items) && !q.items[q.head].exp.After(now) {
+		q.sum -= q.items[q.head].blocks
+		q.head++
+	}
+	if q.head == len(q.items) || q.head > len(q.items)/2 {
+		n := copy(q.items, q.items[q.head:])
+		q.items, q.head = q.items[:n], 0
+	}
+}
+
+// match returns, per worker, how many leading blocks of keys it holds by
+// the index (from: its depth there) and its speculative entries after
+// them; a worker absent from from starts at the first key.
+func (s *speculative) match(keys []uint64, from map[string]int, now time.Time) map[string]int {
+	if len(keys) == 0 {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var depth map[string]int
-	for i, k := range keys {
-		alive := 0
-		for _, o := range s.m[k] {
-			if !o.exp.After(now) || (i > 0 && depth[o.worker] != i) {
-				continue
-			}
+	extend := func(worker string, d int) {
+		e := d
+		for e < len(keys) && s.holds(keys[e], worker, now) {
+			e++
+		}
+		if e > d {
 			if depth == nil {
 				depth = map[string]int{}
 			}
-			depth[o.worker] = i + 1
-			alive++
+			depth[worker] = e
 		}
-		if alive == 0 {
-			break
+	}
+	for w, d := range from {
+		extend(w, d)
+	}
+	if os, ok := s.m[keys[0]]; ok {
+		for i := range os.n() {
+			if o := os.at(i); o.exp.After(now) {
+				if _, done := from[o.worker]; !done {
+					extend(o.worker, 0)
+				}
+			}
 		}
 	}
 	return depth
 }
 
+// holds reports whether worker has a live speculative entry for key.
+func (s *speculative) holds(key uint64, worker string, now time.Time) bool {
+	os, ok := s.m[key]
+	if !ok {
+		return false
+	}
+	i := os.find(worker)
+	return i >= 0 && os.at(i).exp.After(now)
+}
+
 func (s *speculative) removeWorker(worker string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	delete(s.pend, worker)
 	for k, os := range s.m {
-		os = slices.DeleteFunc(os, func(o specOwner) bool { return o.worker == worker })
-		if len(os) == 0 {
+		i := os.find(worker)
+		switch {
+		case i < 0:
+		case os.del(i):
 			delete(s.m, k)
-		} else {
+		default:
 			s.m[k] = os
 		}
 	}

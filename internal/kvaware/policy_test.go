@@ -387,12 +387,12 @@ func TestSpeculativeEntries(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	s := newSpeculative(6)
 	ttl := 10 * time.Second
-	s.insert([]uint64{1, 2, 3}, "a", t0, ttl)
-	s.insert([]uint64{1, 2}, "b", t0.Add(time.Second), ttl)
-	s.insert([]uint64{1}, "a", t0.Add(2*time.Second), ttl) // renews a's key 1
+	s.insert([]uint64{1, 2, 3}, "a", t0, ttl, 0, 0)
+	s.insert([]uint64{1, 2}, "b", t0.Add(time.Second), ttl, 0, 0)
+	s.insert([]uint64{1}, "a", t0.Add(2*time.Second), ttl, 0, 0) // renews a's key 1
 	check := func(name string, keys []uint64, now time.Time, want map[string]int) {
 		t.Helper()
-		if got := s.match(keys, now); fmt.Sprint(got) != fmt.Sprint(want) {
+		if got := s.match(keys, nil, now); fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("%s: match %v = %v, want %v", name, keys, got, want)
 		}
 	}
@@ -401,7 +401,7 @@ func TestSpeculativeEntries(t *testing.T) {
 	check("chain broken at an unknown key", []uint64{9, 1}, t0, nil)
 
 	// 6 keys at most: a batch of 3 pushes out the oldest ones.
-	s.insert([]uint64{7, 8, 9}, "c", t0.Add(3*time.Second), ttl)
+	s.insert([]uint64{7, 8, 9}, "c", t0.Add(3*time.Second), ttl, 0, 0)
 	if s.count > 6 {
 		t.Errorf("count %d > max 6", s.count)
 	}
@@ -411,7 +411,7 @@ func TestSpeculativeEntries(t *testing.T) {
 	s.removeWorker("b")
 	check("b removed", []uint64{1, 2}, t0.Add(3*time.Second), map[string]int{"a": 1})
 	// Everything expires: the next insertion prunes it all.
-	s.insert([]uint64{5}, "a", t0.Add(time.Minute), ttl)
+	s.insert([]uint64{5}, "a", t0.Add(time.Minute), ttl, 0, 0)
 	if len(s.m) != 1 || s.count != 1 || len(s.q)-s.head != 1 {
 		t.Errorf("after expiry: %d keys, count %d, %d batches; want 1, 1, 1", len(s.m), s.count, len(s.q)-s.head)
 	}
@@ -430,5 +430,126 @@ func TestElsewhere(t *testing.T) {
 		if got := elsewhere(tc.cached, "a"); got != tc.want {
 			t.Errorf("elsewhere(%v) = %q, want %q", tc.cached, got, tc.want)
 		}
+	}
+}
+
+// TestKVAwareSpreadsABurstOfNewPrefixes is the mechanism behind the hit
+// rate kv_aware lost at concurrency 32 on a loaded machine: new prefixes
+// routed before any of their events arrive, and before the requests are
+// counted in flight (the proxy counts a request once it is sent, after the
+// pick), all cost the same everywhere and, as far as the index knows, every
+// worker holds the same blocks. Counting the new blocks routed to each
+// worker until its events confirm them, 16 prefixes over 4 workers go 4 to
+// each, as cache_aware's synchronous tree spreads them; picked at random
+// they pile up (P(4/4/4/4) ≈ 1.5 %) and the fuller workers evict. Once the
+// events arrive the routed blocks are not counted twice; after the TTL
+// unconfirmed ones are not counted at all.
+func TestKVAwareSpreadsABurstOfNewPrefixes(t *testing.T) {
+	x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 4})
+	ws := mkWorkers("http://a:1", "http://b:1", "http://c:1", "http://d:1")
+	c := policy.Candidates{Gen: 1, Workers: ws}
+	now := time.Unix(1000, 0)
+	p := newPolicy(t, x, func(o *Options) {
+		o.LoadWeight, o.TieBand, o.Speculative = 0.02, DefaultTieBand, true
+		o.Now = func() time.Time { return now }
+		o.HasEvents = func(string) bool { return true } // subscribed, nothing heard yet
+	})
+	type routed struct {
+		w    *worker.Worker
+		toks []uint32
+	}
+	var sent []routed
+	for g := range 16 {
+		req := &policy.Request{Path: "/v1/completions", Tokens: wordIDs(words(40, strings.Repeat("g", g+1)))}
+		policy.Prepare(t.Context(), p, req, c)
+		ch, err := p.Pick(req, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(ch.Reason, "kv match 0/10") {
+			t.Fatalf("prefix %d: reason %q, want a kv_aware pick of a new prefix", g, ch.Reason)
+		}
+		sent = append(sent, routed{ch.Worker, req.Tokens})
+	}
+	per := map[string]int{}
+	for _, r := range sent {
+		per[r.w.Key()]++
+	}
+	for _, w := range ws {
+		if per[w.Key()] != 4 {
+			t.Fatalf("16 new prefixes over 4 workers: %v, want 4 each", per)
+		}
+		if got := p.spec.pending(w.Key(), 0, now); got != 40 {
+			t.Errorf("%s: %d blocks pending, want 4 prompts × 10", w.Key(), got)
+		}
+	}
+	// The events arrive: nothing is pending any more.
+	for i, r := range sent {
+		e := kvevents.BlockStored{BlockSize: 4, LoRAID: -1, TokenIDs: r.toks[:40]}
+		for j := range 10 {
+			e.BlockHashes = append(e.BlockHashes, kvevents.Hash(fmt.Sprintf("p%d/%d", i, j)))
+		}
+		x.Apply(r.w.Key(), []kvevents.Event{e})
+	}
+	for _, w := range ws {
+		blocks, stored := x.WorkerState(w.Key())
+		if blocks != 40 || stored != 40 {
+			t.Fatalf("%s: index holds %d blocks (%d stored), want 40", w.Key(), blocks, stored)
+		}
+		if got := p.spec.pending(w.Key(), stored, now); got != 0 {
+			t.Errorf("%s: %d blocks pending after its events, want 0", w.Key(), got)
+		}
+	}
+	// Unconfirmed blocks stop counting at the TTL.
+	req := &policy.Request{Path: "/v1/completions", Tokens: wordIDs(words(40, strings.Repeat("l", 20)))}
+	policy.Prepare(t.Context(), p, req, c)
+	ch, err := p.Pick(req, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, stored := x.WorkerState(ch.Worker.Key())
+	if got := p.spec.pending(ch.Worker.Key(), stored, now); got != 10 {
+		t.Errorf("pending after one more prompt: %d, want 10", got)
+	}
+	now = now.Add(3 * time.Second)
+	if got := p.spec.pending(ch.Worker.Key(), stored, now); got != 0 {
+		t.Errorf("pending after the TTL: %d, want 0", got)
+	}
+}
+
+// TestSpeculativeContinuesTheIndex: entries inserted past the blocks the
+// index holds extend the index's depth, and only from it.
+func TestSpeculativeContinuesTheIndex(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	s := newSpeculative(100)
+	s.insert([]uint64{3, 4}, "z", t0, time.Second, 2, 0)
+	for _, tc := range []struct {
+		from map[string]int
+		want string
+	}{
+		{map[string]int{"z": 2}, "map[z:4]"},
+		{map[string]int{"z": 1}, "map[]"}, // block 2 neither indexed nor speculative
+		{nil, "map[]"},
+		{map[string]int{"y": 2}, "map[]"},
+	} {
+		if got := fmt.Sprint(s.match([]uint64{1, 2, 3, 4, 5}, tc.from, t0)); got != tc.want {
+			t.Errorf("match from %v = %s, want %s", tc.from, got, tc.want)
+		}
+	}
+	if got := fmt.Sprint(s.match([]uint64{1, 2, 3, 4}, map[string]int{"z": 2}, t0.Add(time.Second))); got != "map[]" {
+		t.Errorf("after the TTL: %s, want map[]", got)
+	}
+	// A key's first holder removed, the second stays; then none.
+	s.insert([]uint64{7}, "p", t0, time.Second, 1, 0)
+	s.insert([]uint64{7}, "q", t0, time.Second, 1, 0)
+	s.insert([]uint64{7}, "r", t0, time.Second, 1, 0)
+	s.removeWorker("p")
+	if got := fmt.Sprint(s.match([]uint64{7}, nil, t0)); got != "map[q:1 r:1]" {
+		t.Errorf("after removing the first holder: %s, want map[q:1 r:1]", got)
+	}
+	s.removeWorker("r")
+	s.removeWorker("q")
+	if _, ok := s.m[7]; ok || len(s.pend) != 1 {
+		t.Errorf("after removing every holder: key kept %v, %d workers pending (want only z)", ok, len(s.pend))
 	}
 }

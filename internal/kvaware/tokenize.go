@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -56,7 +57,8 @@ type Tokenizer struct {
 	// asked an engine, with the time spent asking.
 	S TokenizeStats
 
-	local *LocalOptions // nil: every prompt goes to /tokenize
+	local  *LocalOptions          // nil: every prompt goes to /tokenize
+	prefix *tokenizer.PrefixCache // local encodes, reusing resent history
 
 	mu         sync.Mutex
 	cache      map[uint64]*cacheEntry
@@ -132,7 +134,20 @@ type LocalOptions struct {
 	// Background distinct prompts after those are compared off the path,
 	// and then one in SampleEvery (0: the defaults; < 0: none).
 	Background, SampleEvery int
-	Logger                  *slog.Logger
+	// PrefixCacheBytes bounds the texts and ids kept so a prompt resending
+	// an earlier one's text is encoded from where they part
+	// (tokenizer.PrefixCache; 0: 32 MiB).
+	PrefixCacheBytes int
+	Logger           *slog.Logger
+}
+
+// PrefixStats are the local tokenizer's prefix reuse totals (zero without
+// one).
+func (t *Tokenizer) PrefixStats() tokenizer.PrefixStats {
+	if t.prefix == nil {
+		return tokenizer.PrefixStats{}
+	}
+	return t.prefix.Stats()
 }
 
 // SetLocal enables the in-process tokenizer; call it before the first
@@ -151,6 +166,7 @@ func (t *Tokenizer) SetLocal(o LocalOptions) {
 		o.Logger = slog.Default()
 	}
 	t.local = &o
+	t.prefix = tokenizer.NewPrefixCache(o.Tokenizer, o.PrefixCacheBytes)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.checks, t.stop = make(chan check, 16), cancel
 	t.wg.Add(1)
@@ -394,10 +410,36 @@ func localPrompt(p, addSpecial []byte) (text string, add bool, ok bool) {
 		}
 		return one[0], add, true
 	}
+	if text, ok := plainString(p); ok {
+		return text, add, true
+	}
 	if json.Unmarshal(p, &text) != nil {
 		return "", false, false
 	}
 	return text, add, true
+}
+
+// plainString decodes a JSON string without escapes, the common case of
+// a long prompt, in one copy; ok is false for anything else (escapes,
+// control characters, invalid UTF-8: json.Unmarshal decides those).
+func plainString(p []byte) (string, bool) {
+	if len(p) < 2 || p[0] != '"' || p[len(p)-1] != '"' {
+		return "", false
+	}
+	in := p[1 : len(p)-1]
+	ascii := true
+	for _, c := range in {
+		if c == '\\' || c == '"' || c < 0x20 {
+			return "", false
+		}
+		if c >= utf8.RuneSelf {
+			ascii = false
+		}
+	}
+	if !ascii && !utf8.Valid(in) {
+		return "", false
+	}
+	return string(in), true
 }
 
 // sameModel: once a local result was verified for a model, requests for
@@ -421,7 +463,7 @@ func (t *Tokenizer) tokensLocal(ctx context.Context, baseURL string, key uint64,
 		return e.tokens, nil
 	}
 	start := time.Now()
-	toks := t.local.Tokenizer.Encode(text, add)
+	toks := t.prefix.Encode(text, add)
 	t.S.LocalEncodes.Add(1)
 	t.S.LocalNanos.Add(uint64(time.Since(start)))
 	n := t.encodes.Add(1)

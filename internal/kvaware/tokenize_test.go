@@ -316,3 +316,35 @@ func BenchmarkTokenizeLocal(b *testing.B) {
 		})
 	}
 }
+
+// TestPlainString: the fast path decodes what json.Unmarshal decodes, and
+// leaves it everything else.
+func TestPlainString(t *testing.T) {
+	for _, tc := range []struct {
+		in string
+		ok bool
+	}{
+		{`"hello world"`, true},
+		{`""`, true},
+		{`"café 東京 😀"`, true},
+		{`"a\nb"`, false},
+		{`"a\"b"`, false},
+		{`"\u00e9"`, false},
+		{"\"tab\there\"", false},
+		{"\"bad \xff utf8\"", false},
+		{`"unterminated`, false},
+		{`123`, false},
+	} {
+		got, ok := plainString([]byte(tc.in))
+		if ok != tc.ok {
+			t.Errorf("plainString(%q) ok = %v, want %v", tc.in, ok, tc.ok)
+			continue
+		}
+		var want string
+		if ok {
+			if err := json.Unmarshal([]byte(tc.in), &want); err != nil || got != want {
+				t.Errorf("plainString(%q) = %q, json.Unmarshal %q (%v)", tc.in, got, want, err)
+			}
+		}
+	}
+}

@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"encoding/binary"
+	"slices"
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
@@ -18,10 +19,11 @@ import (
 type Index struct {
 	blockSize int
 	seed      uint64
+	root0     uint64 // root of the chain without LoRA
 	max       int
 
 	mu      sync.RWMutex
-	blocks  map[uint64][]int32 // block key → ids of the workers holding it
+	blocks  map[uint64]holders // block key → ids of the workers holding it
 	workers map[string]*workerBlocks
 	byID    map[int32]string
 	nextID  int32
@@ -37,9 +39,34 @@ type IndexStats struct {
 	Full                     uint64 // stores dropped at MaxEntries
 }
 
+// holders are the ids (from 1) of the workers holding a block: the first
+// inline (most blocks have one holder: no allocation per block), the
+// others in a slice.
+type holders struct {
+	one  int32
+	more []int32
+}
+
+func (h holders) has(id int32) bool { return h.one == id || slices.Contains(h.more, id) }
+
+func (h holders) n() int {
+	if h.one == 0 {
+		return 0
+	}
+	return 1 + len(h.more)
+}
+
+func (h holders) at(i int) int32 {
+	if i == 0 {
+		return h.one
+	}
+	return h.more[i-1]
+}
+
 type workerBlocks struct {
 	id     int32
 	engine map[Hash]blockRef // engine hash → router key and media
+	stored uint64            // blocks ever stored (a new entry each)
 }
 
 type blockRef struct {
@@ -62,8 +89,10 @@ func NewIndex(o IndexOptions) *Index {
 	if o.MaxEntries <= 0 {
 		o.MaxEntries = 10_000_000
 	}
-	return &Index{blockSize: o.BlockSize, seed: o.Seed, max: o.MaxEntries,
-		blocks: map[uint64][]int32{}, workers: map[string]*workerBlocks{}, byID: map[int32]string{}}
+	x := &Index{blockSize: o.BlockSize, seed: o.Seed, max: o.MaxEntries,
+		blocks: map[uint64]holders{}, workers: map[string]*workerBlocks{}, byID: map[int32]string{}}
+	x.root0 = x.rootOf("")
+	return x
 }
 
 // BlockSize is the tokens per block the index was built for.
@@ -85,6 +114,13 @@ func (x *Index) BlockKeys(tokens []uint32, lora string) []uint64 {
 }
 
 func (x *Index) root(lora string) uint64 {
+	if lora == "" {
+		return x.root0
+	}
+	return x.rootOf(lora)
+}
+
+func (x *Index) rootOf(lora string) uint64 {
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], x.seed)
 	d := xxhash.New()
@@ -177,9 +213,16 @@ func (x *Index) storeLocked(w *workerBlocks, e BlockStored) {
 			return
 		}
 		w.engine[h] = blockRef{key: prev, media: bit}
-		x.blocks[prev] = append(x.blocks[prev], w.id)
+		h := x.blocks[prev]
+		if h.one == 0 {
+			h.one = w.id
+		} else {
+			h.more = append(h.more, w.id)
+		}
+		x.blocks[prev] = h
 		x.entries++
 		x.stats.Stored++
+		w.stored++
 	}
 }
 
@@ -200,20 +243,27 @@ func (x *Index) removeLocked(w *workerBlocks, h Hash, bit uint8) {
 
 // dropLocked removes w from the holders of key.
 func (x *Index) dropLocked(w *workerBlocks, key uint64) {
-	hs := x.blocks[key]
-	for i, id := range hs {
-		if id == w.id {
-			hs[i] = hs[len(hs)-1]
-			hs = hs[:len(hs)-1]
-			x.entries--
-			break
-		}
-	}
-	if len(hs) == 0 {
+	h, ok := x.blocks[key]
+	switch {
+	case !ok || !h.has(w.id):
+		return
+	case h.one == w.id && len(h.more) == 0:
 		delete(x.blocks, key)
-	} else {
-		x.blocks[key] = hs
+		x.entries--
+		return
+	case h.one == w.id:
+		h.one = h.more[len(h.more)-1]
+		h.more = h.more[:len(h.more)-1]
+	default:
+		i := slices.Index(h.more, w.id)
+		h.more[i] = h.more[len(h.more)-1]
+		h.more = h.more[:len(h.more)-1]
 	}
+	if len(h.more) == 0 {
+		h.more = nil
+	}
+	x.blocks[key] = h
+	x.entries--
 }
 
 func (x *Index) clearLocked(w *workerBlocks) {
@@ -255,39 +305,36 @@ func (x *Index) Match(keys []uint64) map[string]int {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	first := x.blocks[keys[0]]
-	if len(first) == 0 {
+	if first.n() == 0 {
 		return nil
 	}
-	alive := append(make([]int32, 0, len(first)), first...)
-	depth := make(map[int32]int, len(first))
-	for _, id := range alive {
-		depth[id] = 1
+	// Workers still matching, with their depth: a handful, kept on the
+	// stack.
+	type held struct {
+		id    int32
+		depth int
 	}
-	for i := 1; i < len(keys) && len(alive) > 0; i++ {
+	var buf [16]held
+	all := buf[:0]
+	for i := range first.n() {
+		all = append(all, held{first.at(i), 1})
+	}
+	alive := len(all)
+	for i := 1; i < len(keys) && alive > 0; i++ {
 		hs := x.blocks[keys[i]]
-		kept := alive[:0]
-		for _, id := range alive {
-			if contains(hs, id) {
-				depth[id] = i + 1
-				kept = append(kept, id)
+		alive = 0
+		for j := range all {
+			if all[j].depth == i && hs.has(all[j].id) {
+				all[j].depth = i + 1
+				alive++
 			}
 		}
-		alive = kept
 	}
-	out := make(map[string]int, len(depth))
-	for id, d := range depth {
-		out[x.byID[id]] = d
+	out := make(map[string]int, len(all))
+	for _, h := range all {
+		out[x.byID[h.id]] = h.depth
 	}
 	return out
-}
-
-func contains(ids []int32, id int32) bool {
-	for _, v := range ids {
-		if v == id {
-			return true
-		}
-	}
-	return false
 }
 
 // Stats returns the counters and the current size.
@@ -295,6 +342,18 @@ func (x *Index) Stats() (IndexStats, int) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	return x.stats, x.entries
+}
+
+// WorkerState is how many blocks the index holds for one worker and how
+// many it ever stored for it (a running count: the events that arrived
+// since an earlier reading are the difference).
+func (x *Index) WorkerState(worker string) (blocks int, stored uint64) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if w := x.workers[worker]; w != nil {
+		return len(w.engine), w.stored
+	}
+	return 0, 0
 }
 
 // WorkerBlocks is how many blocks the index holds for one worker.

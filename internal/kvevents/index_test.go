@@ -122,3 +122,36 @@ func BenchmarkIndexMatch8k(b *testing.B) {
 		}
 	}
 }
+
+// TestIndexSharedBlocks: a block held by three workers loses its holders
+// in any order (the first recorded one included) and leaves no entry.
+func TestIndexSharedBlocks(t *testing.T) {
+	const bs = 4
+	prompt := u32(seq(1, 8)) // 2 blocks
+	x := NewIndex(IndexOptions{BlockSize: bs})
+	for _, w := range []string{"A", "B", "C"} {
+		x.Apply(w, []Event{stored(w, prompt, bs, 0, 2)})
+	}
+	keys := x.BlockKeys(prompt, "")
+	check := func(step string, want map[string]int, entries int) {
+		t.Helper()
+		if got := x.Match(keys); !cmp.Equal(got, want, cmp.Comparer(func(a, b map[string]int) bool { return fmt.Sprint(a) == fmt.Sprint(b) })) {
+			t.Errorf("%s: match %v, want %v", step, got, want)
+		}
+		if _, n := x.Stats(); n != entries {
+			t.Errorf("%s: %d entries, want %d", step, n, entries)
+		}
+	}
+	check("three holders", map[string]int{"A": 2, "B": 2, "C": 2}, 6)
+	x.Apply("A", []Event{BlockRemoved{BlockHashes: []Hash{"A/1"}}})
+	check("A lost its second block", map[string]int{"A": 1, "B": 2, "C": 2}, 5)
+	x.Apply("A", []Event{BlockRemoved{BlockHashes: []Hash{"A/0"}}})
+	x.Apply("C", []Event{BlockRemoved{BlockHashes: []Hash{"C/0"}}})
+	check("A and C lost their first", map[string]int{"B": 2}, 3) // C's second block alone is no prefix
+	x.RemoveWorker("B")
+	x.RemoveWorker("C")
+	check("B and C gone", nil, 0)
+	if len(x.blocks) != 0 {
+		t.Errorf("%d block keys left, want 0", len(x.blocks))
+	}
+}

@@ -165,7 +165,9 @@ func newBPE(j *bpeJSON) (*bpe, error) {
 	return m, nil
 }
 
-// appendWord appends the ids of one pre-tokenized word (raw bytes).
+// appendWord appends the ids of one pre-tokenized word (raw bytes). The
+// caller holds m.mu for reading (see Tokenizer.appendBody); a word merged
+// here is queued in sc for flush to cache.
 func (m *bpe) appendWord(dst []uint32, word string, sc *scratch) []uint32 {
 	if m.ignoreMerges {
 		if id, ok := m.vocab[word]; ok {
@@ -173,31 +175,59 @@ func (m *bpe) appendWord(dst []uint32, word string, sc *scratch) []uint32 {
 		}
 	}
 	if len(word) <= cacheWordMax {
-		m.mu.RLock()
-		ids, ok := m.cache[word]
-		m.mu.RUnlock()
-		if ok {
+		if ids, ok := m.cache[word]; ok {
 			return append(dst, ids...)
+		}
+	}
+	if len(word) <= cacheWordMax {
+		if i, ok := sc.merged[word]; ok {
+			return append(dst, sc.pending[i].ids...)
 		}
 	}
 	n := len(dst)
 	dst = m.merge(dst, word, sc)
-	if len(word) <= cacheWordMax {
-		ids := append([]uint32(nil), dst[n:]...)
-		m.mu.Lock()
-		if len(m.cache) < cacheMax {
-			m.cache[strings.Clone(word)] = ids // not a slice of the prompt: it would stay alive
+	if len(word) <= cacheWordMax && len(sc.pending) < cacheMax {
+		if sc.merged == nil {
+			sc.merged = map[string]int{}
 		}
-		m.mu.Unlock()
+		word = strings.Clone(word)
+		sc.merged[word] = len(sc.pending)
+		// not a slice of the prompt: it would stay alive
+		sc.pending = append(sc.pending, cachedWord{word, append([]uint32(nil), dst[n:]...)})
 	}
 	return dst
 }
 
-// scratch is the per-call working memory of a merge.
+// flush adds the words merged during one encode to the cache.
+func (m *bpe) flush(sc *scratch) {
+	if len(sc.pending) == 0 {
+		return
+	}
+	m.mu.Lock()
+	for _, w := range sc.pending {
+		if len(m.cache) >= cacheMax {
+			break
+		}
+		m.cache[w.word] = w.ids
+	}
+	m.mu.Unlock()
+	clear(sc.pending)
+	sc.pending = sc.pending[:0]
+	clear(sc.merged)
+}
+
+type cachedWord struct {
+	word string
+	ids  []uint32
+}
+
+// scratch is the per-call working memory of an encode.
 type scratch struct {
 	ids        []uint32
 	prev, next []int32
 	heap       mergeHeap
+	pending    []cachedWord   // merged words not yet in the cache
+	merged     map[string]int // word → index in pending
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}

@@ -309,17 +309,29 @@ func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecial bool) []u
 		dst = append(dst, t.pre...)
 	}
 	sc := scratchPool.Get().(*scratch)
-	dst = t.raw.each(dst, text, func(dst []uint32, piece string) []uint32 {
-		return t.normed.each(dst, t.normalize(piece), func(dst []uint32, piece string) []uint32 {
-			return t.preTokenize(dst, piece, sc)
-		})
-	})
+	dst = t.appendBody(dst, text, sc)
 	if cap(sc.ids) <= 1<<16 { // a huge word's buffers are not kept
 		scratchPool.Put(sc)
 	}
 	if addSpecial {
 		dst = append(dst, t.suf...)
 	}
+	return dst
+}
+
+// appendBody appends the ids of text without the post-processor's
+// tokens: added tokens, normalizer, pre-tokenizer, model.
+// The word cache is read under one read lock for the whole text; the
+// words merged meanwhile are added after it.
+func (t *Tokenizer) appendBody(dst []uint32, text string, sc *scratch) []uint32 {
+	t.model.mu.RLock()
+	dst = t.raw.each(dst, text, func(dst []uint32, piece string) []uint32 {
+		return t.normed.each(dst, t.normalize(piece), func(dst []uint32, piece string) []uint32 {
+			return t.preTokenize(dst, piece, sc)
+		})
+	})
+	t.model.mu.RUnlock()
+	t.model.flush(sc)
 	return dst
 }
 
