@@ -71,7 +71,7 @@ bench-flow:
 bench-relay:
 	$(GO) build -o $(BIN)/ ./cmd/...
 	$(BIN)/sybench scenario relay --bin-dir $(BIN) --out-dir $(BENCH_OUT) \
-		$$([ -x .venv-peers/bin/vllm-router ] && echo --vllm-router $(CURDIR)/.venv-peers/bin/vllm-router) $(SCENARIO_FLAGS)
+		$$([ -x .venv-peers/bin/vllm-router ] && echo --vllm-router .venv-peers/bin/vllm-router) $(SCENARIO_FLAGS)
 
 KV_TOKENIZER ?= internal/tokenizer/testdata/tiny-llama.json
 bench-kv:

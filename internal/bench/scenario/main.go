@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -359,6 +360,13 @@ func parseRelay(args []string, o *Options, stderr io.Writer) (RelayConfig, error
 		return c, err
 	}
 	c.Concurrency, c.RouterArgs = cs, ra
+	if c.VLLMRouter != "" {
+		abs, err := filepath.Abs(c.VLLMRouter) // not under --bin-dir
+		if err != nil {
+			return c, err
+		}
+		c.VLLMRouter = abs
+	}
 	if c.Events < 1 || c.Interval <= 0 || c.Streams <= 0 {
 		return c, fmt.Errorf("relay: --events, --interval and --streams-per-concurrency must be positive")
 	}
