@@ -33,6 +33,11 @@ func (s Stats) N() int { return len(s.sorted) }
 // interpolation, or 0 for an empty sample.
 func (s Stats) At(p float64) float64 { return percentileSorted(s.sorted, p) }
 
+// PercentileSorted is the p-th percentile (0..100) of an ascending sample
+// with numpy's linear interpolation (0 for an empty one), for samples
+// gathered outside a Result.
+func PercentileSorted(sorted []float64, p float64) float64 { return percentileSorted(sorted, p) }
+
 // newStats computes Stats over values (in seconds) and converts to ms.
 func newStats(valuesSec []float64, percentiles []float64) Stats {
 	ms := make([]float64, len(valuesSec))

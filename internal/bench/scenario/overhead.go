@@ -230,7 +230,7 @@ func (e *env) runOverhead(ctx context.Context, c OverheadConfig, rep *OverheadRe
 // overheadAgg is the median over the repetitions of one (target, C).
 type overheadAgg struct {
 	runs                               int
-	prompts, failed                    int
+	prompts, failed, events            int // events: Σ over the repetitions
 	reqPerS, ttft50, ttft99            float64
 	routerCPU1k, workerCPU1k           float64
 	ttft50Lo, ttft50Hi, rcpuLo, rcpuHi float64
@@ -250,6 +250,7 @@ func (r *OverheadReport) row(target string, c int) (overheadAgg, bool) {
 		a.runs++
 		a.prompts = x.Prompts
 		a.failed += x.Row.Failed
+		a.events += x.Events
 		rps = append(rps, x.Row.RequestThroughput)
 		t50 = append(t50, x.Row.TTFTP50)
 		t99 = append(t99, x.Row.TTFTP99)
@@ -313,12 +314,6 @@ func (r *OverheadReport) writeEventTable(b *strings.Builder) {
 			if !ok {
 				continue
 			}
-			events := 0
-			for _, row := range r.Rows {
-				if row.Target == t && row.Concurrency == conc {
-					events += row.Events
-				}
-			}
 			added, cpu, us := "—", "—", "—"
 			if haveD && t != TargetDirect {
 				added = fmt.Sprintf("%+.0f (%+.0f to %+.0f)", (x.itl50-d.itl50)*1000, (x.itl50Lo-d.itl50)*1000, (x.itl50Hi-d.itl50)*1000)
@@ -328,7 +323,7 @@ func (r *OverheadReport) writeEventTable(b *strings.Builder) {
 				us = fmt.Sprintf("%.1f", x.cpuPer1kEvents*1000)
 			}
 			fmt.Fprintf(b, "| %d | %s | %d | %s / %s | %s | %s | %s | %s |\n",
-				conc, t, events, ms(x.itl50), ms(x.itl99), added, ms(x.tpot50), cpu, us)
+				conc, t, x.events, ms(x.itl50), ms(x.itl99), added, ms(x.tpot50), cpu, us)
 		}
 	}
 	b.WriteString("\n")

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/bench"
 )
 
 // RelayConfig is the per-event relay scenario: paced token streams whose
@@ -143,7 +145,8 @@ func (e *env) runRelay(ctx context.Context, c RelayConfig, rep *RelayReport) err
 					return fmt.Errorf("%s C=%d: %w", t.name, conc, err)
 				}
 				row.Failed, row.Events = res.failed, len(res.lat)
-				row.P50, row.P90, row.P99 = eventPct(res.lat, 50), eventPct(res.lat, 90), eventPct(res.lat, 99)
+				slices.Sort(res.lat)
+				row.P50, row.P90, row.P99 = bench.PercentileSorted(res.lat, 50), bench.PercentileSorted(res.lat, 90), bench.PercentileSorted(res.lat, 99)
 				rep.Rows = append(rep.Rows, row)
 				e.printf("#%d %-7s C=%-4d streams %d failed %d events %d: delivery P50/P90/P99 %.0f/%.0f/%.0f µs, router CPU %.1f µs/event\n",
 					k+1, t.name, conc, n, row.Failed, row.Events, row.P50, row.P90, row.P99, row.CPUPerEvent())
@@ -182,16 +185,6 @@ func (e *env) startVLLMRouter(ctx context.Context, c RelayConfig, worker string)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-}
-
-// eventPct is the p-th percentile (nearest rank) of v, sorted in place.
-func eventPct(v []float64, p float64) float64 {
-	if len(v) == 0 {
-		return math.NaN()
-	}
-	slices.Sort(v)
-	i := int(math.Ceil(p/100*float64(len(v)))) - 1
-	return v[min(max(i, 0), len(v)-1)]
 }
 
 // pacedWorker is an OpenAI-compatible completions endpoint on loopback
