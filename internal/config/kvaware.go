@@ -100,8 +100,12 @@ func (c *Config) validateKV(add func(*Error)) {
 	if !(c.KVLoadWeight >= 0) {
 		add(invalid("--kv-load-weight", formatFloat(c.KVLoadWeight), "Must be >= 0"))
 	}
-	if c.PDUncachedTokenThreshold < 0 {
+	switch {
+	case c.PDUncachedTokenThreshold < 0:
 		add(invalid("--pd-uncached-token-threshold", strconv.Itoa(c.PDUncachedTokenThreshold), "Must be >= 0"))
+	case c.PDUncachedTokenThreshold > 0 && c.Mode() != ModeVLLMPD && c.Mode() != ModeIGW:
+		// Only a PD fleet has a prefill to bypass.
+		add(invalid("--pd-uncached-token-threshold", strconv.Itoa(c.PDUncachedTokenThreshold), "needs --vllm-pd-disaggregation (or --enable-igw with PD workers)"))
 	}
 	if _, err := c.KVEndpointList(); err != nil {
 		add(invalid("--kv-events-endpoints", strings.Join(c.KVEventsEndpoints, " "), err.Error()))

@@ -300,7 +300,12 @@ func (c *subscription) reset() {
 
 // applyReplayed applies the fetched batches after c.last and before
 // `before` (-1: all), in order; a hole in them resets the worker first.
+// They reach the index as one step: a replay after a connect can replay a
+// long history (blocks stored, evicted, cleared), and a pick made while
+// it was half applied would see blocks the worker dropped long ago.
 func (c *subscription) applyReplayed(got []replayed, before int64) {
+	var evs []Event
+	applied := false
 	for _, b := range got {
 		if b.seq <= c.last {
 			continue
@@ -309,16 +314,34 @@ func (c *subscription) applyReplayed(got []replayed, before int64) {
 			break
 		}
 		if c.last >= 0 && b.seq != c.last+1 {
-			c.reset() // the publisher's buffer no longer has them
+			// The publisher's buffer no longer has them: what the index
+			// holds of the worker, and what came before, is void.
+			c.s.C.Resets.Add(1)
+			evs = append(evs[:0], AllBlocksCleared{})
 		}
 		c.s.C.Replayed.Add(1)
-		c.applyAt(b.seq, b.payload)
+		more, ok := c.decode(b.payload)
+		evs = append(evs, more...)
+		applied = applied || ok
+		c.last, c.lastSum = b.seq, xxhash.Sum64(b.payload)
+	}
+	if len(evs) > 0 {
+		c.s.o.Index.Apply(c.src.Worker, evs)
+	}
+	if applied {
+		c.seen.Store(true)
 	}
 }
 
 func (c *subscription) applyAt(seq int64, payload []byte) {
-	c.apply(payload)
+	evs, ok := c.decode(payload)
+	if len(evs) > 0 {
+		c.s.o.Index.Apply(c.src.Worker, evs)
+	}
 	c.last, c.lastSum = seq, xxhash.Sum64(payload)
+	if ok {
+		c.seen.Store(true)
+	}
 }
 
 func splitMessage(frames [][]byte) (seq int64, payload []byte, ok bool) {
@@ -329,16 +352,17 @@ func splitMessage(frames [][]byte) (seq int64, payload []byte, ok bool) {
 	return seq, frames[2], seq >= 0
 }
 
-func (c *subscription) apply(payload []byte) {
+// decode returns a batch's events, counted, and false for a malformed
+// batch.
+func (c *subscription) decode(payload []byte) ([]Event, bool) {
 	b, skipped, err := DecodeBatch(payload)
 	c.s.C.Unknown.Add(uint64(skipped))
 	if err != nil {
 		c.s.C.Malformed.Add(1)
 		c.s.o.Logger.Debug("kv event batch dropped", "worker", c.src.Worker, "err", err)
-		return
+		return nil, false
 	}
 	c.s.C.Batches.Add(1)
-	c.seen.Store(true)
 	for _, e := range b.Events {
 		switch e.(type) {
 		case BlockStored:
@@ -349,7 +373,7 @@ func (c *subscription) apply(payload []byte) {
 			c.s.C.Cleared.Add(1)
 		}
 	}
-	c.s.o.Index.Apply(c.src.Worker, b.Events)
+	return b.Events, true
 }
 
 type replayed struct {

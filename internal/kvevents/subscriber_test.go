@@ -179,3 +179,59 @@ func TestHandleGapWithoutReplay(t *testing.T) {
 		t.Fatal("a message with a short sequence frame was not counted")
 	}
 }
+
+// TestReplayIsAppliedAsOneStep: a replay after a connect carries the
+// publisher's history (blocks stored, then all cleared), and the index
+// must go from before to after in one step. A reader polling the index
+// while 2,000 replayed batches are applied never sees the history's
+// blocks; applied one batch at a time, it did (the router routed a
+// benchmark's first requests by blocks cleared long ago).
+func TestReplayIsAppliedAsOneStep(t *testing.T) {
+	x := NewIndex(IndexOptions{BlockSize: 4})
+	s, err := NewSubscriber(Options{Index: x})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c := &subscription{s: s, src: Source{Worker: "w"}, last: -1}
+	prompt := x.BlockKeys(u32(seq(1, 8)), "")
+	var got []replayed
+	for i := range 2000 {
+		ev := positionalStored([]any{[]byte("a/0"), []byte("a/1")}, nil, seq(1, 8), 4, nil, nil)
+		if i%2 == 1 {
+			ev = []any{"AllBlocksCleared"}
+		}
+		got = append(got, replayed{seq: int64(i), payload: enc(t, []any{1.0, []any{ev}})})
+	}
+	stop := make(chan struct{})
+	seen := make(chan int, 1)
+	go func() {
+		most := 0
+		defer func() { seen <- most }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			most = max(most, x.Match(prompt)["w"])
+		}
+	}()
+	c.applyReplayed(got, -1)
+	close(stop)
+	if most := <-seen; most != 0 {
+		t.Fatalf("a reader saw %d blocks of the replayed history, which ends cleared", most)
+	}
+	if c.last != 1999 || !c.seen.Load() || s.C.Replayed.Load() != 2000 || s.C.Cleared.Load() != 1000 {
+		t.Fatalf("last %d seen %v replayed %d cleared %d", c.last, c.seen.Load(), s.C.Replayed.Load(), s.C.Cleared.Load())
+	}
+	// A hole in a replay voids what came before it.
+	c.applyReplayed([]replayed{{seq: 2000, payload: enc(t, []any{1.0, []any{positionalStored([]any{[]byte("a/0"), []byte("a/1")}, nil, seq(1, 8), 4, nil, nil)}})}}, -1)
+	if x.Match(prompt)["w"] != 2 {
+		t.Fatal("the next replayed batch was not applied")
+	}
+	c.applyReplayed([]replayed{{seq: 2005, payload: enc(t, []any{1.0, []any{[]any{"BlockStored", []any{[]byte("b/0")}, nil, seq(20, 23), 4, nil, nil}}})}}, -1)
+	if x.Match(prompt)["w"] != 0 || s.C.Resets.Load() != 1 {
+		t.Fatalf("after a hole: match %v, resets %d", x.Match(prompt), s.C.Resets.Load())
+	}
+}

@@ -106,6 +106,9 @@ func TestKVEventsReachRouterIndex(t *testing.T) {
 			if got := in.engines[0].Snapshot().PrefillTokens - before; got != 4 || second >= first {
 				t.Fatalf("repeat computed %d prompt tokens in %v (first took %v), want 4 and less time", got, second, first)
 			}
+			if got, want := statsOf(t, in).Engines[0].PrefillTokens, in.engines[0].Snapshot().PrefillTokens; got != want || got < 104 {
+				t.Fatalf("/sim/stats prefill_tokens %d, engine %d (want >= 104: both requests' computed tokens)", got, want)
+			}
 			st := in.engines[0].PrefixCacheStats()
 			if st.Queries-queries0 != 200 || st.Hits != 96 {
 				t.Fatalf("prefix cache stats %+v: want 200 more queried tokens, 96 hits", st)

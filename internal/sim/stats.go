@@ -341,6 +341,7 @@ type EngineStats struct {
 	KVBlocksUsed  int    `json:"kv_blocks_used"`
 	KVBlocksTotal int    `json:"kv_blocks_total"`
 	Steps         uint64 `json:"steps"`
+	PrefillTokens uint64 `json:"prefill_tokens"` // prompt tokens computed (not cached, not received)
 	Preemptions   uint64 `json:"preemptions"`
 
 	PrefixCache engine.PrefixStats `json:"prefix_cache"`
@@ -383,7 +384,7 @@ func (in *Instance) stats() Stats {
 		s.Engines = append(s.Engines, EngineStats{
 			DPRank: i, Running: es.Running, Waiting: es.Waiting, WaitingRemote: es.WaitingRemote,
 			Pinned: es.PinnedFinished, KVBlocksUsed: es.BlocksUsed, KVBlocksTotal: es.BlocksTotal,
-			Steps: es.Steps, Preemptions: es.Preemptions,
+			Steps: es.Steps, PrefillTokens: es.PrefillTokens, Preemptions: es.Preemptions,
 			PrefixCache: e.PrefixCacheStats(), KVEvents: in.kvEventStats(i),
 		})
 	}

@@ -152,14 +152,23 @@ func (c KVConfig) tokenizeFunc() (func(string) []uint32, error) {
 
 // KVRun is one measured run.
 type KVRun struct {
-	Fleet       string // "unified" or "2P2D"
+	Fleet       string // "4 unified" or "2P2D NIXL"
+	PD          bool
 	Policy      string
 	Concurrency int
 	Rep         int
 	Row         bench.SweepRow
-	Queries     uint64 // prefix-cache queries at the measured workers
-	Hits        uint64
-	Evictions   uint64
+	// Queries and Hits are prompt tokens: on the unified fleet the
+	// workers' prefix-cache counters; on the PD fleet the workload's
+	// prompt tokens and those no worker computed (kvFleet.computed).
+	Queries   uint64
+	Hits      uint64
+	Evictions uint64
+	Bypassed  uint64 // PD requests the router sent to a decode alone
+	// EventTrouble is what the router's KV event subscriber repaired or
+	// could not (kv_aware): sequence gaps, failed replays, index resets,
+	// publisher restarts, orphan blocks, local tokenizer mismatches.
+	EventTrouble map[string]uint64
 	// The router's tokenizer over the run (kv_aware): /tokenize calls,
 	// their wall time, and prompts found in its cache.
 	TokenizeCalls, TokenizeCacheHits uint64
@@ -187,6 +196,15 @@ func (r KVRun) TokenizeMeanMS() float64 {
 		return math.NaN()
 	}
 	return 1000 * r.TokenizeSeconds / float64(r.TokenizeCalls)
+}
+
+// bypassShare is the share of the run's requests served by a decode
+// alone (NaN on the unified fleet).
+func (r KVRun) bypassShare() float64 {
+	if !r.PD || r.Requests == 0 {
+		return math.NaN()
+	}
+	return float64(r.Bypassed) / float64(r.Requests)
 }
 
 // HitRate is Hits/Queries.
@@ -229,10 +247,22 @@ func RunKV(ctx context.Context, o Options, c KVConfig) (*KVReport, error) {
 
 // kvFleet is the workers of one phase and how a router is put in front.
 type kvFleet struct {
-	name     string
-	sims     []*sim
-	measured []*sim // whose prefix-cache counters count (the prefills in PD)
-	args     func(policy string) []string
+	name string
+	sims []*sim
+	// pd: the fleet has prefills to bypass. Its hits are the prompt tokens
+	// no worker computed (prefill_tokens of every worker against the
+	// workload's prompt tokens): a bypassed request is computed on a
+	// decode, and a decode's own prefix-cache counters also count the
+	// split requests it only received KV for.
+	pd   bool
+	args func(policy string) []string
+}
+
+// pdOnly reports whether a --policies entry carries a PD-only router flag
+// (--pd-...); it runs on the PD fleet alone.
+func pdOnly(spec string) bool {
+	_, extra := policyFlags(spec)
+	return slices.ContainsFunc(extra, func(f string) bool { return strings.HasPrefix(f, "--pd-") })
 }
 
 func (e *env) runKV(ctx context.Context, c KVConfig, rep *KVReport) error {
@@ -303,7 +333,6 @@ func (e *env) kvUnified(ctx context.Context, c KVConfig) (*kvFleet, error) {
 		}
 		f.sims = append(f.sims, s)
 	}
-	f.measured = f.sims
 	kv, err := kvRouterArgs(ctx, c, f.sims)
 	if err != nil {
 		e.g.stop(simProcs(f.sims)...)
@@ -322,7 +351,7 @@ func (e *env) kvUnified(ctx context.Context, c KVConfig) (*kvFleet, error) {
 }
 
 func (e *env) kvPD(ctx context.Context, c KVConfig) (*kvFleet, error) {
-	f := &kvFleet{name: "2P2D NIXL"}
+	f := &kvFleet{name: "2P2D NIXL", pd: true}
 	var ps, ds []*sim
 	for _, role := range []string{"prefill", "prefill", "decode", "decode"} {
 		s, err := e.g.startSim(ctx, fmt.Sprintf("sim-kv-%s-%d", role, len(f.sims)),
@@ -338,7 +367,6 @@ func (e *env) kvPD(ctx context.Context, c KVConfig) (*kvFleet, error) {
 			ds = append(ds, s)
 		}
 	}
-	f.measured = ps
 	kv, err := kvRouterArgs(ctx, c, f.sims)
 	if err != nil {
 		e.g.stop(simProcs(f.sims)...)
@@ -370,11 +398,14 @@ func (e *env) kvPhase(ctx context.Context, c KVConfig, f *kvFleet, rep *KVReport
 	for r := range c.Repeats {
 		for _, conc := range c.Concurrency {
 			for _, pol := range c.Policies {
+				if !f.pd && pdOnly(pol) {
+					continue
+				}
 				d, err := e.budget(c.PointTimeout, 15*time.Second)
 				if err != nil {
 					return err
 				}
-				run, err := e.kvRun(ctx, c, f, pol, conc, d)
+				run, err := e.kvRun(ctx, c, f, pol, conc, d, rep.Bound.Queries)
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
@@ -392,8 +423,9 @@ func (e *env) kvPhase(ctx context.Context, c KVConfig, f *kvFleet, rep *KVReport
 }
 
 // kvRun is one measured run: empty caches, a fresh router, the load.
-func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, conc int, d time.Duration) (KVRun, error) {
-	run := KVRun{Fleet: f.name, Policy: policy, Concurrency: conc}
+// prompt is the workload's prompt tokens (the PD fleet's hit base).
+func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, conc int, d time.Duration, prompt uint64) (KVRun, error) {
+	run := KVRun{Fleet: f.name, PD: f.pd, Policy: policy, Concurrency: conc}
 	run.Row = failedRow("switchyard", policy, conc, c.prompts())
 	for _, s := range f.sims {
 		if err := resetPrefixCache(ctx, s); err != nil {
@@ -418,7 +450,7 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 			return run, err
 		}
 	}
-	before, err := prefixTotals(ctx, f.measured)
+	before, err := prefixTotals(ctx, f.sims)
 	if err != nil {
 		return run, err
 	}
@@ -433,7 +465,7 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 	if err != nil {
 		return run, err
 	}
-	after, err := prefixTotals(ctx, f.measured)
+	after, err := prefixTotals(ctx, f.sims)
 	if err != nil {
 		return run, err
 	}
@@ -446,11 +478,24 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 		run.TokenizeLocal = uint64(m["vllm_router_kv_tokenize_local_total"])
 		run.TokenizeVerified = uint64(m["vllm_router_kv_tokenize_verify_checks_total"])
 		run.TokenizeBackground = uint64(m["vllm_router_kv_tokenize_verify_background_total"])
+		run.Bypassed = uint64(m["vllm_router_kv_pd_bypass_total"])
+		for _, k := range eventTroubleMetrics {
+			if v := uint64(m["vllm_router_kv_"+k]); v > 0 {
+				if run.EventTrouble == nil {
+					run.EventTrouble = map[string]uint64{}
+				}
+				run.EventTrouble[k] = v
+			}
+		}
 		if v, ok := m["process_cpu_seconds_total"]; ok {
 			run.RouterCPU = v - cpu0
 		}
 	}
 	run.Queries, run.Hits, run.Evictions = after.Queries-before.Queries, after.Hits-before.Hits, after.Evictions-before.Evictions
+	if f.pd {
+		computed := after.Computed - before.Computed
+		run.Queries, run.Hits = prompt, prompt-min(prompt, computed)
+	}
 	if errs := failureReasons(res, 3); len(errs) > 0 {
 		return run, fmt.Errorf("%d failed: %s", res.Metrics.Failed, strings.Join(errs, " | "))
 	}
@@ -458,6 +503,22 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 		return run, errors.New("stopped by its max duration")
 	}
 	return run, nil
+}
+
+// eventTroubleMetrics are the kv_aware counters (vllm_router_kv_...) a
+// run reports when not zero.
+var eventTroubleMetrics = []string{"event_gaps_total", "replay_failures_total", "index_resets_total",
+	"publisher_restarts_total", "orphan_blocks_total", "events_malformed_total", "tokenize_verify_mismatches_total"}
+
+// trouble formats EventTrouble for the every-run table.
+func (r KVRun) trouble() string {
+	var parts []string
+	for _, k := range eventTroubleMetrics {
+		if v := r.EventTrouble[k]; v > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", strings.TrimSuffix(k, "_total"), v))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // scrapeMetrics reads the unlabelled samples of a Prometheus /metrics page.
@@ -518,7 +579,8 @@ func (c KVConfig) flags(conc int) string {
 // simKV is the prefix-cache part of vllm-sim's /sim/stats.
 type simKV struct {
 	Engines []struct {
-		PrefixCache struct {
+		PrefillTokens uint64 `json:"prefill_tokens"`
+		PrefixCache   struct {
 			Queries      uint64 `json:"queries"`
 			Hits         uint64 `json:"hits"`
 			CachedBlocks int    `json:"cached_blocks"`
@@ -560,7 +622,7 @@ func getSimKV(ctx context.Context, s *sim) (simKV, error) {
 	return st, nil
 }
 
-type prefixTotal struct{ Queries, Hits, Evictions uint64 }
+type prefixTotal struct{ Queries, Hits, Evictions, Computed uint64 }
 
 func prefixTotals(ctx context.Context, ss []*sim) (prefixTotal, error) {
 	var t prefixTotal
@@ -573,6 +635,7 @@ func prefixTotals(ctx context.Context, ss []*sim) (prefixTotal, error) {
 			t.Queries += en.PrefixCache.Queries
 			t.Hits += en.PrefixCache.Hits
 			t.Evictions += en.PrefixCache.Evictions
+			t.Computed += en.PrefillTokens
 		}
 	}
 	return t, nil
@@ -651,8 +714,10 @@ type kvAgg struct {
 	N                  int
 	HitRate, TTFT50    float64
 	TTFT99, Throughput float64
+	TPOT50             float64
 	Evictions, Failed  float64
 	CPUPer1k           float64 // router CPU s per 1000 requests
+	Bypassed           float64 // share of requests sent to a decode alone (NaN: not PD)
 }
 
 func median(xs []float64) float64 {
@@ -673,7 +738,7 @@ func median(xs []float64) float64 {
 func (r *KVReport) aggregate() []kvAgg {
 	var out []kvAgg
 	idx := map[string]int{}
-	type acc struct{ hit, t50, t99, thr, ev, failed, cpu []float64 }
+	type acc struct{ hit, t50, t99, tpot, thr, ev, failed, cpu, byp []float64 }
 	accs := []acc{}
 	for _, run := range r.Runs {
 		k := fmt.Sprintf("%s|%d|%s", run.Fleet, run.Concurrency, run.Policy)
@@ -688,17 +753,20 @@ func (r *KVReport) aggregate() []kvAgg {
 		a.hit = append(a.hit, run.HitRate())
 		a.t50 = append(a.t50, run.Row.TTFTP50)
 		a.t99 = append(a.t99, run.Row.TTFTP99)
+		a.tpot = append(a.tpot, run.Row.TPOTP50)
 		a.thr = append(a.thr, run.Row.RequestThroughput)
 		a.ev = append(a.ev, float64(run.Evictions))
 		a.failed = append(a.failed, float64(run.Row.Failed))
 		a.cpu = append(a.cpu, 1000*run.RouterCPU/float64(run.Requests))
+		a.byp = append(a.byp, run.bypassShare())
 		out[i].N++
 	}
 	for i := range out {
 		a := accs[i]
 		out[i].HitRate, out[i].TTFT50, out[i].TTFT99 = median(a.hit), median(a.t50), median(a.t99)
 		out[i].Throughput, out[i].Evictions, out[i].Failed = median(a.thr), median(a.ev), median(a.failed)
-		out[i].CPUPer1k = median(a.cpu)
+		out[i].TPOT50 = median(a.tpot)
+		out[i].CPUPer1k, out[i].Bypassed = median(a.cpu), median(a.byp)
 	}
 	return out
 }
@@ -752,6 +820,14 @@ func cpu3(v float64) string {
 	return fmt.Sprintf("%.3f", v)
 }
 
+// pctDash is pct with "–" for NaN (not applicable).
+func pctDash(v float64) string {
+	if math.IsNaN(v) {
+		return "–"
+	}
+	return pct(v)
+}
+
 func pct(v float64) string {
 	if math.IsNaN(v) {
 		return "n/a"
@@ -784,12 +860,12 @@ func (r *KVReport) WriteMarkdown(w io.Writer) error {
 		c.Unified, strings.Join(c.kvSimArgs(c.NumBlocks)[:7], " "), strings.Join(c.kvSimArgs(c.pdNumBlocks())[:7], " "), c.Repeats)
 	fmt.Fprintf(&b, "**Best achievable hit rate: %s** (%d of %d prompt tokens). Each request is credited with the longest full-block prefix (at most its prompt less one token) it shares with any request sent before it, as if every block stayed cached and every request went where its prefix is; generated tokens never match (the resent answers are stand-ins). The workload has %d distinct blocks; the caches that count hold %d blocks (unified: %d × %d; PD prefills: 2 × %d), one unified worker %d; the longest prompt is %d tokens.\n\n",
 		pct(best), r.Bound.Hits, r.Bound.Queries, r.Bound.Blocks, c.Unified*c.NumBlocks, c.Unified, c.NumBlocks, c.pdNumBlocks(), c.NumBlocks, r.Bound.MaxPrompt)
-	fmt.Fprintf(&b, "Hit rate = Δ`vllm:prefix_cache_hits` / Δ`vllm:prefix_cache_queries` over the run, read from the workers (`/sim/stats` `prefix_cache`, the same counters); in PD, at the prefill workers.\n\n")
-	fmt.Fprintf(&b, "| fleet | C | policy | hit rate | best − hit (points) | TTFT P50 ms | TTFT P99 ms | req/s | evictions | failed | router CPU s / 1k req |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "Hit rate, unified fleet = Δ`vllm:prefix_cache_hits` / Δ`vllm:prefix_cache_queries` over the run, read from the workers (`/sim/stats` `prefix_cache`, the same counters). PD fleet = 1 − (prompt tokens computed by any worker, Δ`/sim/stats` `prefill_tokens` of the prefills and the decodes) / (the workload's prompt tokens): a request the router sends to a decode alone (prefill bypass, `--pd-uncached-token-threshold`) is computed there, and a decode's own counters also count the split requests it only receives KV for. Evictions: every worker of the fleet. A policy entry with a `--pd-` flag runs on the PD fleet only.\n\n")
+	fmt.Fprintf(&b, "| fleet | C | policy | hit rate | best − hit (points) | TTFT P50 ms | TTFT P99 ms | TPOT P50 ms | req/s | evictions | failed | prefill bypassed | router CPU s / 1k req |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	aggs := r.aggregate()
 	for _, a := range aggs {
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %.2f | %.0f | %.0f | %s |\n", a.Fleet, a.Concurrency, a.Policy,
-			pct(a.HitRate), points(best-a.HitRate), ms(a.TTFT50), ms(a.TTFT99), a.Throughput, a.Evictions, a.Failed, cpu3(a.CPUPer1k))
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %.2f | %.0f | %.0f | %s | %s |\n", a.Fleet, a.Concurrency, a.Policy,
+			pct(a.HitRate), points(best-a.HitRate), ms(a.TTFT50), ms(a.TTFT99), ms(a.TPOT50), a.Throughput, a.Evictions, a.Failed, pctDash(a.Bypassed), cpu3(a.CPUPer1k))
 	}
 	fmt.Fprintf(&b, "\n## Targets\n\n")
 	for _, a := range aggs {
@@ -807,14 +883,18 @@ func (r *KVReport) WriteMarkdown(w io.Writer) error {
 		fmt.Fprintln(&b, line+".")
 	}
 	r.writeTokenize(&b)
-	fmt.Fprintf(&b, "\n## Every run\n\n| fleet | C | rep | policy | queries | hits | hit rate | TTFT P50 ms | req/s | /tokenize calls, mean ms | note |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "\n## Every run\n\n| fleet | C | rep | policy | queries | hits | hit rate | TTFT P50 ms | req/s | bypassed | /tokenize calls, mean ms | note |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, run := range r.Runs {
 		tok := ""
 		if run.TokenizeCalls > 0 {
 			tok = fmt.Sprintf("%d, %s", run.TokenizeCalls, ms(run.TokenizeMeanMS()))
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %s | %d | %d | %s | %s | %.2f | %s | %s |\n", run.Fleet, run.Concurrency, run.Rep, run.Policy,
-			run.Queries, run.Hits, pct(run.HitRate()), ms(run.Row.TTFTP50), run.Row.RequestThroughput, tok, run.Note)
+		byp := ""
+		if run.Bypassed > 0 {
+			byp = strconv.FormatUint(run.Bypassed, 10)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %s | %d | %d | %s | %s | %.2f | %s | %s | %s |\n", run.Fleet, run.Concurrency, run.Rep, run.Policy,
+			run.Queries, run.Hits, pct(run.HitRate()), ms(run.Row.TTFTP50), run.Row.RequestThroughput, byp, tok, strings.TrimPrefix(strings.Join([]string{run.Note, run.trouble()}, "; "), "; "))
 	}
 	if len(r.Notes) > 0 {
 		fmt.Fprintf(&b, "\n## Notes\n\n")

@@ -60,7 +60,8 @@ func TestKVFlags(t *testing.T) {
 func TestKVQuick(t *testing.T) {
 	out := t.TempDir()
 	var log bytes.Buffer
-	c := KVConfig{Policies: []string{"round_robin", "kv_aware"}, Concurrency: []int{2}, Repeats: 1,
+	const bypass = "kv_aware+--pd-uncached-token-threshold=64" // PD fleet only
+	c := KVConfig{Policies: []string{"round_robin", "kv_aware", bypass}, Concurrency: []int{2}, Repeats: 1,
 		Groups: 3, PerGroup: 4, PrefixLen: 64, QuestionLen: 8, OutputLen: 4, BlockSize: 16, NumBlocks: 64,
 		Unified: 2, PD: true, Seed: 1, PointTimeout: 30 * time.Second}
 	rep, err := RunKV(context.Background(), Options{BinDir: binDir, OutDir: out, MaxDuration: 2 * time.Minute, Out: &log, Command: "test"}, c)
@@ -68,8 +69,8 @@ func TestKVQuick(t *testing.T) {
 		t.Fatalf("RunKV: %v\n%s", err, log.String())
 	}
 	noChildren(t)
-	if len(rep.Runs) != 4 {
-		t.Fatalf("runs = %d, want 4\n%s", len(rep.Runs), log.String())
+	if len(rep.Runs) != 5 {
+		t.Fatalf("runs = %d, want 4 and the PD-only one\n%s", len(rep.Runs), log.String())
 	}
 	bound, err := c.Bound()
 	if err != nil {
@@ -85,7 +86,7 @@ func TestKVQuick(t *testing.T) {
 		}
 		// kv_aware tokenizes every distinct prompt once (12 here) at an
 		// engine; round_robin never.
-		if tok := r.TokenizeCalls; (r.Policy == "kv_aware") != (tok == uint64(c.prompts()) && r.TokenizeSeconds > 0) {
+		if tok := r.TokenizeCalls; strings.HasPrefix(r.Policy, "kv_aware") != (tok == uint64(c.prompts()) && r.TokenizeSeconds > 0) {
 			t.Errorf("%s %s: %d /tokenize calls in %v s", r.Fleet, r.Policy, tok, r.TokenizeSeconds)
 		}
 		// Read, not NaN (process_cpu_seconds_total counts in 10 ms steps:
@@ -96,12 +97,17 @@ func TestKVQuick(t *testing.T) {
 		if r.HitRate() > best+1e-9 {
 			t.Errorf("%s %s: hit rate %v above the bound %v", r.Fleet, r.Policy, r.HitRate(), best)
 		}
+		// A group's later prompts (8 uncached tokens on the decode that
+		// holds the group's prefix) go to the decode alone.
+		if (r.Policy == bypass) != (r.Bypassed > 0) || (r.Policy == bypass && !r.PD) {
+			t.Errorf("%s %s: %d requests bypassed the prefill", r.Fleet, r.Policy, r.Bypassed)
+		}
 	}
 	md, err := os.ReadFile(filepath.Join(out, "kv.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"**Best achievable hit rate: 66.7 %** (576 of 864 prompt tokens)", "| 2 unified | 2 | kv_aware |", "| 2P2D NIXL | 2 | round_robin |", "router CPU s / 1k req |", "## Targets", "- 2 unified C=2: kv_aware hit rate", "## The router's /tokenize calls (kv_aware)"} {
+	for _, want := range []string{"**Best achievable hit rate: 66.7 %** (576 of 864 prompt tokens)", "| 2 unified | 2 | kv_aware |", "| 2P2D NIXL | 2 | round_robin |", "| 2P2D NIXL | 2 | " + bypass + " |", "router CPU s / 1k req |", "## Targets", "- 2 unified C=2: kv_aware hit rate", "## The router's /tokenize calls (kv_aware)"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("kv.md lacks %q:\n%s", want, md)
 		}
