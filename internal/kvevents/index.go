@@ -2,6 +2,8 @@ package kvevents
 
 import (
 	"encoding/binary"
+	"math"
+	"math/bits"
 	"slices"
 	"sync"
 
@@ -72,6 +74,33 @@ type workerBlocks struct {
 type blockRef struct {
 	key   uint64
 	media uint8 // bit per medium (GPU, CPU, STORAGE, other)
+	// copies per medium (index = bit position): an engine can hold one
+	// hash in several blocks (two requests computed the same prefix at
+	// once), and vLLM reports each: a BlockStored per block cached, a
+	// BlockRemoved per block evicted (vllm/v1/core/block_pool.py
+	// cache_full_blocks, _maybe_evict_cached_block). The hash stays
+	// cached until its last copy goes. Saturates at 255.
+	copies [4]uint8
+}
+
+// add counts one more copy in the medium of bit.
+func (r *blockRef) add(bit uint8) {
+	i := bits.TrailingZeros8(bit)
+	if r.copies[i] < math.MaxUint8 {
+		r.copies[i]++
+	}
+	r.media |= bit
+}
+
+// sub counts one copy fewer in the medium of bit.
+func (r *blockRef) sub(bit uint8) {
+	i := bits.TrailingZeros8(bit)
+	if r.copies[i] > 0 {
+		r.copies[i]--
+	}
+	if r.copies[i] == 0 {
+		r.media &^= bit
+	}
 }
 
 // IndexOptions configures NewIndex.
@@ -201,7 +230,7 @@ func (x *Index) storeLocked(w *workerBlocks, e BlockStored) {
 		prev = x.chain(buf, prev, e.TokenIDs[i*x.blockSize:(i+1)*x.blockSize])
 		ref, had := w.engine[h]
 		if had && ref.key == prev {
-			ref.media |= bit
+			ref.add(bit)
 			w.engine[h] = ref
 			continue
 		}
@@ -212,7 +241,9 @@ func (x *Index) storeLocked(w *workerBlocks, e BlockStored) {
 			x.stats.Full += uint64(len(e.BlockHashes) - i)
 			return
 		}
-		w.engine[h] = blockRef{key: prev, media: bit}
+		ref = blockRef{key: prev}
+		ref.add(bit)
+		w.engine[h] = ref
 		h := x.blocks[prev]
 		if h.one == 0 {
 			h.one = w.id
@@ -231,7 +262,7 @@ func (x *Index) removeLocked(w *workerBlocks, h Hash, bit uint8) {
 	if !ok {
 		return
 	}
-	ref.media &^= bit
+	ref.sub(bit)
 	if ref.media != 0 {
 		w.engine[h] = ref
 		return

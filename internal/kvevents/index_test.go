@@ -155,3 +155,42 @@ func TestIndexSharedBlocks(t *testing.T) {
 		t.Errorf("%d block keys left, want 0", len(x.blocks))
 	}
 }
+
+// TestIndexCountsCopiesOfAHash: an engine that holds one hash in two
+// blocks (two requests computed the same prefix at once) reports two
+// BlockStored and, as each is evicted, two BlockRemoved. The hash stays
+// cached, and a block stored after it is no orphan, until its last copy
+// is removed; counting one copy lost the prefix at the first removal.
+func TestIndexCountsCopiesOfAHash(t *testing.T) {
+	const bs = 4
+	x := NewIndex(IndexOptions{BlockSize: bs})
+	prompt := u32(seq(1, 12))
+	keys := x.BlockKeys(prompt, "")
+	removed := func(h Hash, medium string) Event { return BlockRemoved{BlockHashes: []Hash{h}, Medium: medium} }
+	x.Apply("w", []Event{stored("a", prompt, bs, 0, 2), stored("a", prompt, bs, 0, 2)})
+	x.Apply("w", []Event{removed("a/1", "GPU")})
+	if got := x.Match(keys)["w"]; got != 2 {
+		t.Fatalf("one of two copies removed: match %d, want 2", got)
+	}
+	x.Apply("w", []Event{stored("a", prompt, bs, 2, 3)})
+	if st, _ := x.Stats(); x.Match(keys)["w"] != 3 || st.Orphans != 0 {
+		got, o := x.Match(keys)["w"], st.Orphans
+		t.Fatalf("a child of the remaining copy: match %d, orphans %d; want 3, 0", got, o)
+	}
+	x.Apply("w", []Event{removed("a/1", "GPU")})
+	if got := x.Match(keys)["w"]; got != 1 {
+		t.Fatalf("both copies removed: match %d, want 1", got)
+	}
+	// Copies count per medium: a CPU copy outlives both GPU ones.
+	x.Apply("w", []Event{removed("a/0", "CPU")}) // none there: no effect
+	y := stored("a", prompt, bs, 0, 1)
+	y.Medium = "CPU"
+	x.Apply("w", []Event{y, removed("a/0", "GPU"), removed("a/0", "GPU")})
+	if got := x.Match(keys)["w"]; got != 1 {
+		t.Fatalf("GPU copies removed, CPU copy kept: match %d, want 1", got)
+	}
+	x.Apply("w", []Event{removed("a/0", "CPU"), removed("a/2", "GPU")})
+	if got, n := x.Match(keys), x.entries; len(got) != 0 || n != 0 {
+		t.Fatalf("every copy removed: match %v, %d entries", got, n)
+	}
+}

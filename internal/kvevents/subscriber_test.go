@@ -148,16 +148,23 @@ func TestSubscriberDropsOversizedAndMalformed(t *testing.T) {
 	}
 }
 
-// TestHandleGapWithoutReplay: a gap that cannot be repaired resets the
-// worker's entries rather than keep blocks that may be gone.
-func TestHandleGapWithoutReplay(t *testing.T) {
+// newTestSubscription is a subscription of worker "w" over a fresh index
+// of 4-token blocks, driven by the test instead of a socket.
+func newTestSubscription(t *testing.T) (*Index, *Subscriber, *subscription) {
+	t.Helper()
 	x := NewIndex(IndexOptions{BlockSize: 4})
 	s, err := NewSubscriber(Options{Index: x})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
-	c := &subscription{s: s, src: Source{Worker: "w"}, last: -1}
+	t.Cleanup(func() { s.Close() })
+	return x, s, &subscription{s: s, src: Source{Worker: "w"}, last: -1}
+}
+
+// TestHandleGapWithoutReplay: a gap that cannot be repaired resets the
+// worker's entries rather than keep blocks that may be gone.
+func TestHandleGapWithoutReplay(t *testing.T) {
+	x, s, c := newTestSubscription(t)
 	prompt := u32(seq(1, 8))
 	frame := func(seq uint64, events ...any) [][]byte {
 		var b [8]byte
@@ -187,13 +194,7 @@ func TestHandleGapWithoutReplay(t *testing.T) {
 // blocks; applied one batch at a time, it did (the router routed a
 // benchmark's first requests by blocks cleared long ago).
 func TestReplayIsAppliedAsOneStep(t *testing.T) {
-	x := NewIndex(IndexOptions{BlockSize: 4})
-	s, err := NewSubscriber(Options{Index: x})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	c := &subscription{s: s, src: Source{Worker: "w"}, last: -1}
+	x, s, c := newTestSubscription(t)
 	prompt := x.BlockKeys(u32(seq(1, 8)), "")
 	var got []replayed
 	for i := range 2000 {
