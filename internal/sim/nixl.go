@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/sim/engine"
 	"github.com/switchyard-llm/switchyard/internal/sim/sidechan"
@@ -202,7 +203,17 @@ func (n *nixl) read(ctx context.Context, j *job, ep, engineID, reqID string, blo
 	}
 	in.ctr.readsDone.Add(1)
 	d, _ := sidechan.ParseDigest(reply.SimDigest)
-	j.kvDelivered(d, reply.SimNumTokens, in.params.TransferTime(reply.SimNumTokens), false)
+	// D reads only the blocks its own prefix cache lacks: vLLM's NIXL
+	// scheduler pulls the request's unhashed blocks (a full local hit pulls
+	// none and only notifies P; nixl/pull_scheduler.py, vLLM 0.32).
+	local := min(j.handle().CachedTokens(), reply.SimNumTokens)
+	var load time.Duration
+	if read := reply.SimNumTokens - local; read > 0 {
+		load = in.params.TransferTime(read)
+		in.ctr.tokensRead.Add(int64(read))
+	}
+	in.ctr.tokensReadLocal.Add(int64(local))
+	j.kvDelivered(d, reply.SimNumTokens, load, false)
 	return readOK
 }
 

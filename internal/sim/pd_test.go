@@ -258,6 +258,54 @@ func TestNIXLPairMatchesUnified(t *testing.T) {
 	}
 }
 
+// TestNIXLDecodeReadsOnlyWhatItLacks: as vLLM's NIXL scheduler, a decode
+// pulls only the blocks its own prefix cache lacks, so a prompt whose prefix
+// the decode already holds moves less KV.
+func TestNIXLDecodeReadsOnlyWhatItLacks(t *testing.T) {
+	ctx := testCtx(t)
+	p := startSim(t, "--role", "prefill", "--kv-connector", "nixl", "--strict")
+	d := startSim(t, "--role", "decode", "--kv-connector", "nixl", "--strict")
+	split := func(prompt string) (promptTokens int) {
+		t.Helper()
+		hdr := map[string]string{"X-Request-Id": uuid4()}
+		pres := postJSON(t, ctx, p.url("/v1/completions"), prefillBody(prompt, map[string]any{
+			"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": nil,
+			"remote_block_ids": nil, "remote_host": nil, "remote_port": nil,
+		}), hdr)
+		pkv, ok := pres.body["kv_transfer_params"].(map[string]any)
+		if pres.status != 200 || !ok {
+			t.Fatalf("prefill: %d %s", pres.status, pres.raw)
+		}
+		res := doStream(t, ctx, d.url("/v1/completions"), withKV(clientBody(prompt, 4), pkv), hdr)
+		if res.status != 200 || !res.done || res.usage == nil {
+			t.Fatalf("decode: status %d done %v usage %v", res.status, res.done, res.usage)
+		}
+		return int(res.usage["prompt_tokens"].(float64))
+	}
+	read := func() (int64, int64) {
+		tr := statsOf(t, d).Transfers
+		return tr.TokensRead, tr.TokensReadLocal
+	}
+	shared := words(300, "s")
+	n1 := split(shared + " first question")
+	if r, l := read(); r != int64(n1) || l != 0 {
+		t.Fatalf("first request: read %d, cached locally %d; want %d, 0", r, l, n1)
+	}
+	n2 := split(shared + " another question entirely")
+	r, l := read()
+	r2, l2 := r-int64(n1), l
+	if l2 < 256 || l2%16 != 0 || r2+l2 != int64(n2) {
+		t.Errorf("second request (%d prompt tokens, ~300 shared): read %d, cached locally %d; want whole blocks of the shared prefix held locally and only the rest read", n2, r2, l2)
+	}
+	// Without prefix caching on the decode everything is read again.
+	d2 := startSim(t, "--role", "decode", "--kv-connector", "nixl", "--strict", "--no-enable-prefix-caching")
+	d = d2
+	n3 := split(shared + " first question")
+	if r, l := read(); r != int64(n3) || l != 0 {
+		t.Errorf("decode without prefix caching: read %d, cached locally %d; want %d, 0", r, l, n3)
+	}
+}
+
 func TestMooncakePairMatchesUnified(t *testing.T) {
 	ctx := testCtx(t)
 	p := startSim(t, "--role", "prefill", "--kv-connector", "mooncake", "--strict")

@@ -42,6 +42,8 @@ type counters struct {
 	readsServed        atomic.Int64
 	readsDone          atomic.Int64
 	readsFailed        atomic.Int64
+	tokensRead         atomic.Int64 // NIXL D: prompt tokens whose KV it read
+	tokensReadLocal    atomic.Int64 // NIXL D: prompt tokens its own prefix cache held (not read)
 	pullsReceived      atomic.Int64
 	pushesSent         atomic.Int64
 	pushesReceived     atomic.Int64
@@ -298,6 +300,8 @@ type Stats struct {
 		ReadsServed       int64 `json:"reads_served"`
 		ReadsDone         int64 `json:"reads_done"`
 		ReadsFailed       int64 `json:"reads_failed"`
+		TokensRead        int64 `json:"tokens_read"`
+		TokensReadLocal   int64 `json:"tokens_cached_locally"`
 		PullsReceived     int64 `json:"mooncake_pulls_received"`
 		PushesSent        int64 `json:"pushes_sent"`
 		PushesReceived    int64 `json:"pushes_received"`
@@ -402,6 +406,8 @@ func (in *Instance) stats() Stats {
 	t.ReadsServed = c.readsServed.Load()
 	t.ReadsDone = c.readsDone.Load()
 	t.ReadsFailed = c.readsFailed.Load()
+	t.TokensRead = c.tokensRead.Load()
+	t.TokensReadLocal = c.tokensReadLocal.Load()
 	t.PullsReceived = c.pullsReceived.Load()
 	t.PushesSent = c.pushesSent.Load()
 	t.PushesReceived = c.pushesReceived.Load()
