@@ -302,7 +302,11 @@ func (c *subscription) reset() {
 // `before` (-1: all), in order; a hole in them resets the worker first.
 // They reach the index as one step: a replay after a connect can replay a
 // long history (blocks stored, evicted, cleared), and a pick made while
-// it was half applied would see blocks the worker dropped long ago.
+// it was half applied would see blocks the worker dropped long ago. What
+// an AllBlocksCleared of the replay voids is not applied at all: a history
+// longer than the publisher's buffer starts with blocks whose parents it
+// no longer holds, which would count as orphans, and applying them would
+// only lengthen the step.
 func (c *subscription) applyReplayed(got []replayed, before int64) {
 	var evs []Event
 	applied := false
@@ -321,6 +325,9 @@ func (c *subscription) applyReplayed(got []replayed, before int64) {
 		}
 		c.s.C.Replayed.Add(1)
 		more, ok := c.decode(b.payload)
+		if i := lastClear(more); i >= 0 {
+			evs, more = evs[:0], more[i:]
+		}
 		evs = append(evs, more...)
 		applied = applied || ok
 		c.last, c.lastSum = b.seq, xxhash.Sum64(b.payload)
@@ -331,6 +338,16 @@ func (c *subscription) applyReplayed(got []replayed, before int64) {
 	if applied {
 		c.seen.Store(true)
 	}
+}
+
+// lastClear is the index of the last AllBlocksCleared in evs (-1: none).
+func lastClear(evs []Event) int {
+	for i := len(evs) - 1; i >= 0; i-- {
+		if _, ok := evs[i].(AllBlocksCleared); ok {
+			return i
+		}
+	}
+	return -1
 }
 
 func (c *subscription) applyAt(seq int64, payload []byte) {

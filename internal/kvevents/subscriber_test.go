@@ -226,6 +226,18 @@ func TestReplayIsAppliedAsOneStep(t *testing.T) {
 	if c.last != 1999 || !c.seen.Load() || s.C.Replayed.Load() != 2000 || s.C.Cleared.Load() != 1000 {
 		t.Fatalf("last %d seen %v replayed %d cleared %d", c.last, c.seen.Load(), s.C.Replayed.Load(), s.C.Cleared.Load())
 	}
+	// History an AllBlocksCleared of the replay voids is not applied: its
+	// blocks with parents the buffer no longer holds are not orphans.
+	x2, _, c2 := newTestSubscription(t)
+	orphan := []any{"BlockStored", []any{[]byte("o/1")}, []byte("o/0"), seq(5, 4), 4, nil, nil}
+	c2.applyReplayed([]replayed{
+		{seq: 7, payload: enc(t, []any{1.0, []any{orphan}})},
+		{seq: 8, payload: enc(t, []any{1.0, []any{orphan, []any{"AllBlocksCleared"}, positionalStored([]any{[]byte("a/0"), []byte("a/1")}, nil, seq(1, 8), 4, nil, nil)}})},
+	}, -1)
+	p2 := x2.BlockKeys(u32(seq(1, 8)), "")
+	if st, _ := x2.Stats(); st.Orphans != 0 || x2.Match(p2)["w"] != 2 || c2.last != 8 {
+		t.Fatalf("replay ending in a clear: %d orphans, match %v, last %d; want 0, 2 blocks, 8", st.Orphans, x2.Match(p2), c2.last)
+	}
 	// A hole in a replay voids what came before it.
 	c.applyReplayed([]replayed{{seq: 2000, payload: enc(t, []any{1.0, []any{positionalStored([]any{[]byte("a/0"), []byte("a/1")}, nil, seq(1, 8), 4, nil, nil)}})}}, -1)
 	if x.Match(prompt)["w"] != 2 {
