@@ -307,26 +307,33 @@ func (r *OverheadReport) writeEventTable(b *strings.Builder) {
 		"(it includes the requests' own routing, so it is an upper bound of the relay's share).\n\n")
 	b.WriteString("| C | Target | Events | ITL P50 / P99 ms | Added ITL P50 µs | TPOT P50 ms | Router CPU s / 1k events | Router CPU µs / event |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|\n")
+	r.eachRow(func(conc int, t string, x, d overheadAgg, haveD bool) {
+		added, cpu, us := "—", "—", "—"
+		if haveD && t != TargetDirect {
+			added = fmt.Sprintf("%+.0f (%+.0f to %+.0f)", (x.itl50-d.itl50)*1000, (x.itl50Lo-d.itl50)*1000, (x.itl50Hi-d.itl50)*1000)
+		}
+		if t != TargetDirect {
+			cpu = fmt.Sprintf("%.4f", x.cpuPer1kEvents)
+			us = fmt.Sprintf("%.1f", x.cpuPer1kEvents*1000)
+		}
+		fmt.Fprintf(b, "| %d | %s | %d | %s / %s | %s | %s | %s | %s |\n",
+			conc, t, x.events, ms(x.itl50), ms(x.itl99), added, ms(x.tpot50), cpu, us)
+	})
+	b.WriteString("\n")
+}
+
+// eachRow calls f for every measured target of every concurrency, in table
+// order (direct, regular, pd), with direct's row at that concurrency when
+// it was measured.
+func (r *OverheadReport) eachRow(f func(conc int, target string, x, direct overheadAgg, haveDirect bool)) {
 	for _, conc := range r.concurrencies() {
 		d, haveD := r.row(TargetDirect, conc)
 		for _, t := range []string{TargetDirect, TargetRegular, TargetPD} {
-			x, ok := r.row(t, conc)
-			if !ok {
-				continue
+			if x, ok := r.row(t, conc); ok {
+				f(conc, t, x, d, haveD)
 			}
-			added, cpu, us := "—", "—", "—"
-			if haveD && t != TargetDirect {
-				added = fmt.Sprintf("%+.0f (%+.0f to %+.0f)", (x.itl50-d.itl50)*1000, (x.itl50Lo-d.itl50)*1000, (x.itl50Hi-d.itl50)*1000)
-			}
-			if t != TargetDirect {
-				cpu = fmt.Sprintf("%.4f", x.cpuPer1kEvents)
-				us = fmt.Sprintf("%.1f", x.cpuPer1kEvents*1000)
-			}
-			fmt.Fprintf(b, "| %d | %s | %d | %s / %s | %s | %s | %s | %s |\n",
-				conc, t, x.events, ms(x.itl50), ms(x.itl99), added, ms(x.tpot50), cpu, us)
 		}
 	}
-	b.WriteString("\n")
 }
 
 // WriteMarkdown writes the measurements and the ratios vs direct.
@@ -354,27 +361,20 @@ func (r *OverheadReport) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintf(&b, "Medians of %d interleaved repetitions (direct, regular, pd, direct, ...) per concurrency; Failed is the sum over them; ranges are min-max over the repetitions.\n\n", max(c.Repeats, 1))
 	b.WriteString("| C | Target | n | Failed | Req/s | TTFT P50 / P99 ms | Added TTFT P50 / P99 ms | TTFT P50 / P99 vs direct | Router CPU s / 1k req | Worker CPU s / 1k req |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
-	for _, conc := range r.concurrencies() {
-		d, haveD := r.row(TargetDirect, conc)
-		for _, t := range []string{TargetDirect, TargetRegular, TargetPD} {
-			x, ok := r.row(t, conc)
-			if !ok {
-				continue
-			}
-			added, ratio := "—", "—"
-			if haveD && t != TargetDirect {
-				added = fmt.Sprintf("%+.2f / %+.2f", x.ttft50-d.ttft50, x.ttft99-d.ttft99)
-				ratio = fmt.Sprintf("%.2fx / %.2fx", x.ttft50/d.ttft50, x.ttft99/d.ttft99)
-			}
-			rcpu := "—"
-			if t != TargetDirect {
-				rcpu = fmt.Sprintf("%.3f (%.3f-%.3f)", x.routerCPU1k, x.rcpuLo, x.rcpuHi)
-			}
-			fmt.Fprintf(&b, "| %d | %s | %d | %d | %.1f | %s (%s-%s) / %s | %s | %s | %s | %.3f |\n",
-				conc, t, x.prompts, x.failed, x.reqPerS, ms(x.ttft50), ms(x.ttft50Lo), ms(x.ttft50Hi), ms(x.ttft99),
-				added, ratio, rcpu, x.workerCPU1k)
+	r.eachRow(func(conc int, t string, x, d overheadAgg, haveD bool) {
+		added, ratio := "—", "—"
+		if haveD && t != TargetDirect {
+			added = fmt.Sprintf("%+.2f / %+.2f", x.ttft50-d.ttft50, x.ttft99-d.ttft99)
+			ratio = fmt.Sprintf("%.2fx / %.2fx", x.ttft50/d.ttft50, x.ttft99/d.ttft99)
 		}
-	}
+		rcpu := "—"
+		if t != TargetDirect {
+			rcpu = fmt.Sprintf("%.3f (%.3f-%.3f)", x.routerCPU1k, x.rcpuLo, x.rcpuHi)
+		}
+		fmt.Fprintf(&b, "| %d | %s | %d | %d | %.1f | %s (%s-%s) / %s | %s | %s | %s | %.3f |\n",
+			conc, t, x.prompts, x.failed, x.reqPerS, ms(x.ttft50), ms(x.ttft50Lo), ms(x.ttft50Hi), ms(x.ttft99),
+			added, ratio, rcpu, x.workerCPU1k)
+	})
 	b.WriteString("\n")
 	r.writeEventTable(&b)
 	var sum []string
