@@ -85,7 +85,7 @@ func newTransport(c *Config, inflight int) *http.Transport {
 type requester struct {
 	cfg        *Config
 	client     *http.Client
-	url        string
+	urls       []string // sample i goes to urls[i mod len]
 	pb         *payloadBuilder
 	header     http.Header
 	benchStart time.Time
@@ -121,7 +121,7 @@ func (r *requester) do(ctx context.Context, s Sample, requestID string, out *Req
 		ctx, cancel = context.WithTimeoutCause(ctx, r.cfg.Timeout, errRequestTimeout)
 		defer cancel()
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.urls[s.Index%len(r.urls)], bytes.NewReader(body))
 	if err != nil {
 		out.Error = err.Error()
 		return

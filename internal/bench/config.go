@@ -41,6 +41,9 @@ const (
 type Config struct {
 	// BaseURL is the server root, e.g. "http://127.0.0.1:8000".
 	BaseURL string
+	// MoreBaseURLs are further roots of the same service (router
+	// replicas): request i goes to the (i mod n)-th of BaseURL and these.
+	MoreBaseURLs []string
 	// Endpoint is appended to BaseURL ("/v1/completions" or
 	// "/v1/chat/completions").
 	Endpoint string
@@ -161,6 +164,16 @@ func (c *Config) chat() bool { return c.Backend == BackendOpenAIChat }
 // APIURL is BaseURL + Endpoint.
 func (c *Config) APIURL() string { return strings.TrimSuffix(c.BaseURL, "/") + c.Endpoint }
 
+// apiURLs are the API URLs requests alternate over: BaseURL's, then
+// MoreBaseURLs'.
+func (c *Config) apiURLs() []string {
+	out := []string{c.APIURL()}
+	for _, u := range c.MoreBaseURLs {
+		out = append(out, strings.TrimSuffix(u, "/")+c.Endpoint)
+	}
+	return out
+}
+
 // normalize fills defaults and checks the configuration.
 func (c *Config) normalize() error {
 	if c.BaseURL == "" {
@@ -170,6 +183,12 @@ func (c *Config) normalize() error {
 		return fmt.Errorf("base URL %q must start with http:// or https://", c.BaseURL)
 	}
 	c.BaseURL = strings.TrimSuffix(c.BaseURL, "/")
+	for i, u := range c.MoreBaseURLs {
+		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			return fmt.Errorf("base URL %q must start with http:// or https://", u)
+		}
+		c.MoreBaseURLs[i] = strings.TrimSuffix(u, "/")
+	}
 	if c.Backend == "" {
 		c.Backend = BackendOpenAI
 	}

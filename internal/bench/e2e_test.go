@@ -257,6 +257,28 @@ func TestEndToEndCompletions(t *testing.T) {
 	}
 }
 
+// TestMoreBaseURLsAlternate: with router replicas, request i goes to the
+// (i mod n)-th base URL.
+func TestMoreBaseURLsAlternate(t *testing.T) {
+	a, b := newFakeVLLM(t, "ok"), newFakeVLLM(t, "ok")
+	cfg := DefaultConfig()
+	cfg.BaseURL, cfg.MoreBaseURLs = a.srv.URL, []string{b.srv.URL + "/"}
+	cfg.NumPrompts, cfg.MaxConcurrency, cfg.NumWarmups = 10, 3, 0
+	cfg.InputLen, cfg.OutputLen = 16, 4
+	cfg.DiscardText = true
+	res, err := Run(context.Background(), cfg)
+	if err != nil || res.Metrics.Completed != 10 {
+		t.Fatalf("run: %v, %+v", err, res)
+	}
+	if na, nb := len(a.requests()), len(b.requests()); na != 5 || nb != 5 {
+		t.Errorf("requests per base URL: %d and %d, want 5 and 5", na, nb)
+	}
+	cfg.MoreBaseURLs = []string{"ftp://x"}
+	if _, err := Run(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "ftp://x") {
+		t.Errorf("a bad extra base URL: %v", err)
+	}
+}
+
 func TestEndToEndChat(t *testing.T) {
 	f := newFakeVLLM(t, "ok")
 	cfg := DefaultConfig()

@@ -112,7 +112,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	rq := &requester{
 		cfg:      &cfg,
 		client:   client,
-		url:      cfg.APIURL(),
+		urls:     cfg.apiURLs(),
 		pb:       pb,
 		header:   header,
 		runCtx:   runCtx,

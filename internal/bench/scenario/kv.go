@@ -31,12 +31,16 @@ type KVConfig struct {
 	PrefixLen   int // tokens of a group's system prompt
 	QuestionLen int // tokens of a question
 	OutputLen   int
-	BlockSize   int // vllm-sim --block-size = switchyard --kv-block-size
-	NumBlocks   int // vllm-sim --num-blocks of every worker
-	Turns       int // > 1: each group's requests are conversations of this many turns
-	Unified     int // unified workers
-	PD          bool
-	Seed        int64
+	BlockSize   int  // vllm-sim --block-size = switchyard --kv-block-size
+	NumBlocks   int  // vllm-sim --num-blocks of every worker
+	Turns       int  // > 1: each group's requests are conversations of this many turns
+	Unified     int  // unified workers
+	NoUnified   bool // skip the unified fleet (run the PD fleet alone)
+	// Routers > 1 puts that many router replicas with the same flags in
+	// front of each fleet; requests alternate over them.
+	Routers int
+	PD      bool
+	Seed    int64
 	// Tokenizer, when set, is the tokenizer.json every vllm-sim tokenizes
 	// prompts with (--tokenizer), and the best-achievable bound counts its
 	// tokens; a kv_aware run given the same file (--tokenizer-path)
@@ -165,6 +169,13 @@ type KVRun struct {
 	Hits      uint64
 	Evictions uint64
 	Bypassed  uint64 // PD requests the router sent to a decode alone
+	// Computed is the prompt tokens each worker computed over the run, in
+	// fleet order (the prefills, then the decodes): how evenly a policy
+	// spread the prefill work.
+	Computed []uint64
+	// KVRead is the prompt tokens whose KV the decodes read from the
+	// prefills (PD); a decode's own prefix cache spares the rest.
+	KVRead uint64
 	// EventTrouble is what the router's KV event subscriber repaired or
 	// could not (kv_aware): sequence gaps, failed replays, index resets,
 	// publisher restarts, orphan blocks, local tokenizer mismatches.
@@ -207,6 +218,15 @@ func (r KVRun) bypassShare() float64 {
 	return float64(r.Bypassed) / float64(r.Requests)
 }
 
+// readShare is the share of the workload's prompt tokens whose KV the
+// decodes read from the prefills (NaN: not PD).
+func (r KVRun) readShare() float64 {
+	if !r.PD || r.Queries == 0 {
+		return math.NaN()
+	}
+	return float64(r.KVRead) / float64(r.Queries)
+}
+
 // HitRate is Hits/Queries.
 func (r KVRun) HitRate() float64 {
 	if r.Queries == 0 {
@@ -241,8 +261,16 @@ func RunKV(ctx context.Context, o Options, c KVConfig) (*KVReport, error) {
 		report:  func(e *env) *KVReport { return &KVReport{Config: c, Bound: bound, Options: e.o, Machine: e.m.String()} },
 		run:     func(ctx context.Context, e *env, rep *KVReport) error { return e.runKV(ctx, c, rep) },
 		partial: func(rep *KVReport) bool { return len(rep.Runs) > 0 },
-		files:   []scenarioFile[*KVReport]{{"kv.md", (*KVReport).WriteMarkdown}},
+		files:   []scenarioFile[*KVReport]{{c.fileName(), (*KVReport).WriteMarkdown}},
 	})
+}
+
+// fileName is the report's file: kv.md, kv-2routers.md with replicas.
+func (c KVConfig) fileName() string {
+	if c.Routers > 1 {
+		return fmt.Sprintf("kv-%drouters.md", c.Routers)
+	}
+	return "kv.md"
 }
 
 // kvFleet is the workers of one phase and how a router is put in front.
@@ -266,14 +294,16 @@ func pdOnly(spec string) bool {
 }
 
 func (e *env) runKV(ctx context.Context, c KVConfig, rep *KVReport) error {
-	uf, err := e.kvUnified(ctx, c)
-	if err != nil {
-		return err
+	if !c.NoUnified {
+		uf, err := e.kvUnified(ctx, c)
+		if err != nil {
+			return err
+		}
+		if err := e.kvPhase(ctx, c, uf, rep); err != nil {
+			return err
+		}
+		e.g.stop(simProcs(uf.sims)...)
 	}
-	if err := e.kvPhase(ctx, c, uf, rep); err != nil {
-		return err
-	}
-	e.g.stop(simProcs(uf.sims)...)
 	if !c.PD {
 		return nil
 	}
@@ -432,23 +462,14 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 			return run, err
 		}
 	}
-	// The process (and log file) name: a flag's value may hold a path.
-	name := "switchyard-kv-" + strings.NewReplacer("/", "_", "=", "_").Replace(policy)
-	r, mport, err := e.g.startRouter(ctx, name, func(extra int) []string {
-		return append(f.args(policy), "--prometheus-port", strconv.Itoa(extra)) // the later flag wins
-	})
+	rs, err := e.startKVRouters(ctx, c, f, policy)
+	defer func() {
+		for _, r := range rs {
+			e.g.stop(r.proc)
+		}
+	}()
 	if err != nil {
 		return run, err
-	}
-	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", mport)
-	defer e.g.stop(r.proc)
-	if err := r.waitReady(ctx); err != nil {
-		return run, err
-	}
-	if name, _ := policyFlags(policy); name == "kv_aware" {
-		if err := waitKVEvents(ctx, r, len(f.sims)); err != nil {
-			return run, err
-		}
 	}
 	before, err := prefixTotals(ctx, f.sims)
 	if err != nil {
@@ -456,12 +477,16 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 	}
 	run.RouterCPU = math.NaN()
 	cpu0 := math.NaN()
-	if m, err := scrapeMetrics(ctx, metricsURL); err == nil {
+	if m, err := scrapeRouters(ctx, rs); err == nil {
 		if v, ok := m["process_cpu_seconds_total"]; ok {
 			cpu0 = v
 		}
 	}
-	res, err := bench.Run(ctx, c.benchConfig(r.base, conc, d))
+	cfg := c.benchConfig(rs[0].base, conc, d)
+	for _, r := range rs[1:] {
+		cfg.MoreBaseURLs = append(cfg.MoreBaseURLs, r.base)
+	}
+	res, err := bench.Run(ctx, cfg)
 	if err != nil {
 		return run, err
 	}
@@ -471,7 +496,7 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 	}
 	run.Row = sweepRow("switchyard", policy, res)
 	run.Requests = res.Metrics.Completed + res.Metrics.Failed
-	if m, err := scrapeMetrics(ctx, metricsURL); err == nil {
+	if m, err := scrapeRouters(ctx, rs); err == nil {
 		run.TokenizeCalls = uint64(m["vllm_router_kv_tokenize_requests_total"])
 		run.TokenizeCacheHits = uint64(m["vllm_router_kv_tokenize_cache_hits_total"])
 		run.TokenizeSeconds = m["vllm_router_kv_tokenize_seconds_total"]
@@ -492,6 +517,10 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 		}
 	}
 	run.Queries, run.Hits, run.Evictions = after.Queries-before.Queries, after.Hits-before.Hits, after.Evictions-before.Evictions
+	for i := range min(len(after.PerWorker), len(before.PerWorker)) {
+		run.Computed = append(run.Computed, after.PerWorker[i]-before.PerWorker[i])
+	}
+	run.KVRead = after.KVRead - before.KVRead
 	if f.pd {
 		computed := after.Computed - before.Computed
 		run.Queries, run.Hits = prompt, prompt-min(prompt, computed)
@@ -503,6 +532,56 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 		return run, errors.New("stopped by its max duration")
 	}
 	return run, nil
+}
+
+// startKVRouters starts c.Routers routers with the same flags in front of
+// f (replicas: the load alternates over them) and waits until each is
+// ready and, for kv_aware, follows every worker's events. The routers
+// started are returned with any error.
+func (e *env) startKVRouters(ctx context.Context, c KVConfig, f *kvFleet, policy string) ([]*router, error) {
+	// The process (and log file) name: a flag's value may hold a path.
+	name := "switchyard-kv-" + strings.NewReplacer("/", "_", "=", "_").Replace(policy)
+	var rs []*router
+	for i := range max(c.Routers, 1) {
+		n := name
+		if i > 0 {
+			n += "-replica" + strconv.Itoa(i+1)
+		}
+		r, mport, err := e.g.startRouter(ctx, n, func(extra int) []string {
+			return append(f.args(policy), "--prometheus-port", strconv.Itoa(extra)) // the later flag wins
+		})
+		if err != nil {
+			return rs, err
+		}
+		r.metrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", mport)
+		rs = append(rs, r)
+	}
+	for _, r := range rs {
+		if err := r.waitReady(ctx); err != nil {
+			return rs, err
+		}
+		if name, _ := policyFlags(policy); name == "kv_aware" {
+			if err := waitKVEvents(ctx, r, len(f.sims)); err != nil {
+				return rs, err
+			}
+		}
+	}
+	return rs, nil
+}
+
+// scrapeRouters sums the unlabelled /metrics samples of every router.
+func scrapeRouters(ctx context.Context, rs []*router) (map[string]float64, error) {
+	sum := map[string]float64{}
+	for _, r := range rs {
+		m, err := scrapeMetrics(ctx, r.metrics)
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range m {
+			sum[k] += v
+		}
+	}
+	return sum, nil
 }
 
 // eventTroubleMetrics are the kv_aware counters (vllm_router_kv_...) a
@@ -592,6 +671,9 @@ type simKV struct {
 			ReplayEndpoint string `json:"replay_endpoint"`
 		} `json:"kv_events"`
 	} `json:"engines"`
+	Transfers struct {
+		TokensRead uint64 `json:"tokens_read"`
+	} `json:"transfers"`
 }
 
 func getJSON(ctx context.Context, url string, v any) error {
@@ -622,7 +704,11 @@ func getSimKV(ctx context.Context, s *sim) (simKV, error) {
 	return st, nil
 }
 
-type prefixTotal struct{ Queries, Hits, Evictions, Computed uint64 }
+type prefixTotal struct {
+	Queries, Hits, Evictions, Computed uint64
+	PerWorker                          []uint64 // Computed by each sim
+	KVRead                             uint64   // tokens the decodes read (NIXL)
+}
 
 func prefixTotals(ctx context.Context, ss []*sim) (prefixTotal, error) {
 	var t prefixTotal
@@ -631,12 +717,16 @@ func prefixTotals(ctx context.Context, ss []*sim) (prefixTotal, error) {
 		if err != nil {
 			return t, err
 		}
+		var computed uint64
 		for _, en := range st.Engines {
 			t.Queries += en.PrefixCache.Queries
 			t.Hits += en.PrefixCache.Hits
 			t.Evictions += en.PrefixCache.Evictions
-			t.Computed += en.PrefillTokens
+			computed += en.PrefillTokens
 		}
+		t.Computed += computed
+		t.PerWorker = append(t.PerWorker, computed)
+		t.KVRead += st.Transfers.TokensRead
 	}
 	return t, nil
 }
@@ -718,6 +808,7 @@ type kvAgg struct {
 	Evictions, Failed  float64
 	CPUPer1k           float64 // router CPU s per 1000 requests
 	Bypassed           float64 // share of requests sent to a decode alone (NaN: not PD)
+	KVRead             float64 // share of prompt tokens the decodes read (NaN: not PD)
 }
 
 func median(xs []float64) float64 {
@@ -738,7 +829,7 @@ func median(xs []float64) float64 {
 func (r *KVReport) aggregate() []kvAgg {
 	var out []kvAgg
 	idx := map[string]int{}
-	type acc struct{ hit, t50, t99, tpot, thr, ev, failed, cpu, byp []float64 }
+	type acc struct{ hit, t50, t99, tpot, thr, ev, failed, cpu, byp, read []float64 }
 	accs := []acc{}
 	for _, run := range r.Runs {
 		k := fmt.Sprintf("%s|%d|%s", run.Fleet, run.Concurrency, run.Policy)
@@ -759,6 +850,7 @@ func (r *KVReport) aggregate() []kvAgg {
 		a.failed = append(a.failed, float64(run.Row.Failed))
 		a.cpu = append(a.cpu, 1000*run.RouterCPU/float64(run.Requests))
 		a.byp = append(a.byp, run.bypassShare())
+		a.read = append(a.read, run.readShare())
 		out[i].N++
 	}
 	for i := range out {
@@ -766,7 +858,7 @@ func (r *KVReport) aggregate() []kvAgg {
 		out[i].HitRate, out[i].TTFT50, out[i].TTFT99 = median(a.hit), median(a.t50), median(a.t99)
 		out[i].Throughput, out[i].Evictions, out[i].Failed = median(a.thr), median(a.ev), median(a.failed)
 		out[i].TPOT50 = median(a.tpot)
-		out[i].CPUPer1k, out[i].Bypassed = median(a.cpu), median(a.byp)
+		out[i].CPUPer1k, out[i].Bypassed, out[i].KVRead = median(a.cpu), median(a.byp), median(a.read)
 	}
 	return out
 }
@@ -858,14 +950,17 @@ func (r *KVReport) WriteMarkdown(w io.Writer) error {
 		c.Groups, c.PerGroup, c.PrefixLen, c.QuestionLen, c.OutputLen, conv, c.flags(c.Concurrency[0]))
 	fmt.Fprintf(&b, "Workers: %d unified vllm-sims `%s`, then 2 prefill + 2 decode (NIXL) `%s` (the prefills together hold what the unified workers hold), preset default, KV events on. Each run starts with every worker's prefix cache reset and a new router; policies interleaved within each repetition; repetitions: %d (tables: medians).\n\n",
 		c.Unified, strings.Join(c.kvSimArgs(c.NumBlocks)[:7], " "), strings.Join(c.kvSimArgs(c.pdNumBlocks())[:7], " "), c.Repeats)
+	if c.Routers > 1 {
+		fmt.Fprintf(&b, "Routers: %d replicas with the same flags in front of each fleet; request i goes to replica i mod %d (as behind a load balancer). Each kv_aware replica follows every worker's events; each cache_aware replica grows its own tree from the requests it sees. Router CPU: the replicas' sum.\n\n", c.Routers, c.Routers)
+	}
 	fmt.Fprintf(&b, "**Best achievable hit rate: %s** (%d of %d prompt tokens). Each request is credited with the longest full-block prefix (at most its prompt less one token) it shares with any request sent before it, as if every block stayed cached and every request went where its prefix is; generated tokens never match (the resent answers are stand-ins). The workload has %d distinct blocks; the caches that count hold %d blocks (unified: %d × %d; PD prefills: 2 × %d), one unified worker %d; the longest prompt is %d tokens.\n\n",
 		pct(best), r.Bound.Hits, r.Bound.Queries, r.Bound.Blocks, c.Unified*c.NumBlocks, c.Unified, c.NumBlocks, c.pdNumBlocks(), c.NumBlocks, r.Bound.MaxPrompt)
-	fmt.Fprintf(&b, "Hit rate, unified fleet = Δ`vllm:prefix_cache_hits` / Δ`vllm:prefix_cache_queries` over the run, read from the workers (`/sim/stats` `prefix_cache`, the same counters). PD fleet = 1 − (prompt tokens computed by any worker, Δ`/sim/stats` `prefill_tokens` of the prefills and the decodes) / (the workload's prompt tokens): a request the router sends to a decode alone (prefill bypass, `--pd-uncached-token-threshold`) is computed there, and a decode's own counters also count the split requests it only receives KV for. Evictions: every worker of the fleet. A policy entry with a `--pd-` flag runs on the PD fleet only.\n\n")
-	fmt.Fprintf(&b, "| fleet | C | policy | hit rate | best − hit (points) | TTFT P50 ms | TTFT P99 ms | TPOT P50 ms | req/s | evictions | failed | prefill bypassed | router CPU s / 1k req |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "Hit rate, unified fleet = Δ`vllm:prefix_cache_hits` / Δ`vllm:prefix_cache_queries` over the run, read from the workers (`/sim/stats` `prefix_cache`, the same counters). PD fleet = 1 − (prompt tokens computed by any worker, Δ`/sim/stats` `prefill_tokens` of the prefills and the decodes) / (the workload's prompt tokens): a request the router sends to a decode alone (prefill bypass, `--pd-uncached-token-threshold`) is computed there, and a decode's own counters also count the split requests it only receives KV for. Evictions: every worker of the fleet. KV read by decodes = Δ`/sim/stats` `transfers.tokens_read` of the decodes / the workload's prompt tokens: as vLLM's NIXL connector, a decode reads only the blocks its own prefix cache lacks. A policy entry with a `--pd-` flag runs on the PD fleet only.\n\n")
+	fmt.Fprintf(&b, "| fleet | C | policy | hit rate | best − hit (points) | TTFT P50 ms | TTFT P99 ms | TPOT P50 ms | req/s | evictions | failed | prefill bypassed | KV read by decodes | router CPU s / 1k req |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	aggs := r.aggregate()
 	for _, a := range aggs {
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %.2f | %.0f | %.0f | %s | %s |\n", a.Fleet, a.Concurrency, a.Policy,
-			pct(a.HitRate), points(best-a.HitRate), ms(a.TTFT50), ms(a.TTFT99), ms(a.TPOT50), a.Throughput, a.Evictions, a.Failed, pctDash(a.Bypassed), cpu3(a.CPUPer1k))
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %.2f | %.0f | %.0f | %s | %s | %s |\n", a.Fleet, a.Concurrency, a.Policy,
+			pct(a.HitRate), points(best-a.HitRate), ms(a.TTFT50), ms(a.TTFT99), ms(a.TPOT50), a.Throughput, a.Evictions, a.Failed, pctDash(a.Bypassed), pctDash(a.KVRead), cpu3(a.CPUPer1k))
 	}
 	fmt.Fprintf(&b, "\n## Targets\n\n")
 	for _, a := range aggs {
@@ -883,7 +978,7 @@ func (r *KVReport) WriteMarkdown(w io.Writer) error {
 		fmt.Fprintln(&b, line+".")
 	}
 	r.writeTokenize(&b)
-	fmt.Fprintf(&b, "\n## Every run\n\n| fleet | C | rep | policy | queries | hits | hit rate | TTFT P50 ms | req/s | bypassed | /tokenize calls, mean ms | note |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "\n## Every run\n\n| fleet | C | rep | policy | queries | hits | hit rate | TTFT P50 ms | req/s | bypassed | /tokenize calls, mean ms | tokens computed per worker, k | note |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, run := range r.Runs {
 		tok := ""
 		if run.TokenizeCalls > 0 {
@@ -893,8 +988,12 @@ func (r *KVReport) WriteMarkdown(w io.Writer) error {
 		if run.Bypassed > 0 {
 			byp = strconv.FormatUint(run.Bypassed, 10)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %s | %d | %d | %s | %s | %.2f | %s | %s | %s |\n", run.Fleet, run.Concurrency, run.Rep, run.Policy,
-			run.Queries, run.Hits, pct(run.HitRate()), ms(run.Row.TTFTP50), run.Row.RequestThroughput, byp, tok, strings.TrimPrefix(strings.Join([]string{run.Note, run.trouble()}, "; "), "; "))
+		per := make([]string, len(run.Computed))
+		for i, t := range run.Computed {
+			per[i] = fmt.Sprintf("%.0f", float64(t)/1000)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %s | %d | %d | %s | %s | %.2f | %s | %s | %s | %s |\n", run.Fleet, run.Concurrency, run.Rep, run.Policy,
+			run.Queries, run.Hits, pct(run.HitRate()), ms(run.Row.TTFTP50), run.Row.RequestThroughput, byp, tok, strings.Join(per, " / "), strings.TrimPrefix(strings.Join([]string{run.Note, run.trouble()}, "; "), "; "))
 	}
 	if len(r.Notes) > 0 {
 		fmt.Fprintf(&b, "\n## Notes\n\n")

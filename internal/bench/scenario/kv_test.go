@@ -47,7 +47,15 @@ func TestKVFlags(t *testing.T) {
 	if p, extra := policyFlags(c.Policies[1]); p != "kv_aware" || len(extra) != 1 || extra[0] != "--kv-load-weight=0.1" {
 		t.Fatalf("policyFlags: %q %q", p, extra)
 	}
-	for _, bad := range [][]string{{"--per-group", "1"}, {"--turns", "0"}, {"--repeats", "0"}, {"--num-blocks", "2"}, {"--prefix-len", "4"}} {
+	c, err = parseKV([]string{"--quick", "--routers", "2", "--unified=false"}, &o, io.Discard)
+	if err != nil || c.Routers != 2 || !c.NoUnified || !c.PD || c.fileName() != "kv-2routers.md" {
+		t.Fatalf("--routers 2 --unified=false: %+v %v", c, err)
+	}
+	if c, _ := parseKV([]string{"--quick"}, &o, io.Discard); c.Routers != 1 || c.fileName() != "kv.md" {
+		t.Errorf("default routers %d, file %s", c.Routers, c.fileName())
+	}
+	for _, bad := range [][]string{{"--per-group", "1"}, {"--turns", "0"}, {"--repeats", "0"}, {"--num-blocks", "2"}, {"--prefix-len", "4"},
+		{"--routers", "0"}, {"--routers", "9"}, {"--unified=false", "--pd=false"}} {
 		if _, err := parseKV(bad, &o, io.Discard); err == nil {
 			t.Errorf("%v accepted", bad)
 		}

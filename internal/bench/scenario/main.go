@@ -411,14 +411,20 @@ func parseKV(args []string, o *Options, stderr io.Writer) (KVConfig, error) {
 	fs.IntVar(&c.Turns, "turns", c.Turns, "turns per conversation (each resends its history); 1 = single questions")
 	fs.IntVar(&c.NumBlocks, "num-blocks", c.NumBlocks, "vllm-sim --num-blocks of every worker")
 	fs.BoolVar(&c.PD, "pd", c.PD, "also run the 2P2D NIXL fleet")
+	fs.IntVar(&c.Routers, "routers", max(c.Routers, 1), "router replicas with the same flags in front of each fleet; requests alternate over them")
+	unified := fs.Bool("unified", !c.NoUnified, "run the unified fleet (--unified=false --pd: the PD fleet alone)")
 	fs.StringVar(&c.Tokenizer, "tokenizer", c.Tokenizer, "tokenizer.json every vllm-sim tokenizes prompts with (vllm-sim --tokenizer); add a policy NAME+--tokenizer-path=FILE to tokenize in the router ('' = the sims' word tokenizer)")
 	fs.Int64Var(&c.Seed, "seed", c.Seed, "dataset seed")
 	fs.DurationVar(&c.PointTimeout, "point-max-duration", c.PointTimeout, "bound on one measured run")
 	if err := finishParse(fs, args); err != nil {
 		return c, err
 	}
-	c.Policies, c.Concurrency = pols, cs
+	c.Policies, c.Concurrency, c.NoUnified = pols, cs, !*unified
 	switch {
+	case c.NoUnified && !c.PD:
+		return c, errors.New("kv: --unified=false needs --pd")
+	case c.Routers < 1 || c.Routers > 8:
+		return c, errors.New("kv: --routers must be 1 to 8")
 	case len(c.Policies) == 0 || len(c.Concurrency) == 0 || c.Repeats < 1:
 		return c, errors.New("kv: --policies, --concurrency and --repeats must not be empty")
 	case c.Groups < 1 || c.PerGroup < 2 || c.PrefixLen < c.BlockSize || c.QuestionLen < 1 || c.OutputLen < 1:
