@@ -108,6 +108,33 @@ func TestPDNixlTokenIdenticalToUnified(t *testing.T) {
 	}
 }
 
+// TestPDNixlDecodeReadsOnlyWhatItLacks: a prompt whose prefix the decode
+// engine already holds (an earlier request through the pair left it in its
+// prefix cache) has only the rest of its KV read over NIXL; the held blocks
+// count as the decode's own cache hits. vllm-sim's NIXL decode is built to
+// the same rule (internal/sim TestNIXLDecodeReadsOnlyWhatItLacks), which
+// kv_aware relies on when it picks a decode for its cached prefix.
+func TestPDNixlDecodeReadsOnlyWhatItLacks(t *testing.T) {
+	needEnv(t)
+	r := pdRouter(t)
+	shared := "[reads only what it lacks] " + strings.Repeat("A shared system prompt that stays in the decode's prefix cache. ", 10)
+	first := generate(t, r.Base, false, false, shared+"First question?", 4)
+	before := decodeCounters(t)
+	second := generate(t, r.Base, false, false, shared+"A second and different question?", 4)
+	after := decodeCounters(t)
+	ext, hit, local := after.external-before.external, after.cacheHit-before.cacheHit, after.local-before.local
+	t.Logf("decode, second prompt (%d tokens; the first had %d): %v read over NIXL, %v from its own prefix cache, %v computed, %v transfers",
+		second.PromptTokens, first.PromptTokens, ext, hit, local, after.xfers-before.xfers)
+	// The shared text is most of both prompts: whole 32-token blocks of it
+	// must come from the decode's cache, and only the rest over NIXL.
+	if hit < float64(kvBlockSize) || int(hit)%kvBlockSize != 0 || hit < float64(first.PromptTokens)/2 {
+		t.Errorf("decode served %v tokens of the second prompt from its prefix cache, want whole blocks of the ~%d shared tokens", hit, first.PromptTokens)
+	}
+	if ext+hit+local != float64(second.PromptTokens) || ext >= float64(second.PromptTokens)/2 {
+		t.Errorf("decode read %v of %d prompt tokens over NIXL (%v cached, %v computed): want only what its cache lacks", ext, second.PromptTokens, hit, local)
+	}
+}
+
 // TestPDNixlConcurrent: concurrent requests through the pair stay
 // token-identical to the unified engine (KV of different requests is not
 // mixed up).
