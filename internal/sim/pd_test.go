@@ -227,14 +227,10 @@ func TestMoRIIOReadDecodeWithoutParams(t *testing.T) {
 	}
 }
 
-func TestNIXLPairMatchesUnified(t *testing.T) {
-	ctx := testCtx(t)
-	p := startSim(t, "--role", "prefill", "--kv-connector", "nixl", "--strict")
-	d := startSim(t, "--role", "decode", "--kv-connector", "nixl", "--strict")
-	u := startSim(t)
-	prompt := words(250, "n")
-	want := unifiedText(t, ctx, u, prompt, outTokens)
-	hdr := map[string]string{"X-Request-Id": uuid4()}
+// nixlPrefill runs §8.B's NIXL prefill leg on p and returns the
+// kv_transfer_params it answers with, for the decode leg.
+func nixlPrefill(t *testing.T, ctx context.Context, p *Instance, prompt string, hdr map[string]string) map[string]any {
+	t.Helper()
 	pres := postJSON(t, ctx, p.url("/v1/completions"), prefillBody(prompt, map[string]any{
 		"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": nil,
 		"remote_block_ids": nil, "remote_host": nil, "remote_port": nil,
@@ -243,6 +239,18 @@ func TestNIXLPairMatchesUnified(t *testing.T) {
 	if pres.status != 200 || !ok {
 		t.Fatalf("prefill: %d %s", pres.status, pres.raw)
 	}
+	return pkv
+}
+
+func TestNIXLPairMatchesUnified(t *testing.T) {
+	ctx := testCtx(t)
+	p := startSim(t, "--role", "prefill", "--kv-connector", "nixl", "--strict")
+	d := startSim(t, "--role", "decode", "--kv-connector", "nixl", "--strict")
+	u := startSim(t)
+	prompt := words(250, "n")
+	want := unifiedText(t, ctx, u, prompt, outTokens)
+	hdr := map[string]string{"X-Request-Id": uuid4()}
+	pkv := nixlPrefill(t, ctx, p, prompt, hdr)
 	for _, k := range []string{"remote_engine_id", "remote_block_ids", "remote_host", "remote_port", "remote_request_id", "tp_size"} {
 		if _, ok := pkv[k]; !ok {
 			t.Errorf("NIXL prefill params lack %s: %v", k, pkv)
@@ -268,14 +276,7 @@ func TestNIXLDecodeReadsOnlyWhatItLacks(t *testing.T) {
 	split := func(prompt string) (promptTokens int) {
 		t.Helper()
 		hdr := map[string]string{"X-Request-Id": uuid4()}
-		pres := postJSON(t, ctx, p.url("/v1/completions"), prefillBody(prompt, map[string]any{
-			"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": nil,
-			"remote_block_ids": nil, "remote_host": nil, "remote_port": nil,
-		}), hdr)
-		pkv, ok := pres.body["kv_transfer_params"].(map[string]any)
-		if pres.status != 200 || !ok {
-			t.Fatalf("prefill: %d %s", pres.status, pres.raw)
-		}
+		pkv := nixlPrefill(t, ctx, p, prompt, hdr)
 		res := doStream(t, ctx, d.url("/v1/completions"), withKV(clientBody(prompt, 4), pkv), hdr)
 		if res.status != 200 || !res.done || res.usage == nil {
 			t.Fatalf("decode: status %d done %v usage %v", res.status, res.done, res.usage)
