@@ -517,12 +517,13 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 		}
 	}
 	run.Queries, run.Hits, run.Evictions = after.Queries-before.Queries, after.Hits-before.Hits, after.Evictions-before.Evictions
-	for i := range min(len(after.PerWorker), len(before.PerWorker)) {
-		run.Computed = append(run.Computed, after.PerWorker[i]-before.PerWorker[i])
+	var computed uint64
+	for i := range min(len(after.Computed), len(before.Computed)) {
+		run.Computed = append(run.Computed, after.Computed[i]-before.Computed[i])
+		computed += run.Computed[i]
 	}
 	run.KVRead = after.KVRead - before.KVRead
 	if f.pd {
-		computed := after.Computed - before.Computed
 		run.Queries, run.Hits = prompt, prompt-min(prompt, computed)
 	}
 	if errs := failureReasons(res, 3); len(errs) > 0 {
@@ -541,6 +542,7 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 func (e *env) startKVRouters(ctx context.Context, c KVConfig, f *kvFleet, policy string) ([]*router, error) {
 	// The process (and log file) name: a flag's value may hold a path.
 	name := "switchyard-kv-" + strings.NewReplacer("/", "_", "=", "_").Replace(policy)
+	pname, _ := policyFlags(policy)
 	var rs []*router
 	for i := range max(c.Routers, 1) {
 		n := name
@@ -560,7 +562,7 @@ func (e *env) startKVRouters(ctx context.Context, c KVConfig, f *kvFleet, policy
 		if err := r.waitReady(ctx); err != nil {
 			return rs, err
 		}
-		if name, _ := policyFlags(policy); name == "kv_aware" {
+		if pname == "kv_aware" {
 			if err := waitKVEvents(ctx, r, len(f.sims)); err != nil {
 				return rs, err
 			}
@@ -705,9 +707,9 @@ func getSimKV(ctx context.Context, s *sim) (simKV, error) {
 }
 
 type prefixTotal struct {
-	Queries, Hits, Evictions, Computed uint64
-	PerWorker                          []uint64 // Computed by each sim
-	KVRead                             uint64   // tokens the decodes read (NIXL)
+	Queries, Hits, Evictions uint64
+	Computed                 []uint64 // prompt tokens each sim computed
+	KVRead                   uint64   // tokens the decodes read (NIXL)
 }
 
 func prefixTotals(ctx context.Context, ss []*sim) (prefixTotal, error) {
@@ -724,8 +726,7 @@ func prefixTotals(ctx context.Context, ss []*sim) (prefixTotal, error) {
 			t.Evictions += en.PrefixCache.Evictions
 			computed += en.PrefillTokens
 		}
-		t.Computed += computed
-		t.PerWorker = append(t.PerWorker, computed)
+		t.Computed = append(t.Computed, computed)
 		t.KVRead += st.Transfers.TokensRead
 	}
 	return t, nil
