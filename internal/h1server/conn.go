@@ -22,6 +22,10 @@ const (
 
 var readBufs = sync.Pool{New: func() any { b := make([]byte, readBufSize); return &b }}
 
+// readBufsHeld and writeBufsHeld count the buffers connections hold now
+// (for tests: an idle or waiting connection must hold none).
+var readBufsHeld, writeBufsHeld atomic.Int64
+
 // Connection states, as http.ConnState's new/active/idle; closing marks a
 // connection Shutdown has closed while idle.
 const (
@@ -110,6 +114,9 @@ func (c *conn) serve() {
 // owns it, and forgets it.
 func (c *conn) finish() {
 	c.s.trackConn(c, false)
+	if !c.hijacked && !c.handedOff {
+		c.r = c.w // what is left unread goes with the connection
+	}
 	c.release()
 	if !c.hijacked && !c.handedOff {
 		c.nc.Close()
@@ -187,6 +194,7 @@ func (c *conn) acquire() {
 	if c.buf == nil {
 		c.buf = readBufs.Get().(*[]byte)
 		c.r, c.w = 0, 0
+		readBufsHeld.Add(1)
 	}
 }
 
@@ -194,6 +202,7 @@ func (c *conn) acquire() {
 func (c *conn) release() {
 	if c.buf != nil && c.r == c.w {
 		readBufs.Put(c.buf)
+		readBufsHeld.Add(-1)
 		c.buf = nil
 		c.r, c.w = 0, 0
 	}

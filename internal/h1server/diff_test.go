@@ -107,6 +107,23 @@ func testHandler() http.Handler {
 	})
 	mux.HandleFunc("/empty", func(w http.ResponseWriter, r *http.Request) {})
 	mux.HandleFunc("/json", jsonHandler)
+	mux.HandleFunc("/bodyclose", func(w http.ResponseWriter, r *http.Request) {
+		p := make([]byte, 2)
+		n, err := r.Body.Read(p)
+		cerr := r.Body.Close()
+		n2, err2 := r.Body.Read(p)
+		fmt.Fprintf(w, "%d %v %v %d %v", n, err, cerr, n2, err2)
+	})
+	mux.HandleFunc("/bodyeof", func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		n, err2 := r.Body.Read(make([]byte, 1))
+		fmt.Fprintf(w, "%q %v %d %v", b, err, n, err2)
+	})
+	mux.HandleFunc("/writestring", func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, strings.Repeat("s", 1000))
+		w.(http.Flusher).Flush()
+		io.WriteString(w, strings.Repeat("t", 5000))
+	})
 	return mux
 }
 
@@ -185,6 +202,10 @@ func TestDifferential(t *testing.T) {
 		{"head http10", []string{"HEAD /hello HTTP/1.0\r\n\r\n"}},
 		{"http10 keepalive head", []string{"HEAD /big HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /hello HTTP/1.0\r\n\r\n"}},
 		{"http10 handler CL", []string{"GET /cl HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", "GET /cl HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"}},
+		{"body close", []string{post("/bodyclose", "0123456789"), get("/hello", "")}},
+		{"body close large", []string{post("/bodyclose", strings.Repeat("L", 300<<10))}},
+		{"body eof", []string{post("/bodyeof", "0123456789"), get("/hello", "")}},
+		{"flush then big", []string{get("/writestring", "")}},
 		{"unread body small", []string{post("/ignore", strings.Repeat("u", 100<<10)), get("/hello", "")}},
 		{"unread body large", []string{post("/ignore", strings.Repeat("u", 300<<10))}},
 	}

@@ -52,5 +52,15 @@
 // # Gaps
 //
 // Trailers are not sent (a declared Trailer header is, its values are not).
-// ReadTimeout and WriteTimeout do not exist. TLS is not handled.
+// ReadTimeout and WriteTimeout do not exist; IdleTimeout 0 means
+// ReadHeaderTimeout (net/http falls back to ReadTimeout), on both paths. The
+// ResponseWriter implements neither http.CloseNotifier nor io.ReaderFrom, and
+// http.MaxBytesReader cannot mark the connection for closing (it is
+// net/http's private interface): a body left unread past the limit is
+// discarded or the connection closed by the usual 256 KiB rule. A
+// connection without a file descriptor (not a syscall.Conn) keeps its read
+// buffer while idle and gets no disconnect watch; as with net/http's
+// background read, the watch starts only once the request body has been
+// read to its end. A head handed off part way through restarts
+// ReadHeaderTimeout in net/http. TLS is not handled.
 package h1server

@@ -130,10 +130,15 @@ func TestRequestContextValues(t *testing.T) {
 	_, addr := startH1(t, h, func(s *Server) {
 		s.BaseContext = func(net.Listener) context.Context { return context.WithValue(context.Background(), key{}, "base") }
 	})
-	c := dial(t, addr)
-	io.WriteString(c, get("/", ""))
-	if got, want := readResponse(t, bufio.NewReader(c)), "base,true,true,true"; got != want {
-		t.Errorf("got %q, want %q", got, want)
+	for _, req := range []string{
+		get("/", ""),
+		"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", // the fallback's
+	} {
+		c := dial(t, addr)
+		io.WriteString(c, req)
+		if got, want := readResponse(t, bufio.NewReader(c)), "base,true,true,true"; got != want {
+			t.Errorf("%q: got %q, want %q", req, got, want)
+		}
 	}
 }
 
@@ -435,5 +440,36 @@ func TestNoGoroutineLeft(t *testing.T) {
 			t.Fatalf("%d goroutines left:\n%s", left, stacks)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestWaitingConnsHoldNoBuffers: idle keep-alive connections and a stream
+// waiting between events hold neither read nor write buffers.
+func TestWaitingConnsHoldNoBuffers(t *testing.T) {
+	release := make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "data: 1\n\n")
+		if r.URL.Path == "/stream" {
+			w.(http.Flusher).Flush()
+			<-release
+		}
+	})
+	_, addr := startH1(t, h, nil)
+	defer close(release)
+	for _, req := range []string{get("/", ""), post("/", strings.Repeat("x", 10000)), get("/", "")} {
+		c := dial(t, addr)
+		io.WriteString(c, req)
+		readResponse(t, bufio.NewReader(c))
+	}
+	stream := dial(t, addr)
+	io.WriteString(stream, post("/stream", "{}"))
+	stream.Read(make([]byte, 100))
+	deadline := time.Now().Add(time.Second)
+	for readBufsHeld.Load() != 0 || writeBufsHeld.Load() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("held: %d read buffers, %d write buffers; want 0", readBufsHeld.Load(), writeBufsHeld.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

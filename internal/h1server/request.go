@@ -61,6 +61,9 @@ func (b *body) readLocked(p []byte) (int, error) {
 	if b.remaining == 0 {
 		return 0, io.EOF
 	}
+	if len(p) == 0 {
+		return 0, nil
+	}
 	if int64(len(p)) > b.remaining {
 		p = p[:b.remaining]
 	}

@@ -227,41 +227,52 @@ func (w *response) writeInformational(code int) {
 
 // Write buffers p as body bytes (at most stageBufSize before framing).
 func (w *response) Write(p []byte) (int, error) {
+	if err := w.admit(len(p)); err != nil || len(p) == 0 {
+		return 0, err
+	}
+	return stageWrite(w, p, true)
+}
+
+// WriteString is Write for a string; as net/http (bufio.Writer.WriteString
+// over a writer without WriteString) it always fills the stage first.
+func (w *response) WriteString(s string) (int, error) {
+	if err := w.admit(len(s)); err != nil || len(s) == 0 {
+		return 0, err
+	}
+	return stageWrite(w, s, false)
+}
+
+// admit applies net/http's checks to a body write of n bytes.
+func (w *response) admit(n int) error {
 	if w.hijacked {
-		return 0, http.ErrHijacked
+		return http.ErrHijacked
 	}
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
 	}
-	if len(p) == 0 {
-		return 0, nil
+	if n == 0 {
+		return nil
 	}
 	if !bodyAllowed(w.status) {
-		return 0, http.ErrBodyNotAllowed
+		return http.ErrBodyNotAllowed
 	}
-	w.written += int64(len(p))
+	w.written += int64(n)
 	if w.contentLength != -1 && w.written > w.contentLength {
-		return 0, http.ErrContentLength
+		return http.ErrContentLength
 	}
-	return w.stageWrite(p)
+	return w.err
 }
 
-// WriteString is Write for a string.
-func (w *response) WriteString(s string) (int, error) { return w.Write([]byte(s)) }
-
-// stageWrite is bufio.Writer.Write's policy on the stage buffer: a write
-// larger than the free space goes out directly if the stage is empty, else
-// fills it and frames it.
-func (w *response) stageWrite(p []byte) (int, error) {
-	if w.err != nil {
-		return 0, w.err
-	}
+// stageWrite is bufio.Writer's policy on the stage buffer: a write larger
+// than the free space fills the stage and frames it, or (direct, for Write)
+// goes out as it is when the stage is empty.
+func stageWrite[T string | []byte](w *response, p T, direct bool) (int, error) {
 	w.acquireW()
 	nn := 0
 	for len(p) > cap(w.wb.stage)-len(w.wb.stage) && w.err == nil {
 		n := len(p)
-		if len(w.wb.stage) == 0 {
-			w.emit(p)
+		if direct && len(w.wb.stage) == 0 {
+			w.emit([]byte(p)) // p is a []byte here
 		} else {
 			st := w.wb.stage
 			n = copy(st[len(st):cap(st)], p)
@@ -374,6 +385,7 @@ func (w *response) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 func (w *response) acquireW() {
 	if w.wb == nil {
 		w.wb = wbufs.Get().(*wbuf)
+		writeBufsHeld.Add(1)
 	}
 }
 
@@ -381,6 +393,7 @@ func (w *response) acquireW() {
 func (w *response) releaseW() {
 	if w.wb != nil && len(w.wb.out) == 0 && len(w.wb.stage) == 0 {
 		wbufs.Put(w.wb)
+		writeBufsHeld.Add(-1)
 		w.wb = nil
 	}
 }

@@ -17,7 +17,7 @@ import (
 type Server struct {
 	Handler           http.Handler
 	ReadHeaderTimeout time.Duration // 0: none
-	IdleTimeout       time.Duration // 0: ReadHeaderTimeout, as net/http
+	IdleTimeout       time.Duration // 0: ReadHeaderTimeout
 	MaxHeaderBytes    int           // 0: http.DefaultMaxHeaderBytes (1 MiB)
 	BaseContext       func(net.Listener) context.Context
 	ErrorLog          *log.Logger
@@ -33,8 +33,9 @@ type Server struct {
 	conns     map[*conn]struct{}
 }
 
-// connContextKey keys nothing: replayConn carries its base context to the
-// fallback through ConnContext.
+// init creates the fallback server and starts its Serve goroutine, which
+// Shutdown and Close end. replayConn carries BaseContext's result to the
+// fallback's requests through ConnContext.
 func (s *Server) init() {
 	s.initOnce.Do(func() {
 		s.listeners = make(map[net.Listener]struct{})
@@ -44,7 +45,7 @@ func (s *Server) init() {
 		s.fb = &http.Server{
 			Handler:           s.Handler,
 			ReadHeaderTimeout: s.ReadHeaderTimeout,
-			IdleTimeout:       s.IdleTimeout,
+			IdleTimeout:       s.idleTimeout(), // the same effective timeout on both paths
 			MaxHeaderBytes:    s.MaxHeaderBytes,
 			ErrorLog:          s.ErrorLog,
 			ConnContext: func(ctx context.Context, c net.Conn) context.Context {
@@ -75,6 +76,9 @@ func (s *Server) maxHeaderBytes() int {
 	return http.DefaultMaxHeaderBytes
 }
 
+// idleTimeout is IdleTimeout, or ReadHeaderTimeout when it is 0 (this
+// package's documented rule; net/http falls back to ReadTimeout, which this
+// Server does not have).
 func (s *Server) idleTimeout() time.Duration {
 	if s.IdleTimeout != 0 {
 		return s.IdleTimeout
