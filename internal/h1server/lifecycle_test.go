@@ -473,3 +473,105 @@ func TestWaitingConnsHoldNoBuffers(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+func TestLogs(t *testing.T) {
+	cases := []struct {
+		name    string
+		handler http.HandlerFunc
+		want    string
+	}{
+		{"superfluous WriteHeader", func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(200)
+			w.WriteHeader(500)
+		}, "http: superfluous response.WriteHeader call from "},
+		{"invalid Content-Length", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", "-1")
+			io.WriteString(w, "x")
+		}, `http: invalid Content-Length of "-1"`},
+		{"quiet", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "x") }, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var logBuf syncBuffer
+			_, addr := startH1(t, tc.handler, func(s *Server) { s.ErrorLog = log.New(&logBuf, "", 0) })
+			c := dial(t, addr)
+			io.WriteString(c, get("/", ""))
+			readResponse(t, bufio.NewReader(c))
+			got := logBuf.String()
+			if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+				t.Errorf("log = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// flakyListener fails its first Accept with a temporary error.
+type flakyListener struct {
+	net.Listener
+	failed bool
+}
+
+type tempErr struct{}
+
+func (tempErr) Error() string   { return "temporary accept failure" }
+func (tempErr) Timeout() bool   { return false }
+func (tempErr) Temporary() bool { return true }
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if !l.failed {
+		l.failed = true
+		return nil, tempErr{}
+	}
+	return l.Listener.Accept()
+}
+
+func TestTemporaryAcceptErrorRetried(t *testing.T) {
+	var logBuf syncBuffer
+	s := &Server{
+		Handler:  http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
+		ErrorLog: log.New(&logBuf, "", 0),
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(&flakyListener{Listener: l}) }()
+	c := dial(t, l.Addr().String())
+	io.WriteString(c, get("/", ""))
+	if got := readResponse(t, bufio.NewReader(c)); got != "ok" {
+		t.Errorf("got %q", got)
+	}
+	s.Close()
+	if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+		t.Errorf("Serve = %v", err)
+	}
+	if !strings.Contains(logBuf.String(), "http: Accept error: temporary accept failure; retrying in 5ms") {
+		t.Errorf("log = %q", logBuf.String())
+	}
+}
+
+// TestHandlerReadDeadlineDoesNotCancel: an expired read deadline set by the
+// handler must not look like a disconnect to the watch.
+func TestHandlerReadDeadlineDoesNotCancel(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.NewResponseController(w).SetReadDeadline(time.Now().Add(-time.Second))
+		select {
+		case <-r.Context().Done():
+			io.WriteString(w, "cancelled")
+		case <-time.After(300 * time.Millisecond):
+			io.WriteString(w, "ok")
+		}
+	})
+	_, addr := startH1(t, h, nil)
+	c := dial(t, addr)
+	io.WriteString(c, get("/", ""))
+	br := bufio.NewReader(c)
+	if got := readResponse(t, br); got != "ok" {
+		t.Errorf("got %q, want ok", got)
+	}
+	io.WriteString(c, get("/", "")) // the deadline is the server's again: the conn still serves
+	if got := readResponse(t, br); got != "ok" {
+		t.Errorf("second request: got %q, want ok", got)
+	}
+}

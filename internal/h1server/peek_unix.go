@@ -2,7 +2,11 @@
 
 package h1server
 
-import "syscall"
+import (
+	"errors"
+	"os"
+	"syscall"
+)
 
 // peekWait is a RawConn.Read callback that returns once a byte (or EOF, or
 // an error) is waiting, without consuming it: it parks the goroutine in the
@@ -38,8 +42,11 @@ func peek(rc syscall.RawConn) peekResult {
 		}
 		return true // never wait for readiness
 	})
-	if err != nil {
-		return peekGone
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return peekAlive // a read deadline the handler set: says nothing of the peer
+	case err != nil:
+		return peekGone // closed
 	}
 	return res
 }

@@ -43,7 +43,7 @@ func (s *Server) init() {
 		s.fbLn = newChanListener()
 		s.fbDone = make(chan struct{})
 		s.fb = &http.Server{
-			Handler:           s.Handler,
+			Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.handler().ServeHTTP(w, r) }),
 			ReadHeaderTimeout: s.ReadHeaderTimeout,
 			IdleTimeout:       s.idleTimeout(), // the same effective timeout on both paths
 			MaxHeaderBytes:    s.MaxHeaderBytes,
