@@ -107,6 +107,15 @@ func testHandler() http.Handler {
 	})
 	mux.HandleFunc("/empty", func(w http.ResponseWriter, r *http.Request) {})
 	mux.HandleFunc("/json", jsonHandler)
+	mux.HandleFunc("/trailers", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "X-Sum, Content-Length, x-late")
+		w.Header().Set(http.TrailerPrefix+"X-Prefixed", "early")
+		io.WriteString(w, "body")
+		w.Header().Set("X-Sum", "42")
+		w.Header().Add("X-Late", "a")
+		w.Header().Add("X-Late", "b\r\nInjected: 1")
+		w.Header().Set(http.TrailerPrefix+"X-Undeclared", "u")
+	})
 	mux.HandleFunc("/bodyclose", func(w http.ResponseWriter, r *http.Request) {
 		p := make([]byte, 2)
 		n, err := r.Body.Read(p)
@@ -206,6 +215,9 @@ func TestDifferential(t *testing.T) {
 		{"body close large", []string{post("/bodyclose", strings.Repeat("L", 300<<10))}},
 		{"body eof", []string{post("/bodyeof", "0123456789"), get("/hello", "")}},
 		{"flush then big", []string{get("/writestring", "")}},
+		{"trailers", []string{get("/trailers", "")}},
+		{"trailers http10", []string{"GET /trailers HTTP/1.0\r\n\r\n"}},
+		{"trailers head", []string{"HEAD /trailers HTTP/1.1\r\nHost: a\r\n\r\n"}},
 		{"unread body small", []string{post("/ignore", strings.Repeat("u", 100<<10)), get("/hello", "")}},
 		{"unread body large", []string{post("/ignore", strings.Repeat("u", 300<<10))}},
 	}

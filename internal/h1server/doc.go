@@ -26,8 +26,8 @@
 // bodies, ...). Responses follow net/http's rules (status line, Date,
 // sniffed Content-Type, Content-Length when the whole body is buffered at
 // the end, else chunking with net/http's 2 KiB chunk policy, HEAD, 1xx,
-// 204/304, keep-alive and close decisions, discarding up to 256 KiB of an
-// unread request body).
+// 204/304, trailers, keep-alive and close decisions, discarding up to
+// 256 KiB of an unread request body).
 //
 // # Disconnect detection
 //
@@ -51,7 +51,6 @@
 //
 // # Gaps
 //
-// Trailers are not sent (a declared Trailer header is, its values are not).
 // ReadTimeout and WriteTimeout do not exist; IdleTimeout 0 means
 // ReadHeaderTimeout (net/http falls back to ReadTimeout), on both paths. The
 // ResponseWriter implements neither http.CloseNotifier nor io.ReaderFrom, and

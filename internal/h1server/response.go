@@ -58,6 +58,8 @@ type response struct {
 	keepAlive10            bool
 	minor                  int
 
+	trailerKeys []string // declared by the Trailer header
+
 	wb  *wbuf
 	err error // first write error
 }
@@ -145,7 +147,11 @@ func (w *response) finish() {
 		w.writeHead(nil)
 	}
 	if w.chunking {
-		w.outString("0\r\n\r\n") // trailers are not sent
+		w.outString("0\r\n")
+		if t := w.finalTrailers(); t != nil {
+			_ = t.Write(outWriter{w})
+		}
+		w.outString("\r\n")
 	}
 	w.flushOut()
 	w.releaseW()
@@ -498,15 +504,59 @@ type extras struct {
 	te            string
 }
 
-// trailers drops "Trailer:"-prefixed keys and reports whether trailers were
-// declared (this server does not send them).
-func trailers(h http.Header) bool {
-	declared := len(h["Trailer"]) > 0
+// declareTrailers drops "Trailer:"-prefixed keys from the head, records the
+// trailer names the Trailer header declares, and reports whether the
+// response has trailers (which rules out an automatic Content-Length).
+func (w *response) declareTrailers(h http.Header) bool {
+	declared := false
 	for k := range h {
 		if strings.HasPrefix(k, http.TrailerPrefix) {
 			delete(h, k)
 			declared = true
 		}
 	}
+	for _, v := range h["Trailer"] {
+		declared = true
+		for f := range strings.SplitSeq(v, ",") {
+			if k := http.CanonicalHeaderKey(strings.Trim(f, " \t")); k != "" && validTrailer(k) {
+				w.trailerKeys = append(w.trailerKeys, k)
+			}
+		}
+	}
 	return declared
+}
+
+// badTrailers are the fields a trailer must not carry (as net/http).
+var badTrailers = map[string]bool{
+	"Authorization": true, "Cache-Control": true, "Connection": true, "Content-Encoding": true,
+	"Content-Length": true, "Content-Range": true, "Content-Type": true, "Expect": true,
+	"Host": true, "Keep-Alive": true, "Max-Forwards": true, "Pragma": true,
+	"Proxy-Authenticate": true, "Proxy-Authorization": true, "Proxy-Connection": true,
+	"Range": true, "Realm": true, "Te": true, "Trailer": true, "Transfer-Encoding": true,
+	"Www-Authenticate": true,
+}
+
+func validTrailer(k string) bool { return !strings.HasPrefix(k, "If-") && !badTrailers[k] }
+
+// finalTrailers collects the trailer values the handler set: declared names
+// and "Trailer:"-prefixed keys (nil when there are none).
+func (w *response) finalTrailers() http.Header {
+	var t http.Header
+	for k, vv := range w.handlerHeader {
+		if kk, ok := strings.CutPrefix(k, http.TrailerPrefix); ok {
+			if t == nil {
+				t = make(http.Header)
+			}
+			t[kk] = vv
+		}
+	}
+	for _, k := range w.trailerKeys {
+		if t == nil {
+			t = make(http.Header)
+		}
+		for _, v := range w.handlerHeader[k] {
+			t.Add(k, v)
+		}
+	}
+	return t
 }

@@ -12,7 +12,7 @@ func (w *response) writeHead(p []byte) {
 	w.headSent = true
 	h := w.snap // owned, or nil
 	var ex extras
-	hasTrailers := trailers(h)
+	hasTrailers := w.declareTrailers(h)
 	te := h.Get("Transfer-Encoding")
 	hasTE := te != ""
 	ok := bodyAllowed(w.status)
