@@ -119,13 +119,13 @@ func (w *response) panicked(v any) bool {
 	}
 	w.handlerDone = true
 	w.c.watch.stop()
-	if w.hijacked {
-		return false
-	}
 	if v != http.ErrAbortHandler {
 		buf := make([]byte, 64<<10)
 		buf = buf[:runtime.Stack(buf, false)]
 		w.c.s.logf("http: panic serving %v: %v\n%s", w.req.RemoteAddr, v, buf)
+	}
+	if w.hijacked {
+		return false
 	}
 	if w.wb != nil {
 		w.flushOut()

@@ -102,8 +102,8 @@ func (s *Server) Serve(l net.Listener) error {
 	if !s.trackListener(l, true) {
 		return http.ErrServerClosed
 	}
-	defer s.trackListener(l, false)
 	defer l.Close()
+	defer s.trackListener(l, false) // first: Close then does not close l twice
 	base := context.Background()
 	if s.BaseContext != nil {
 		if base = s.BaseContext(l); base == nil {
