@@ -575,3 +575,39 @@ func TestHandlerReadDeadlineDoesNotCancel(t *testing.T) {
 		t.Errorf("second request: got %q, want ok", got)
 	}
 }
+
+// TestBodyReadInOtherGoroutine: a body read by another goroutine while the
+// handler writes (as a proxy's transport does) is race-free, and with
+// EnableFullDuplex the reader gets the whole body.
+func TestBodyReadInOtherGoroutine(t *testing.T) {
+	for _, duplex := range []bool{false, true} {
+		t.Run(boolStr(duplex), func(t *testing.T) {
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if duplex {
+					http.NewResponseController(w).EnableFullDuplex()
+				}
+				n := make(chan int64, 1)
+				go func() {
+					c, _ := io.Copy(io.Discard, r.Body)
+					n <- c
+				}()
+				io.WriteString(w, "first\n")
+				w.(http.Flusher).Flush()
+				got := <-n
+				if duplex && got != 100000 {
+					t.Errorf("full duplex: read %d body bytes, want 100000", got)
+				}
+				io.WriteString(w, "second\n")
+			})
+			_, addr := startH1(t, h, nil)
+			c := dial(t, addr)
+			br := bufio.NewReader(c)
+			for range 3 {
+				io.WriteString(c, post("/", strings.Repeat("d", 100000)))
+				if got := readResponse(t, br); got != "first\nsecond\n" {
+					t.Fatalf("got %q", got)
+				}
+			}
+		})
+	}
+}
