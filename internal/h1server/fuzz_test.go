@@ -18,6 +18,7 @@ func FuzzParseHead(f *testing.F) {
 		"PUT /%7e HTTP/1.1\r\nhost: [::1]:80\r\nContent-Length: 007\r\naccept-encoding:\tgzip \r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: a\r\nX: a\r\n b\r\n\r\n",
 		"GET // HTTP/1.1\r\nHost: \r\nCookie: a=b; c=d\r\n\r\n",
+		"GET / HTTP/1.0\r\nConnection: clo\xc5\xbfe\r\nConnection: KEEP-ALIVE\r\n\r\n",
 	} {
 		f.Add([]byte(s))
 	}

@@ -140,9 +140,13 @@ func (h *head) interpret() bool {
 	if hasToken(conn, "upgrade") {
 		return false
 	}
-	h.wantsClose = hasToken(conn, "close")
-	h.keepAlive10 = h.minor == 0 && hasToken(conn, "keep-alive")
-	h.close = h.wantsClose || (h.minor == 0 && !h.keepAlive10)
+	// As net/http: Request.Close weighs every Connection value, comma-
+	// separated; the response's keep-alive rules look at the first value
+	// only, where tokens may also be separated by spaces or tabs.
+	first := hd.Get("Connection")
+	h.wantsClose = containsWord(first, "close")
+	h.keepAlive10 = h.minor == 0 && containsWord(first, "keep-alive")
+	h.close = hasToken(conn, "close") || (h.minor == 0 && !hasToken(conn, "keep-alive"))
 	if p := hd["Pragma"]; len(p) > 0 && p[0] == "no-cache" {
 		if _, ok := hd["Cache-Control"]; !ok {
 			hd["Cache-Control"] = []string{"no-cache"}
@@ -175,13 +179,50 @@ func (h *head) parseContentLength() bool {
 func hasToken(vals []string, tok string) bool {
 	for _, v := range vals {
 		for f := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.Trim(f, " \t"), tok) {
+			if asciiEqualFold(strings.Trim(f, " \t"), tok) {
 				return true
 			}
 		}
 	}
 	return false
 }
+
+// containsWord reports whether v holds tok (ASCII case-insensitively) between
+// boundaries: the ends of v, spaces, commas or tabs.
+func containsWord(v, tok string) bool {
+	for i := 0; i+len(tok) <= len(v); i++ {
+		if !asciiEqualFold(v[i:i+len(tok)], tok) {
+			continue
+		}
+		if (i == 0 || isWordBoundary(v[i-1])) && (i+len(tok) == len(v) || isWordBoundary(v[i+len(tok)])) {
+			return true
+		}
+	}
+	return false
+}
+
+// asciiEqualFold is strings.EqualFold for ASCII only (no Unicode folding,
+// as net/http compares tokens).
+func asciiEqualFold(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		if lower(a[i]) != lower(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func lower(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
+}
+
+func isWordBoundary(b byte) bool { return b == ' ' || b == ',' || b == '\t' }
 
 // isToken reports whether s is a non-empty RFC 9110 token.
 func isToken(s string) bool {

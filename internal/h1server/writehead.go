@@ -127,7 +127,7 @@ func (w *response) decideConnectionHeader(h http.Header, ex *extras) {
 		return
 	}
 	keepAlives := !w.c.s.inShutdown.Load()
-	if keepAlives && hasToken([]string{h.Get("Connection")}, "close") {
+	if keepAlives && containsWord(h.Get("Connection"), "close") {
 		return
 	}
 	if w.status == http.StatusSwitchingProtocols && h.Get("Upgrade") != "" {
