@@ -17,7 +17,7 @@ type head struct {
 	host                  string
 	contentLength         int64
 	close                 bool // http.Request.Close
-	wantsClose            bool // a "close" token in Connection
+	wantsClose            bool // close, or a "close" word in the first Connection value
 	keepAlive10           bool // HTTP/1.0 with a "keep-alive" token in Connection
 }
 
@@ -144,9 +144,9 @@ func (h *head) interpret() bool {
 	// separated; the response's keep-alive rules look at the first value
 	// only, where tokens may also be separated by spaces or tabs.
 	first := hd.Get("Connection")
-	h.wantsClose = containsWord(first, "close")
-	h.keepAlive10 = h.minor == 0 && containsWord(first, "keep-alive")
 	h.close = hasToken(conn, "close") || (h.minor == 0 && !hasToken(conn, "keep-alive"))
+	h.wantsClose = h.close || containsWord(first, "close")
+	h.keepAlive10 = h.minor == 0 && containsWord(first, "keep-alive")
 	if p := hd["Pragma"]; len(p) > 0 && p[0] == "no-cache" {
 		if _, ok := hd["Cache-Control"]; !ok {
 			hd["Cache-Control"] = []string{"no-cache"}

@@ -161,6 +161,13 @@ func (b *body) detach() {
 	}
 }
 
+// closedEarly reports whether the body was closed with data left unread.
+func (b *body) closedEarly() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.earlyClose
+}
+
 // state reports the body's state for the response's keep-alive decision.
 func (b *body) state() (closed, sawEOF bool, remaining int64) {
 	b.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"runtime"
@@ -105,7 +106,7 @@ func (w *response) run(h http.Handler) (keep bool) {
 	}
 	w.finish()
 	keep = w.reusable()
-	if !keep && (w.bodyLimitHit || (w.body != nil && w.body.earlyClose)) {
+	if !keep && (w.bodyLimitHit || (w.body != nil && w.body.closedEarly())) {
 		w.c.closeWriteAndWait()
 	}
 	return keep
@@ -166,7 +167,10 @@ func (w *response) reusable() bool {
 		return false
 	}
 	declared := !w.isHEAD && w.contentLength != -1 && bodyAllowed(w.status)
-	return !declared || w.contentLength == w.written
+	if declared && w.contentLength != w.written {
+		return false
+	}
+	return w.body == nil || !w.body.closedEarly()
 }
 
 // Header returns the response header map.
@@ -238,6 +242,47 @@ func (w *response) Write(p []byte) (int, error) {
 	}
 	return stageWrite(w, p, true)
 }
+
+// sniffLen is how much http.DetectContentType looks at.
+const sniffLen = 512
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// ReadFrom copies src into the body as net/http's ResponseWriter does: when
+// the Content-Type is still to be sniffed, the first 512 bytes are written
+// and, if src had that many, the head goes out at once (so the response is
+// chunked, or close-delimited for HTTP/1.0); the rest is copied through Write.
+func (w *response) ReadFrom(src io.Reader) (int64, error) {
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	if w.hijacked {
+		return 0, http.ErrHijacked
+	}
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	var n int64
+	if w.needsSniff() {
+		n0, err := io.CopyBuffer(writerOnly{w}, io.LimitReader(src, sniffLen), *bp)
+		n += n0
+		if err != nil || n0 < sniffLen {
+			return n, err
+		}
+	}
+	if err := w.FlushError(); err != nil {
+		return n, err
+	}
+	n0, err := io.CopyBuffer(writerOnly{w}, src, *bp)
+	return n + n0, err
+}
+
+func (w *response) needsSniff() bool {
+	_, haveType := w.handlerHeader["Content-Type"]
+	return !w.headSent && !haveType && w.written < sniffLen
+}
+
+// writerOnly hides ReadFrom from io.CopyBuffer.
+type writerOnly struct{ io.Writer }
 
 // WriteString is Write for a string; as net/http (bufio.Writer.WriteString
 // over a writer without WriteString) it always fills the stage first.

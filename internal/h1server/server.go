@@ -3,6 +3,7 @@ package h1server
 import (
 	"context"
 	"errors"
+	"io"
 	"log"
 	"net"
 	"net/http"
@@ -314,6 +315,24 @@ func (c *replayConn) Read(p []byte) (int, error) {
 		return n, nil
 	}
 	return c.Conn.Read(p)
+}
+
+// ReadFrom lets net/http copy a body straight to the connection (sendfile,
+// splice), as it does on a *net.TCPConn.
+func (c *replayConn) ReadFrom(r io.Reader) (int64, error) {
+	if rf, ok := c.Conn.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(struct{ io.Writer }{c.Conn}, r)
+}
+
+// CloseWrite half-closes the connection (net/http does before closing a
+// connection whose request body it left unread).
+func (c *replayConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
 }
 
 var errClientGone = errors.New("h1server: client disconnected")
