@@ -107,6 +107,20 @@ func testHandler() http.Handler {
 	})
 	mux.HandleFunc("/empty", func(w http.ResponseWriter, r *http.Request) {})
 	mux.HandleFunc("/json", jsonHandler)
+	mux.HandleFunc("/echotyped", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		io.Copy(w, r.Body)
+	})
+	mux.HandleFunc("/echohalf", func(w http.ResponseWriter, r *http.Request) {
+		io.CopyN(w, r.Body, r.ContentLength/2)
+	})
+	mux.HandleFunc("/fullduplex", func(w http.ResponseWriter, r *http.Request) {
+		http.NewResponseController(w).EnableFullDuplex()
+		io.WriteString(w, "early ")
+		w.(http.Flusher).Flush()
+		b, err := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%d %v", len(b), err)
+	})
 	mux.HandleFunc("/trailers", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Trailer", "X-Sum, Content-Length, x-late")
 		w.Header().Set(http.TrailerPrefix+"X-Prefixed", "early")

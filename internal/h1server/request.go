@@ -111,7 +111,7 @@ func (b *body) Close() error {
 		b.earlyClose = true
 		return nil
 	}
-	if err := b.discardLocked(); err != nil {
+	if err := b.discardLocked(); err != nil && err != io.ErrUnexpectedEOF {
 		b.earlyClose = true
 	}
 	return nil
@@ -130,9 +130,11 @@ func (b *body) discardLocked() error {
 		if c.buffered() == 0 {
 			if err := c.fill(); err != nil {
 				if err == io.EOF {
+					// As a read: the short body reports
+					// io.ErrUnexpectedEOF, then counts as read.
 					b.err = io.EOF
 					b.hitEOF()
-					return nil // as a read: a short body counts as read to its end
+					return io.ErrUnexpectedEOF
 				}
 				b.err = err
 				return err
@@ -211,7 +213,7 @@ func (b *body) discard() error {
 	}
 	err := b.discardLocked()
 	b.closed = true
-	if err != nil {
+	if err != nil && err != io.ErrUnexpectedEOF {
 		b.earlyClose = true
 	}
 	return err

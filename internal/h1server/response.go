@@ -248,10 +248,11 @@ const sniffLen = 512
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-// ReadFrom copies src into the body as net/http's ResponseWriter does: when
-// the Content-Type is still to be sniffed, the first 512 bytes are written
-// and, if src had that many, the head goes out at once (so the response is
-// chunked, or close-delimited for HTTP/1.0); the rest is copied through Write.
+// ReadFrom copies src into the body as net/http's ResponseWriter does on a
+// TCP connection: while the head is not sent, the first 512 bytes are
+// written and, if src had that many, the head goes out at once (so the
+// response is chunked, or close-delimited for HTTP/1.0); the rest is copied
+// through Write.
 func (w *response) ReadFrom(src io.Reader) (int64, error) {
 	bp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bp)
@@ -261,8 +262,12 @@ func (w *response) ReadFrom(src io.Reader) (int64, error) {
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
 	}
+	rf, ok := w.c.nc.(io.ReaderFrom)
+	if !ok || rf == nil {
+		return io.CopyBuffer(writerOnly{w}, src, *bp)
+	}
 	var n int64
-	if w.needsSniff() {
+	if !w.headSent { // as net/http (Go 1.26): whether or not the type is to be sniffed
 		n0, err := io.CopyBuffer(writerOnly{w}, io.LimitReader(src, sniffLen), *bp)
 		n += n0
 		if err != nil || n0 < sniffLen {
@@ -274,11 +279,6 @@ func (w *response) ReadFrom(src io.Reader) (int64, error) {
 	}
 	n0, err := io.CopyBuffer(writerOnly{w}, src, *bp)
 	return n + n0, err
-}
-
-func (w *response) needsSniff() bool {
-	_, haveType := w.handlerHeader["Content-Type"]
-	return !w.headSent && !haveType && w.written < sniffLen
 }
 
 // writerOnly hides ReadFrom from io.CopyBuffer.
