@@ -1,0 +1,65 @@
+// Package h1server is the router's client-facing HTTP/1.1 server: it serves
+// an http.Handler on a listener with one goroutine per connection and no
+// per-connection buffers while a connection waits.
+//
+// # Why not net/http
+//
+// net/http's Server starts a "background read" goroutine per request to
+// notice a client that goes away, and keeps a 4 KiB bufio.Reader and a 4 KiB
+// bufio.Writer (plus 2 KiB per response) for each connection's whole life.
+// With thousands of open LLM streams that is ~10 KiB and an extra goroutine
+// per stream spent on waiting.
+//
+// # Fast path and fallback
+//
+// The connection's goroutine reads a request head itself and serves it on
+// the fast path only when it is a plain request: "METHOD SP origin-form SP
+// HTTP/1.x", CRLF line ends, token header names, values without control
+// bytes, no obs-fold, a head within MaxHeaderBytes and within one 4 KiB read
+// buffer, no body or exactly one Content-Length, no Transfer-Encoding,
+// Expect or Upgrade (nor "Connection: upgrade"), one Host (required for
+// HTTP/1.1, with a conservative character set), not CONNECT or PRI.
+// Anything else, malformed input included, is handed at that request
+// boundary, with the bytes already read, to an internal net/http.Server
+// through an in-memory listener; net/http owns that connection from then
+// on and answers as it always does (400, 431, 505, 100-continue, chunked
+// bodies, ...). Responses follow net/http's rules (status line, Date,
+// sniffed Content-Type, Content-Length when the whole body is buffered at
+// the end, else chunking with net/http's 2 KiB chunk policy, HEAD, 1xx,
+// 204/304, trailers, keep-alive and close decisions, discarding up to
+// 256 KiB of an unread request body).
+//
+// # Disconnect detection
+//
+// Instead of a background read, once the request body has been read to its
+// end a timer peeks at the socket (recvfrom MSG_PEEK|MSG_DONTWAIT through
+// syscall.RawConn, never blocking) after 10 ms, then with doubling backoff
+// capped at 200 ms: EOF or a connection error cancels the request's context
+// with errClientGone as its cause; a pipelined request stops the watch. A
+// disconnect is thus noticed within about 200 ms. Connections that are not
+// syscall.Conn (and non-unix systems) get no watch.
+//
+// # Buffers
+//
+// The 4 KiB read buffer comes from a sync.Pool only once the connection is
+// readable (the goroutine first parks in the poller with a MSG_PEEK wait),
+// and goes back whenever nothing is buffered: between requests and once a
+// request body has been read. The write buffers (4 KiB framed output plus
+// 2 KiB of unframed body, as net/http's response buffer) are taken by the
+// first write and given back after each flush that leaves nothing pending,
+// so a stream waiting between events holds neither.
+//
+// # Gaps
+//
+// ReadTimeout and WriteTimeout do not exist; IdleTimeout 0 means
+// ReadHeaderTimeout (net/http falls back to ReadTimeout), on both paths. The
+// ResponseWriter implements neither http.CloseNotifier nor io.ReaderFrom, and
+// http.MaxBytesReader cannot mark the connection for closing (it is
+// net/http's private interface): a body left unread past the limit is
+// discarded or the connection closed by the usual 256 KiB rule. A
+// connection without a file descriptor (not a syscall.Conn) keeps its read
+// buffer while idle and gets no disconnect watch; as with net/http's
+// background read, the watch starts only once the request body has been
+// read to its end. A head handed off part way through restarts
+// ReadHeaderTimeout in net/http. TLS is not handled.
+package h1server

@@ -1,0 +1,58 @@
+package h1server
+
+import (
+	"bufio"
+	"bytes"
+	"net/http"
+	"reflect"
+	"testing"
+)
+
+// FuzzParseHead checks the fast path's head parser against http.ReadRequest:
+// whatever the fast path accepts, net/http must accept and read the same way.
+func FuzzParseHead(f *testing.F) {
+	for _, s := range []string{
+		"GET / HTTP/1.1\r\nHost: a\r\n\r\n",
+		"POST /x?y=1 HTTP/1.1\r\nHost: a.example:8080\r\nContent-Length: 12\r\nConnection: close\r\n\r\n",
+		"GET /a HTTP/1.0\r\nConnection: Keep-Alive\r\nx-b: 1\r\nX-B: 2\r\nPragma: no-cache\r\n\r\n",
+		"PUT /%7e HTTP/1.1\r\nhost: [::1]:80\r\nContent-Length: 007\r\naccept-encoding:\tgzip \r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: a\r\nX: a\r\n b\r\n\r\n",
+		"GET // HTTP/1.1\r\nHost: \r\nCookie: a=b; c=d\r\n\r\n",
+		"GET / HTTP/1.0\r\nConnection: clo\xc5\xbfe\r\nConnection: KEEP-ALIVE\r\n\r\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		end, bad := scanHead(data, 0)
+		if bad || end == 0 {
+			return
+		}
+		h, ok := parseHead(data[:end])
+		if !ok {
+			return
+		}
+		req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(data[:end])))
+		if err != nil {
+			t.Fatalf("fast path accepted %q, http.ReadRequest: %v", data[:end], err)
+		}
+		checks := []struct {
+			what      string
+			got, want any
+		}{
+			{"Method", h.method, req.Method},
+			{"RequestURI", h.target, req.RequestURI},
+			{"URL", h.url.String(), req.URL.String()},
+			{"Proto", h.proto, req.Proto},
+			{"ProtoMinor", h.minor, req.ProtoMinor},
+			{"Header", h.header, req.Header},
+			{"Host", h.host, req.Host},
+			{"ContentLength", h.contentLength, req.ContentLength},
+			{"Close", h.close, req.Close},
+		}
+		for _, c := range checks {
+			if !reflect.DeepEqual(c.got, c.want) {
+				t.Errorf("%q: %s = %#v, net/http %#v", data[:end], c.what, c.got, c.want)
+			}
+		}
+	})
+}

@@ -1,0 +1,52 @@
+//go:build unix
+
+package h1server
+
+import (
+	"errors"
+	"os"
+	"syscall"
+)
+
+// peekWait is a RawConn.Read callback that returns once a byte (or EOF, or
+// an error) is waiting, without consuming it: it parks the goroutine in the
+// runtime poller while the connection holds no read buffer.
+func peekWait(fd uintptr) bool {
+	var one [1]byte
+	_, _, err := syscall.Recvfrom(int(fd), one[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	return err != syscall.EAGAIN && err != syscall.EWOULDBLOCK
+}
+
+// peekResult is what a non-blocking peek at a connection found.
+type peekResult int
+
+const (
+	peekAlive peekResult = iota // nothing to read: the client is waiting
+	peekData                    // the client sent more (a pipelined request)
+	peekGone                    // EOF or a connection error
+)
+
+// peek looks at the connection without blocking and without consuming.
+func peek(rc syscall.RawConn) peekResult {
+	res := peekGone
+	err := rc.Read(func(fd uintptr) bool {
+		var one [1]byte
+		n, _, err := syscall.Recvfrom(int(fd), one[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		switch {
+		case n > 0:
+			res = peekData
+		case err == syscall.EAGAIN || err == syscall.EWOULDBLOCK:
+			res = peekAlive
+		default: // n == 0 with no error: EOF; or ECONNRESET and the like
+			res = peekGone
+		}
+		return true // never wait for readiness
+	})
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return peekAlive // a read deadline the handler set: says nothing of the peer
+	case err != nil:
+		return peekGone // closed
+	}
+	return res
+}

@@ -1,0 +1,74 @@
+package h1server
+
+import (
+	"context"
+	"sync"
+	"syscall"
+	"time"
+)
+
+const (
+	watchFirst = 10 * time.Millisecond
+	watchMax   = 200 * time.Millisecond
+)
+
+// watch detects, without a goroutine, a client that goes away while its
+// request is being handled: a timer peeks at the connection with backoff
+// (10 ms doubling to 200 ms) and cancels the request's context when the
+// peer has closed or reset it. Data from the client (a pipelined request)
+// ends the watch, as net/http's background read does. stop waits out a
+// running peek, so a stopped watch never cancels anything.
+type watch struct {
+	mu      sync.Mutex
+	rc      syscall.RawConn
+	cancel  context.CancelCauseFunc
+	t       *time.Timer
+	delay   time.Duration
+	stopped bool
+}
+
+// start begins watching for the request whose context cancel ends (once
+// its body has been read). A connection's requests reuse its watch (and its
+// timer) one after another: stop ends one request's watch before the next
+// starts.
+func (w *watch) start(rc syscall.RawConn, cancel context.CancelCauseFunc) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.rc, w.cancel, w.stopped = rc, cancel, false
+	w.delay = watchFirst
+	if w.t == nil {
+		w.t = time.AfterFunc(w.delay, w.fire)
+		return
+	}
+	w.t.Reset(w.delay)
+}
+
+func (w *watch) fire() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped || w.cancel == nil {
+		return
+	}
+	switch peek(w.rc) {
+	case peekAlive:
+		w.delay = min(2*w.delay, watchMax)
+		w.t.Reset(w.delay)
+	case peekData:
+		w.stopped = true
+	case peekGone:
+		w.stopped = true
+		w.cancel(errClientGone)
+	}
+}
+
+// stop ends the watch; after it returns the watch does nothing more for
+// this request (a peek already running has finished: it holds mu).
+func (w *watch) stop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stopped = true
+	w.cancel = nil
+	if w.t != nil {
+		w.t.Stop()
+	}
+}
