@@ -96,7 +96,8 @@ func (b *body) hitEOF() {
 }
 
 // Close discards what is left of the body when that is at most
-// maxPostHandlerReadBytes (keeping the connection usable), as net/http.
+// maxPostHandlerReadBytes (keeping the connection usable) and reports a
+// failure to discard it (io.ErrUnexpectedEOF for a short body), as net/http.
 func (b *body) Close() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -111,10 +112,7 @@ func (b *body) Close() error {
 		b.earlyClose = true
 		return nil
 	}
-	if err := b.discardLocked(); err != nil && err != io.ErrUnexpectedEOF {
-		b.earlyClose = true
-	}
-	return nil
+	return b.discardLocked() // an error leaves the conn to fail its next read
 }
 
 // discardLocked skips the rest of the body; nil when it reached the end.
