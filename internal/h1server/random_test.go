@@ -34,10 +34,23 @@ type reqGen struct{ *rand.Rand }
 
 func (g reqGen) pick(s ...string) string { return s[g.IntN(len(s))] }
 
+// hdrTarget is a request-target for hdrHandler.
+func (g reqGen) hdrTarget() string {
+	var q []string
+	for range g.IntN(4) {
+		q = append(q, g.pick("h=", "late=")+g.pick("Connection:close", "Connection:keep-alive", "Content-Length:5", "Content-Length:0",
+			"Content-Length:3000", "Content-Length:x", "Transfer-Encoding:chunked", "Transfer-Encoding:identity", "Transfer-Encoding:gzip",
+			"Content-Type:text/x", "Content-Encoding:gzip", "Date:yesterday", "Trailer:X-T", "X-Content-Type-Options:nosniff", "Upgrade:foo"))
+	}
+	q = append(q, "code="+g.pick("", "", "200", "201", "204", "304", "404", "500", "101", "199", "999", "103"))
+	q = append(q, "n="+g.pick("0", "5", "600", "2048", "2049", "5000"), "w="+g.pick("1", "2", "7"), "flush="+g.pick("0", "1"))
+	return "/hdr?" + strings.Join(q, "&")
+}
+
 func (g reqGen) request() string {
 	var b strings.Builder
-	b.WriteString(g.pick("GET", "POST", "HEAD", "PUT", "get", "DELETE") + " ")
-	b.WriteString(g.pick("/info", "/hello", "/echo", "/mid", "/204", "/304", "/cl", "/close", "/stream", "/trailers", "/ignore", "/bodyeof",
+	b.WriteString(g.pick("GET", "POST", "HEAD", "PUT", "get", "DELETE", "GET", "GET") + " ")
+	b.WriteString(g.pick(g.hdrTarget(), g.hdrTarget(), g.hdrTarget(), "/info", "/hello", "/echo", "/mid", "/204", "/304", "/cl", "/close", "/stream", "/trailers", "/ignore", "/bodyeof",
 		"/103", "/twice", "/cllong", "/clshort", "/flushempty", "/bodyclose", "/identity", "/nosniff", "/big", "/pieces", "/empty", "/writestring",
 		"/echotyped", "/echohalf", "/fullduplex", "/echo", "/echo"))
 	b.WriteString(g.pick("", "", "?a=b", "?%zz", "#frag", "/x/../y") + " " + g.pick("HTTP/1.1", "HTTP/1.1", "HTTP/1.0") + "\r\n")
