@@ -40,7 +40,7 @@ func (g reqGen) hdrTarget() string {
 	for range g.IntN(4) {
 		q = append(q, g.pick("h=", "late=")+g.pick("Connection:close", "Connection:keep-alive", "Content-Length:5", "Content-Length:0",
 			"Content-Length:3000", "Content-Length:x", "Transfer-Encoding:chunked", "Transfer-Encoding:identity", "Transfer-Encoding:gzip",
-			"Content-Type:text/x", "Content-Encoding:gzip", "Date:yesterday", "Trailer:X-T", "X-Content-Type-Options:nosniff", "Upgrade:foo"))
+			"Content-Type:text/x", "Content-Encoding:gzip", "Date:yesterday", "Trailer:X-T", "X-Content-Type-Options:nosniff", "Upgrade:foo", "Connection:Upgrade"))
 	}
 	q = append(q, "code="+g.pick("", "", "200", "201", "204", "304", "404", "500", "101", "199", "999", "103"))
 	q = append(q, "n="+g.pick("0", "5", "600", "2048", "2049", "5000"), "w="+g.pick("1", "2", "7"), "flush="+g.pick("0", "1"))
