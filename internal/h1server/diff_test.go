@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -107,6 +108,7 @@ func testHandler() http.Handler {
 	})
 	mux.HandleFunc("/empty", func(w http.ResponseWriter, r *http.Request) {})
 	mux.HandleFunc("/json", jsonHandler)
+	mux.HandleFunc("/hdr", hdrHandler)
 	mux.HandleFunc("/echotyped", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/octet-stream")
 		io.Copy(w, r.Body)
@@ -254,6 +256,34 @@ func trunc(s string) string {
 		return s[:3000] + "...(truncated)"
 	}
 	return s
+}
+
+// hdrHandler answers as its query says: h=Key:Value header fields (set
+// before WriteHeader; late=Key:Value after it), code=status, n=body bytes
+// written in w=pieces, flush=1 to flush after the first piece.
+func hdrHandler(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	for _, kv := range q["h"] {
+		k, v, _ := strings.Cut(kv, ":")
+		w.Header().Add(k, v)
+	}
+	code, _ := strconv.Atoi(q.Get("code"))
+	if code != 0 {
+		w.WriteHeader(code)
+	}
+	for _, kv := range q["late"] {
+		k, v, _ := strings.Cut(kv, ":")
+		w.Header().Add(k, v)
+	}
+	n, _ := strconv.Atoi(q.Get("n"))
+	pieces, _ := strconv.Atoi(q.Get("w"))
+	pieces = max(pieces, 1)
+	for i := range pieces {
+		w.Write([]byte(strings.Repeat("h", n/pieces)))
+		if i == 0 && q.Get("flush") == "1" {
+			w.(http.Flusher).Flush()
+		}
+	}
 }
 
 func jsonHandler(w http.ResponseWriter, r *http.Request) {

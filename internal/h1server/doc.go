@@ -61,5 +61,9 @@
 // buffer while idle and gets no disconnect watch; as with net/http's
 // background read, the watch starts only once the request body has been
 // read to its end. A head handed off part way through restarts
-// ReadHeaderTimeout in net/http. TLS is not handled.
+// ReadHeaderTimeout in net/http, and its replayed bytes count against
+// net/http's (approximate: MaxHeaderBytes plus 4 KiB of slack) head limit,
+// so a pipelined head just over MaxHeaderBytes may get 431 where a direct
+// net/http connection, having buffered part of it, would accept it. TLS is
+// not handled.
 package h1server

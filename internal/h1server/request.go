@@ -25,7 +25,7 @@ func (c *conn) newRequest(h *head) (*http.Request, context.CancelCauseFunc) {
 		Body:          http.NoBody,
 	}
 	if h.contentLength > 0 {
-		req.Body = &body{c: c, remaining: h.contentLength}
+		req.Body = &body{c: c, remaining: h.contentLength, closing: h.close}
 	}
 	return req.WithContext(ctx), cancel
 }
@@ -39,6 +39,7 @@ type body struct {
 	sawEOF     bool
 	closed     bool
 	earlyClose bool // closed with data left unread
+	closing    bool // the request's Close: the connection closes after it
 	err        error
 	onEOF      *response // its watch starts at the end of the body
 }
@@ -95,8 +96,10 @@ func (b *body) hitEOF() {
 	}
 }
 
-// Close discards what is left of the body when that is at most
-// maxPostHandlerReadBytes (keeping the connection usable), as net/http.
+// Close discards what is left of the body, unless the connection closes
+// after this request anyway, when that is at most
+// maxPostHandlerReadBytes (keeping the connection usable) and reports a
+// failure to discard it (io.ErrUnexpectedEOF for a short body), as net/http.
 func (b *body) Close() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -104,17 +107,14 @@ func (b *body) Close() error {
 		return nil
 	}
 	b.closed = true
-	if b.sawEOF {
-		return nil
+	if b.sawEOF || b.closing {
+		return nil // the connection closes next: no point reading on
 	}
 	if b.remaining > maxPostHandlerReadBytes {
 		b.earlyClose = true
 		return nil
 	}
-	if err := b.discardLocked(); err != nil && err != io.ErrUnexpectedEOF {
-		b.earlyClose = true
-	}
-	return nil
+	return b.discardLocked() // an error leaves the conn to fail its next read
 }
 
 // discardLocked skips the rest of the body; nil when it reached the end.

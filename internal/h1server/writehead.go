@@ -130,7 +130,7 @@ func (w *response) decideConnectionHeader(h http.Header, ex *extras) {
 	if keepAlives && containsWord(h.Get("Connection"), "close") {
 		return
 	}
-	if w.status == http.StatusSwitchingProtocols && h.Get("Upgrade") != "" {
+	if w.status == http.StatusSwitchingProtocols && h.Get("Upgrade") != "" && hasToken(h["Connection"], "upgrade") {
 		return
 	}
 	h.Del("Connection")
