@@ -41,6 +41,9 @@ const (
 
 	DecodeOutputExact    = "exact"
 	DecodeOutputToyProxy = "toy-proxy"
+
+	HTTPServerBuiltin = "builtin"  // internal/h1server
+	HTTPServerNetHTTP = "net/http" // the standard library's
 )
 
 var (
@@ -53,6 +56,7 @@ var (
 	logFormatNames      = []string{LogFormatText, LogFormatJSON}
 	historyBackendNames = []string{"memory", "none"}
 	decodeOutputNames   = []string{DecodeOutputExact, DecodeOutputToyProxy}
+	httpServerNames     = []string{HTTPServerBuiltin, HTTPServerNetHTTP}
 	flowOrderNames      = []string{FlowOrderArrival, FlowOrderDeadline}
 	flowFairnessNames   = []string{"header", "api-key", "user"}
 )
@@ -174,6 +178,7 @@ type Config struct {
 	ShutdownTimeoutSecs        float64  `json:"shutdown_timeout_secs"`
 	LogFormat                  string   `json:"log_format"`
 	EnablePprof                bool     `json:"enable_pprof"`             // /debug/pprof/ on the metrics listener
+	HTTPServer                 string   `json:"http_server"`              // the client listener's HTTP/1.1 server
 	PrefillTimeoutSecs         float64  `json:"prefill_timeout_secs"`     // 0 = only the overall deadline
 	KVWaitTimeoutSecs          float64  `json:"kv_wait_timeout_secs"`     // 0 = none (default 300)
 	StreamIdleTimeoutSecs      float64  `json:"stream_idle_timeout_secs"` // 0 = none (default 300)
@@ -298,6 +303,7 @@ func Default() *Config {
 		PDWarmup:                   true,
 		ShutdownTimeoutSecs:        30,
 		LogFormat:                  LogFormatText,
+		HTTPServer:                 HTTPServerBuiltin,
 		ConnectTimeoutSecs:         3,
 		KVWaitTimeoutSecs:          300,
 		StreamIdleTimeoutSecs:      300,

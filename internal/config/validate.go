@@ -213,6 +213,7 @@ func (c *Config) validateExtras(add func(*Error)) {
 	checkEnum(add, "--kv-connector", c.KVConnector, kvConnectorNames, false)
 	checkEnum(add, "--log-format", c.LogFormat, logFormatNames, false)
 	checkEnum(add, "--decode-output-length", c.DecodeOutputLength, decodeOutputNames, false)
+	checkEnum(add, "--http-server", c.HTTPServer, httpServerNames, false)
 
 	if !(c.OtelSamplingRatio >= 0 && c.OtelSamplingRatio <= 1) {
 		add(invalid("--otel-sampling-ratio", formatFloat(c.OtelSamplingRatio), "Must be between 0.0 and 1.0"))

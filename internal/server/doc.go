@@ -88,8 +88,10 @@
 //
 // # Timeouts and shutdown
 //
-// The http.Server has ReadHeaderTimeout, IdleTimeout and MaxHeaderBytes but
-// no WriteTimeout or ReadTimeout, so streams of any length survive. Serve
+// The client listener is served by internal/h1server (or net/http's Server
+// with --http-server net/http), with ReadHeaderTimeout, IdleTimeout and
+// MaxHeaderBytes but no WriteTimeout or ReadTimeout, so streams of any
+// length survive. Serve
 // stops accepting when its context ends, rejects queued admissions (503),
 // lets in-flight requests finish for ShutdownTimeout, then cancels their
 // contexts (dispatchers end streams with an SSE error event), waits a short

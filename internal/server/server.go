@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-llm/switchyard/internal/admission"
+	"github.com/switchyard-llm/switchyard/internal/h1server"
 	"github.com/switchyard-llm/switchyard/internal/history"
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
@@ -101,8 +102,11 @@ type Options struct {
 	Version  string            // router version for /get_server_info
 	Policies map[string]string // e.g. {"policy":"cache_aware","prefill":"random","decode":"power_of_two"}
 
-	MaxPayloadSize     int64 // request body limit (413 above); 0 → 512 MiB
-	MaxHeaderBytes     int   // 0 → 1 MiB
+	MaxPayloadSize int64 // request body limit (413 above); 0 → 512 MiB
+	MaxHeaderBytes int   // 0 → 1 MiB
+	// NetHTTP serves the client listener with net/http's Server instead of
+	// internal/h1server (--http-server net/http).
+	NetHTTP            bool
 	ReadHeaderTimeout  time.Duration
 	IdleTimeout        time.Duration
 	BodyReadTimeout    time.Duration // deadline for reading a buffered body; 0 → 60 s, < 0 → none
@@ -287,16 +291,7 @@ func (s *Server) Limiter() *admission.Limiter { return s.limiter }
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelBase()
-	hs := &http.Server{
-		Handler:           s.handler,
-		ReadHeaderTimeout: s.o.ReadHeaderTimeout,
-		IdleTimeout:       s.o.IdleTimeout,
-		MaxHeaderBytes:    s.o.MaxHeaderBytes,
-		// No WriteTimeout/ReadTimeout: a generation stream may last many
-		// minutes. Body reads get their own deadline (BodyReadTimeout).
-		BaseContext: func(net.Listener) context.Context { return base },
-		ErrorLog:    slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
-	}
+	hs := s.httpServer(base)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	flowCtx, stopFlow := context.WithCancel(base)
@@ -311,6 +306,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	select {
 	case err := <-errc:
 		s.limiter.Close()
+		_ = hs.Close() // h1server's net/http fallback
 		return err
 	case <-ctx.Done():
 	}
@@ -345,6 +341,40 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	s.log.Info("server stopped")
 	return nil
+}
+
+// httpServer is what Serve needs of an HTTP server: net/http's and
+// h1server's.
+type httpServer interface {
+	Serve(net.Listener) error
+	Shutdown(context.Context) error
+	Close() error
+}
+
+// httpServer returns the client listener's server, its requests' contexts
+// derived from base. No WriteTimeout/ReadTimeout: a generation stream may
+// last many minutes; body reads get their own deadline (BodyReadTimeout).
+func (s *Server) httpServer(base context.Context) httpServer {
+	errLog := slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)
+	baseCtx := func(net.Listener) context.Context { return base }
+	if s.o.NetHTTP {
+		return &http.Server{
+			Handler:           s.handler,
+			ReadHeaderTimeout: s.o.ReadHeaderTimeout,
+			IdleTimeout:       s.o.IdleTimeout,
+			MaxHeaderBytes:    s.o.MaxHeaderBytes,
+			BaseContext:       baseCtx,
+			ErrorLog:          errLog,
+		}
+	}
+	return &h1server.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: s.o.ReadHeaderTimeout,
+		IdleTimeout:       s.o.IdleTimeout,
+		MaxHeaderBytes:    s.o.MaxHeaderBytes,
+		BaseContext:       baseCtx,
+		ErrorLog:          errLog,
+	}
 }
 
 // activeCounter counts running handlers (for the shutdown logs).
