@@ -419,7 +419,7 @@ func (a *app) buildServer(ctx context.Context) error {
 		Version:                    Version,
 		MaxPayloadSize:             int64(cfg.MaxPayloadSize),
 		MaxHeaderBytes:             cfg.MaxHeaderBytes,
-		NetHTTP:                    cfg.HTTPServer == config.HTTPServerNetHTTP,
+		BuiltinHTTP:                cfg.HTTPServer == config.HTTPServerBuiltin,
 		RequestIDHeaders:           cfg.EffectiveRequestIDHeaders(),
 		CORSAllowedOrigins:         cfg.CORSAllowedOrigins,
 		APIKeyValidationURLs:       cfg.APIKeyValidationURLs,

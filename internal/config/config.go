@@ -303,7 +303,7 @@ func Default() *Config {
 		PDWarmup:                   true,
 		ShutdownTimeoutSecs:        30,
 		LogFormat:                  LogFormatText,
-		HTTPServer:                 HTTPServerBuiltin,
+		HTTPServer:                 HTTPServerNetHTTP,
 		ConnectTimeoutSecs:         3,
 		KVWaitTimeoutSecs:          300,
 		StreamIdleTimeoutSecs:      300,

@@ -104,9 +104,9 @@ type Options struct {
 
 	MaxPayloadSize int64 // request body limit (413 above); 0 → 512 MiB
 	MaxHeaderBytes int   // 0 → 1 MiB
-	// NetHTTP serves the client listener with net/http's Server instead of
-	// internal/h1server (--http-server net/http).
-	NetHTTP            bool
+	// BuiltinHTTP serves the client listener with internal/h1server instead
+	// of net/http's Server (--http-server builtin).
+	BuiltinHTTP        bool
 	ReadHeaderTimeout  time.Duration
 	IdleTimeout        time.Duration
 	BodyReadTimeout    time.Duration // deadline for reading a buffered body; 0 → 60 s, < 0 → none
@@ -357,7 +357,7 @@ type httpServer interface {
 func (s *Server) httpServer(base context.Context) httpServer {
 	errLog := slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)
 	baseCtx := func(net.Listener) context.Context { return base }
-	if s.o.NetHTTP {
+	if !s.o.BuiltinHTTP {
 		return &http.Server{
 			Handler:           s.handler,
 			ReadHeaderTimeout: s.o.ReadHeaderTimeout,

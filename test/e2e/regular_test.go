@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -102,10 +103,17 @@ func TestRegularProxy(t *testing.T) {
 }
 
 // TestRegularStreamingFlushAndCancel: events reach the client as the worker
-// produces them, and a client disconnect cancels the upstream request.
+// produces them, and a client disconnect cancels the upstream request, with
+// either HTTP server on the client listener (--http-server).
 func TestRegularStreamingFlushAndCancel(t *testing.T) {
-	slow := startSim(t, "--role", "unified", "--decode-step-base", "40ms")
-	r := startRouter(t, "--worker-urls", slow.URL(), "--policy", "round_robin")
+	for _, srv := range []string{"net/http", "builtin"} {
+		t.Run(srv, func(t *testing.T) { testStreamingFlushAndCancel(t, srv) })
+	}
+}
+
+func testStreamingFlushAndCancel(t *testing.T, srv string) {
+	slow := startSim(t, "--role", "unified", "--decode-step-base", "40ms", "--prefill-base", "1s")
+	r := startRouter(t, "--worker-urls", slow.URL(), "--policy", "round_robin", "--http-server", srv)
 	r.WaitReady(t, 5*time.Second)
 
 	t.Run("flushed per event", func(t *testing.T) {
@@ -154,6 +162,20 @@ func TestRegularStreamingFlushAndCancel(t *testing.T) {
 		resp.Body.Close()
 		took := waitFor(t, 2*time.Second, "worker to see the cancellation", func() bool { return slow.Stats(t).Requests.InFlight == 0 })
 		harness.TimingBound(t, "client cancel reaching the worker", took, 150*time.Millisecond)
+	})
+	// Nothing is written to the client while the worker prefills, so only
+	// the server's own watch of the client connection can notice it left.
+	t.Run("client gone before the first byte", func(t *testing.T) {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(r.Base, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := `{"prompt":"a b c","max_tokens":5,"stream":true}`
+		fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		waitFor(t, 2*time.Second, "the worker to receive the request", func() bool { return slow.Stats(t).Requests.InFlight == 1 })
+		conn.Close()
+		took := waitFor(t, 900*time.Millisecond, "worker to see the cancellation", func() bool { return slow.Stats(t).Requests.InFlight == 0 })
+		harness.TimingBound(t, "client close reaching the worker during prefill", took, 400*time.Millisecond)
 	})
 }
 
