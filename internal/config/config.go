@@ -303,7 +303,7 @@ func Default() *Config {
 		PDWarmup:                   true,
 		ShutdownTimeoutSecs:        30,
 		LogFormat:                  LogFormatText,
-		HTTPServer:                 HTTPServerNetHTTP,
+		HTTPServer:                 HTTPServerBuiltin,
 		ConnectTimeoutSecs:         3,
 		KVWaitTimeoutSecs:          300,
 		StreamIdleTimeoutSecs:      300,

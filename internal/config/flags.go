@@ -112,7 +112,7 @@ func baseFlagDefs(c *Config) []flagDef {
 		{extra: true, name: "forward-client-authorization", usage: "Forward the client's Authorization header upstream when --api-key is unset (use =false to disable)", value: boo(&c.ForwardClientAuthorization)},
 		{extra: true, name: "shutdown-timeout-secs", meta: "SECS", usage: "Graceful shutdown deadline for in-flight requests", value: flt(&c.ShutdownTimeoutSecs)},
 		{extra: true, name: "log-format", meta: "FORMAT", usage: "Log format", value: enum(&c.LogFormat, logFormatNames)},
-		{extra: true, name: "http-server", meta: "SERVER", usage: "HTTP/1.1 server of the client listener: net/http (default) or builtin (internal/h1server: no goroutine but the connection's, buffers pooled between reads; experimental, docs/BENCHMARKS.md section 11)", value: enum(&c.HTTPServer, httpServerNames)},
+		{extra: true, name: "http-server", meta: "SERVER", usage: "HTTP/1.1 server of the client listener: builtin (default; internal/h1server: no goroutine but the connection's, buffers pooled between reads, docs/BENCHMARKS.md section 11) or net/http", value: enum(&c.HTTPServer, httpServerNames)},
 		{extra: true, name: "enable-pprof", usage: "Serve Go's net/http/pprof profiles under /debug/pprof/ on the metrics listener (--prometheus-host/--prometheus-port); off by default", value: boo(&c.EnablePprof)},
 		{extra: true, name: "prefill-timeout-secs", meta: "SECS", usage: "Deadline for the prefill leg (0 = only the overall deadline)", value: flt(&c.PrefillTimeoutSecs)},
 		{extra: true, name: "kv-wait-timeout-secs", meta: "SECS", usage: "PD: deadline for a streaming decode's first byte, i.e. for its KV to arrive (0 = none)", value: flt(&c.KVWaitTimeoutSecs)},

@@ -31,13 +31,16 @@
 //
 // # Disconnect detection
 //
-// Instead of a background read, once the request body has been read to its
-// end a timer peeks at the socket (recvfrom MSG_PEEK|MSG_DONTWAIT through
-// syscall.RawConn, never blocking) after 10 ms, then with doubling backoff
-// capped at 200 ms: EOF or a connection error cancels the request's context
-// with errClientGone as its cause; a pipelined request stops the watch. A
-// disconnect is thus noticed within about 200 ms. Connections that are not
-// syscall.Conn (and non-unix systems) get no watch.
+// Instead of a background read: once the request body has been read to its
+// end, a timer fires after 10 ms (a request answered sooner costs nothing
+// more). On Linux it then puts the connection's descriptor into an epoll set
+// of the server's (EPOLLRDHUP|EPOLLIN, one-shot), waited on by one goroutine
+// per server (poll_linux.go); elsewhere the timer keeps peeking with
+// doubling backoff capped at 200 ms. Either way the verdict is a peek
+// (recvfrom MSG_PEEK|MSG_DONTWAIT, never blocking): EOF or a connection
+// error cancels the request's context with errClientGone as its cause; a
+// pipelined request stops the watch. Connections that are not syscall.Conn
+// get no watch.
 //
 // # Buffers
 //

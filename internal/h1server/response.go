@@ -84,7 +84,7 @@ func (w *response) startWatch() {
 	if w.c.rc == nil || w.c.buffered() > 0 || w.hijacked || w.handlerDone {
 		return
 	}
-	w.c.watch.start(w.c.rc, w.cancel)
+	w.c.watch.start(w.c.s.poll, w.c.rc, w.cancel)
 }
 
 // run calls the handler and finishes the response; it reports whether the

@@ -27,6 +27,7 @@ type Server struct {
 	fb         *http.Server // the fallback
 	fbLn       *chanListener
 	fbDone     chan struct{} // closed when fb.Serve has returned
+	poll       *poller       // the disconnect watches' epoll set (nil: timers)
 	inShutdown atomic.Bool
 
 	mu        sync.Mutex
@@ -42,6 +43,7 @@ func (s *Server) init() {
 		s.listeners = make(map[net.Listener]struct{})
 		s.conns = make(map[*conn]struct{})
 		s.fbLn = newChanListener()
+		s.poll = newPoller()
 		s.fbDone = make(chan struct{})
 		s.fb = &http.Server{
 			Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.handler().ServeHTTP(w, r) }),
@@ -200,6 +202,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	if err == nil {
 		<-s.fbDone
+		s.poll.stop()
 		err = lerr
 	}
 	return err
@@ -252,6 +255,7 @@ func (s *Server) Close() error {
 		err = ferr
 	}
 	<-s.fbDone
+	s.poll.stop()
 	return err
 }
 

@@ -22,6 +22,9 @@ type watch struct {
 	mu      sync.Mutex
 	rc      syscall.RawConn
 	cancel  context.CancelCauseFunc
+	poll    *poller // the server's epoll set (Linux), nil: the timer peeks
+	p       *poller // poll once this request's connection is registered in it
+	fd      int32   // the descriptor p knows it by
 	t       *time.Timer
 	delay   time.Duration
 	stopped bool
@@ -31,10 +34,15 @@ type watch struct {
 // its body has been read). A connection's requests reuse its watch (and its
 // timer) one after another: stop ends one request's watch before the next
 // starts.
-func (w *watch) start(rc syscall.RawConn, cancel context.CancelCauseFunc) {
+//
+// With a poller, the first timer tick registers the connection in its
+// epoll set instead of peeking: a request answered within watchFirst (most
+// non-streaming ones) costs a timer and no system call.
+func (w *watch) start(p *poller, rc syscall.RawConn, cancel context.CancelCauseFunc) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.rc, w.cancel, w.stopped = rc, cancel, false
+	w.poll = p
 	w.delay = watchFirst
 	if w.t == nil {
 		w.t = time.AfterFunc(w.delay, w.fire)
@@ -47,6 +55,10 @@ func (w *watch) fire() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.stopped || w.cancel == nil {
+		return
+	}
+	if w.poll != nil && w.p == nil && w.poll.add(w) {
+		w.p = w.poll
 		return
 	}
 	switch peek(w.rc) {
@@ -68,7 +80,32 @@ func (w *watch) stop() {
 	defer w.mu.Unlock()
 	w.stopped = true
 	w.cancel = nil
+	if w.p != nil {
+		w.p.remove(w)
+		w.p = nil
+	}
 	if w.t != nil {
 		w.t.Stop()
+	}
+}
+
+// event is the poller's news of the connection (readable, closed or
+// reset): peek decides which, as fire does.
+func (w *watch) event() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped || w.cancel == nil || w.p == nil {
+		return
+	}
+	switch peekNow(w.rc) {
+	case peekAlive: // nothing after all
+		if !w.p.rearm(w) {
+			w.stopped = true
+		}
+	case peekData:
+		w.stopped = true
+	case peekGone:
+		w.stopped = true
+		w.cancel(errClientGone)
 	}
 }

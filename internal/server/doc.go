@@ -88,8 +88,9 @@
 //
 // # Timeouts and shutdown
 //
-// The client listener is served by net/http's Server (or internal/h1server
-// with --http-server builtin), with ReadHeaderTimeout, IdleTimeout and
+// The router's client listener is served by internal/h1server
+// (--http-server builtin, the default; Options.BuiltinHTTP) or net/http's
+// Server, with ReadHeaderTimeout, IdleTimeout and
 // MaxHeaderBytes but no WriteTimeout or ReadTimeout, so streams of any
 // length survive. Serve
 // stops accepting when its context ends, rejects queued admissions (503),
