@@ -196,7 +196,7 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*app, err
 	}
 	a.tr = proxy.NewH1Transport(proxy.TransportOptions{ConnectTimeout: ct})
 	a.client = &http.Client{Transport: a.tr}
-	a.closers = append(a.closers, a.tr.CloseIdleConnections)
+	a.closers = append(a.closers, a.tr.Close)
 	if cfg.HistoryBackend == "memory" {
 		h, err := history.New(history.Options{MaxEntries: cfg.HistoryMaxEntries, TTL: cfg.HistoryTTL(), Registerer: a.m.Registry})
 		if err != nil {

@@ -50,3 +50,24 @@ func peek(rc syscall.RawConn) peekResult {
 	}
 	return res
 }
+
+// peekNow looks at the connection without blocking, consuming or minding
+// a read deadline the handler set (Control, not Read: an event is news of
+// the socket itself).
+func peekNow(rc syscall.RawConn) peekResult {
+	res := peekGone
+	err := rc.Control(func(fd uintptr) {
+		var one [1]byte
+		n, _, err := syscall.Recvfrom(int(fd), one[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		switch {
+		case n > 0:
+			res = peekData
+		case err == syscall.EAGAIN || err == syscall.EWOULDBLOCK || err == syscall.EINTR:
+			res = peekAlive
+		}
+	})
+	if err != nil {
+		return peekGone // closed
+	}
+	return res
+}

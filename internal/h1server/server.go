@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/fdpoll"
 )
 
 // Server serves HTTP/1.1 on a listener with an http.Handler: one goroutine
@@ -26,8 +28,8 @@ type Server struct {
 	initOnce   sync.Once
 	fb         *http.Server // the fallback
 	fbLn       *chanListener
-	fbDone     chan struct{} // closed when fb.Serve has returned
-	poll       *poller       // the disconnect watches' epoll set (nil: timers)
+	fbDone     chan struct{}  // closed when fb.Serve has returned
+	poll       *fdpoll.Poller // the disconnect watches' epoll set (nil: timers)
 	inShutdown atomic.Bool
 
 	mu        sync.Mutex
@@ -43,7 +45,7 @@ func (s *Server) init() {
 		s.listeners = make(map[net.Listener]struct{})
 		s.conns = make(map[*conn]struct{})
 		s.fbLn = newChanListener()
-		s.poll = newPoller()
+		s.poll = fdpoll.New()
 		s.fbDone = make(chan struct{})
 		s.fb = &http.Server{
 			Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.handler().ServeHTTP(w, r) }),
@@ -202,7 +204,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	if err == nil {
 		<-s.fbDone
-		s.poll.stop()
+		s.poll.Stop()
 		err = lerr
 	}
 	return err
@@ -255,7 +257,7 @@ func (s *Server) Close() error {
 		err = ferr
 	}
 	<-s.fbDone
-	s.poll.stop()
+	s.poll.Stop()
 	return err
 }
 

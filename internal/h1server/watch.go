@@ -5,6 +5,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/fdpoll"
 )
 
 const (
@@ -22,9 +24,9 @@ type watch struct {
 	mu      sync.Mutex
 	rc      syscall.RawConn
 	cancel  context.CancelCauseFunc
-	poll    *poller // the server's epoll set (Linux), nil: the timer peeks
-	p       *poller // poll once this request's connection is registered in it
-	fd      int32   // the descriptor p knows it by
+	poll    *fdpoll.Poller // the server's epoll set (Linux), nil: the timer peeks
+	p       *fdpoll.Poller // poll once this request's connection is registered in it
+	fd      int32          // the descriptor p knows it by
 	t       *time.Timer
 	delay   time.Duration
 	stopped bool
@@ -38,7 +40,7 @@ type watch struct {
 // With a poller, the first timer tick registers the connection in its
 // epoll set instead of peeking: a request answered within watchFirst (most
 // non-streaming ones) costs a timer and no system call.
-func (w *watch) start(p *poller, rc syscall.RawConn, cancel context.CancelCauseFunc) {
+func (w *watch) start(p *fdpoll.Poller, rc syscall.RawConn, cancel context.CancelCauseFunc) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.rc, w.cancel, w.stopped = rc, cancel, false
@@ -57,9 +59,11 @@ func (w *watch) fire() {
 	if w.stopped || w.cancel == nil {
 		return
 	}
-	if w.poll != nil && w.p == nil && w.poll.add(w) {
-		w.p = w.poll
-		return
+	if w.poll != nil && w.p == nil {
+		if fd, ok := w.poll.Add(w.rc, w); ok {
+			w.p, w.fd = w.poll, fd
+			return
+		}
 	}
 	switch peek(w.rc) {
 	case peekAlive:
@@ -81,7 +85,7 @@ func (w *watch) stop() {
 	w.stopped = true
 	w.cancel = nil
 	if w.p != nil {
-		w.p.remove(w)
+		w.p.Remove(w.rc, w.fd, w)
 		w.p = nil
 	}
 	if w.t != nil {
@@ -89,9 +93,9 @@ func (w *watch) stop() {
 	}
 }
 
-// event is the poller's news of the connection (readable, closed or
+// PollEvent is the poller's news of the connection (readable, closed or
 // reset): peek decides which, as fire does.
-func (w *watch) event() {
+func (w *watch) PollEvent() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.stopped || w.cancel == nil || w.p == nil {
@@ -99,7 +103,7 @@ func (w *watch) event() {
 	}
 	switch peekNow(w.rc) {
 	case peekAlive: // nothing after all
-		if !w.p.rearm(w) {
+		if !w.p.Rearm(w.rc, w) {
 			w.stopped = true
 		}
 	case peekData:

@@ -325,15 +325,52 @@ func (a *attemptRun) launchPrefill() {
 	pl.holdOK = true
 	a.pl = pl
 	a.pWatch = make(chan prefillOut, 1)
+	if at := e.asyncTransport(); at != nil {
+		go a.sendPrefill(at, pl, a.pWatch)
+		return
+	}
 	go a.watchPrefill(pl, a.pWatch)
 }
 
+// asyncTransport is the client's transport when it can await a response
+// without a parked goroutine (and the client adds nothing to it).
+func (e *Engine) asyncTransport() proxy.AsyncRoundTripper {
+	c := e.o.Client
+	if c.Jar != nil || c.Timeout != 0 {
+		return nil
+	}
+	at, _ := c.Transport.(proxy.AsyncRoundTripper)
+	return at
+}
+
 // watchPrefill runs the concurrent prefill and, once P answered, watches
-// P until D's first byte: D still waits for the KV this P sends after
-// answering, so P seen dead (connect failure, left the registry) or P
-// failing ends the wait. It hands P's answer over on ch.
+// P until D's first byte (prefillAnswered).
 func (a *attemptRun) watchPrefill(l *leg, ch chan<- prefillOut) {
-	out := a.e.runPrefill(a.ctx, a.pctx, a.st, a.pr, l, a.takePBody())
+	a.prefillAnswered(a.e.runPrefill(a.ctx, a.pctx, a.st, a.pr, l, a.takePBody()), ch)
+}
+
+// sendPrefill is watchPrefill over a transport that awaits P's answer
+// without this goroutine: it ends once P's request is written, and P's
+// answer is read on a goroutine started when it arrives. With MoRI-IO
+// WRITE, P answers only once D took the KV cache, so a stream queued at D
+// holds no goroutine for its prefill.
+func (a *attemptRun) sendPrefill(at proxy.AsyncRoundTripper, l *leg, ch chan<- prefillOut) {
+	e := a.e
+	req, f := e.prefillRequest(a.pctx, a.st, a.pr, l, a.takePBody())
+	if f != nil {
+		a.prefillAnswered(prefillOut{fail: f, dur: e.o.Now().Sub(l.sent)}, ch)
+		return
+	}
+	at.RoundTripAsync(req, func(resp *http.Response, err error) {
+		a.prefillAnswered(e.prefillResult(a.ctx, a.pctx, a.pr, l, resp, err), ch)
+	})
+}
+
+// prefillAnswered takes P's answer to the concurrent prefill and, when it
+// succeeded, watches P until D's first byte: D still waits for the KV this
+// P sends after answering, so P seen dead (connect failure, left the
+// registry) or P failing ends the wait. It hands the answer over on ch.
+func (a *attemptRun) prefillAnswered(out prefillOut, ch chan<- prefillOut) {
 	a.prof.stop(a.pr.P)
 	if out.fail != nil {
 		a.interrupt(errPrefillEnded)

@@ -159,6 +159,7 @@ type Engine struct {
 
 	bg     sync.WaitGroup
 	closed atomic.Bool
+	own    *proxy.H1Transport // the client's transport when the engine made it
 }
 
 var _ proxy.Dispatcher = (*Engine)(nil)
@@ -179,8 +180,10 @@ func New(o Options) (*Engine, error) {
 	default:
 		return nil, fmt.Errorf("pd: unknown output length policy %q (want exact or toy-proxy)", o.OutputLength)
 	}
+	var own *proxy.H1Transport
 	if o.Client == nil {
-		o.Client = &http.Client{Transport: proxy.NewH1Transport(proxy.TransportOptions{})}
+		own = proxy.NewH1Transport(proxy.TransportOptions{})
+		o.Client = &http.Client{Transport: own}
 	}
 	if o.MaxFailovers < 0 {
 		o.MaxFailovers = 0
@@ -216,7 +219,7 @@ func New(o Options) (*Engine, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	e := &Engine{o: o, log: log.With("component", "pd"), m: o.Metrics, tr: o.Tracer}
+	e := &Engine{o: o, log: log.With("component", "pd"), m: o.Metrics, tr: o.Tracer, own: own}
 	probeTTL := time.Duration(0) // the cooldown, when no KV-wait bound exists
 	if o.KVWaitTimeout > 0 {
 		probeTTL = o.KVWaitTimeout + time.Second
@@ -271,6 +274,9 @@ func (e *Engine) Close() {
 		e.warm.stop()
 	}
 	e.bg.Wait()
+	if e.own != nil {
+		e.own.Close()
+	}
 }
 
 // Ready reports whether at least one routable prefill worker can be paired

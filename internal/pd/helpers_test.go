@@ -259,7 +259,7 @@ func newHarness(t *testing.T, reg *worker.Registry, o Options) *harness {
 	// has delayed one past a 1 s deadline (i/o timeout): no test here
 	// depends on the connect timeout.
 	tr := proxy.NewH1Transport(proxy.TransportOptions{ConnectTimeout: 10 * time.Second})
-	t.Cleanup(tr.CloseIdleConnections)
+	t.Cleanup(tr.Close)
 	o.Registry = reg
 	if o.Client == nil {
 		o.Client = &http.Client{Transport: tr}

@@ -24,7 +24,28 @@ type prefillOut struct {
 // records the leg's outcome. ctx is the attempt's context (client and
 // overall deadline), pctx the prefill's own (PrefillTimeout, or cancelled
 // when the sibling failed).
-func (e *Engine) runPrefill(ctx, pctx context.Context, st *reqState, pr *Pair, l *leg, body []byte) (out prefillOut) {
+func (e *Engine) runPrefill(ctx, pctx context.Context, st *reqState, pr *Pair, l *leg, body []byte) prefillOut {
+	req, f := e.prefillRequest(pctx, st, pr, l, body)
+	if f != nil {
+		return prefillOut{fail: f, dur: e.o.Now().Sub(l.sent)}
+	}
+	resp, err := e.o.Client.Do(req)
+	return e.prefillResult(ctx, pctx, pr, l, resp, err)
+}
+
+// prefillRequest builds the prefill leg's request.
+func (e *Engine) prefillRequest(pctx context.Context, st *reqState, pr *Pair, l *leg, body []byte) (*http.Request, *failure) {
+	req, err := e.newLegRequest(pctx, st, pr, l, pr.PRank, body)
+	if err != nil {
+		e.legFailed(l, "error", err)
+		return nil, &failure{leg: "prefill", reason: "error", w: pr.P, status: http.StatusBadGateway, retry: true, errType: "prefill", msg: "prefill worker " + pr.P.Key() + ": " + err.Error()}
+	}
+	return req, nil
+}
+
+// prefillResult reads P's answer to the prefill (resp and err as the
+// client returned them) and checks it.
+func (e *Engine) prefillResult(ctx, pctx context.Context, pr *Pair, l *leg, resp *http.Response, err error) (out prefillOut) {
 	who := "prefill worker " + pr.P.Key()
 	defer func() { out.dur = e.o.Now().Sub(l.sent) }()
 	classify := func(err error, during string) *failure {
@@ -47,12 +68,6 @@ func (e *Engine) runPrefill(ctx, pctx context.Context, st *reqState, pr *Pair, l
 		return &failure{leg: "prefill", reason: "error", w: pr.P, status: http.StatusBadGateway, retry: true,
 			errType: "prefill", msg: fmt.Sprintf("%s failed %s: %v", who, during, unwrapURL(err))}
 	}
-	req, err := e.newLegRequest(pctx, st, pr, l, pr.PRank, body)
-	if err != nil {
-		e.legFailed(l, "error", err)
-		return prefillOut{fail: &failure{leg: "prefill", reason: "error", w: pr.P, status: http.StatusBadGateway, retry: true, errType: "prefill", msg: who + ": " + err.Error()}}
-	}
-	resp, err := e.o.Client.Do(req)
 	if err != nil {
 		return prefillOut{fail: classify(err, "before answering")}
 	}

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/fdpoll"
 )
 
 // H1Transport is the router's upstream client: plain HTTP/1.1 over pooled
@@ -40,6 +42,10 @@ type H1Transport struct {
 	mu    sync.Mutex
 	idle  map[string][]*h1Conn // by host:port, most recently used last
 	sweep *time.Timer          // armed while idle connections exist
+
+	pollOnce sync.Once
+	poll     *fdpoll.Poller // RoundTripAsync's epoll set, started on first use
+	closed   bool           // Close ran (under mu)
 }
 
 // h1ReadBuffer is a connection's read buffer while it reads: it holds a
@@ -163,19 +169,48 @@ func (c *h1Conn) waitReadable() {
 
 // RoundTrip implements http.RoundTripper.
 func (t *H1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.URL.Scheme != "http" || req.Method == http.MethodConnect || req.Header.Get("Upgrade") != "" ||
-		(req.Body != nil && req.Body != http.NoBody && req.ContentLength <= 0) {
+	if !served(req) {
 		return t.std.RoundTrip(req)
 	}
 	ctx := req.Context()
 	resp, err := t.roundTrip(ctx, req)
+	return resp, ctxErr(ctx, err)
+}
+
+// served reports whether the transport serves req itself (not net/http's).
+func served(req *http.Request) bool {
+	return req.URL.Scheme == "http" && req.Method != http.MethodConnect && req.Header.Get("Upgrade") == "" &&
+		(req.Body == nil || req.Body == http.NoBody || req.ContentLength > 0)
+}
+
+// ctxErr is err, or the context's error once it ended (a cancelled
+// request's connection was closed under it).
+func ctxErr(ctx context.Context, err error) error {
 	if err != nil && ctx.Err() != nil {
-		err = ctx.Err()
+		return ctx.Err()
 	}
-	return resp, err
+	return err
 }
 
 func (t *H1Transport) roundTrip(ctx context.Context, req *http.Request) (*http.Response, error) {
+	x, err := t.send(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return x.receive()
+}
+
+// exchange is a request written on its connection, whose response is to
+// be read.
+type exchange struct {
+	t    *H1Transport
+	req  *http.Request
+	c    *h1Conn
+	stop func() bool // the context's AfterFunc (closes c)
+}
+
+// send writes req on a pooled or new connection.
+func (t *H1Transport) send(ctx context.Context, req *http.Request) (*exchange, error) {
 	closeBody := func() {
 		if req.Body != nil {
 			req.Body.Close()
@@ -203,30 +238,41 @@ func (t *H1Transport) roundTrip(ctx context.Context, req *http.Request) (*http.R
 		t.put(c) // unused
 		return nil, err
 	}
-	stop := context.AfterFunc(ctx, func() { c.nc.Close() })
-	fail := func(err error) (*http.Response, error) {
-		stop()
-		c.nc.Close()
-		return nil, err
-	}
+	x := &exchange{t: t, req: req, c: c}
+	x.stop = context.AfterFunc(ctx, func() { c.nc.Close() })
 	err = c.writeRequest(bp, head, req)
 	h1Bufs.Put(bp) // not held while the response is awaited
 	closeBody()
 	if err != nil {
-		return fail(err)
+		return nil, x.fail(err)
 	}
 	if tr := httptrace.ContextClientTrace(ctx); tr != nil && tr.WroteRequest != nil {
 		tr.WroteRequest(httptrace.WroteRequestInfo{})
 	}
+	return x, nil
+}
+
+func (x *exchange) fail(err error) error {
+	x.stop()
+	x.c.nc.Close()
+	return err
+}
+
+// receive waits for the response and reads its head.
+func (x *exchange) receive() (*http.Response, error) {
+	c, req := x.c, x.req
 	c.waitReadable()
 	resp, ok := readHeadFast(c.br, req)
 	if ok {
 		setBody(resp, c.br)
-	} else if resp, err = readResponse(c.br, req); err != nil {
-		return fail(err)
+	} else {
+		var err error
+		if resp, err = readResponse(c.br, req); err != nil {
+			return nil, x.fail(err)
+		}
 	}
 	keep := !resp.Close && !req.Close && !strings.EqualFold(req.Header.Get("Connection"), "close")
-	b := &h1Body{t: t, c: c, rc: resp.Body, stop: stop, keep: keep}
+	b := &h1Body{t: x.t, c: c, rc: resp.Body, stop: x.stop, keep: keep}
 	if resp.Body == http.NoBody || resp.ContentLength == 0 {
 		b.finish(true)
 		resp.Body = http.NoBody
@@ -389,7 +435,7 @@ func (t *H1Transport) put(c *h1Conn) {
 	c.idleSince = time.Now()
 	t.mu.Lock()
 	l := t.idle[c.addr]
-	if len(l) >= t.maxIdle {
+	if len(l) >= t.maxIdle || t.closed {
 		t.mu.Unlock()
 		c.nc.Close()
 		return

@@ -300,7 +300,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	defer flowWG.Wait()
 	defer stopFlow()
 	if s.ownClient {
-		defer s.client.CloseIdleConnections()
+		defer s.closeClient()
 	}
 
 	select {
@@ -399,4 +399,13 @@ func (a *activeCounter) n() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.count
+}
+
+// closeClient closes the upstream client the server made for itself.
+func (s *Server) closeClient() {
+	if t, ok := s.client.Transport.(interface{ Close() }); ok {
+		t.Close()
+		return
+	}
+	s.client.CloseIdleConnections()
 }
