@@ -23,8 +23,8 @@ type pdMigration struct {
 	c     *proxy.Call
 	route string
 	req   *migrate.Request // parsed by continueAnswer, only when needed
-	tr    *migrate.Tracker
-	w     *migrate.Writer // nil until the first decode relay
+	tr    *migrate.Tracker // with w
+	w     *migrate.Writer  // nil until the first decode relay
 	cli   http.ResponseWriter
 	n     int // migrations so far
 
@@ -46,7 +46,7 @@ func (e *Engine) startMigration(r *http.Request, c *proxy.Call, st *reqState) *p
 	if st.kind == routeChat {
 		route = "/v1/chat/completions"
 	}
-	return &pdMigration{r: r, c: c, route: route, tr: migrate.NewTracker()}
+	return &pdMigration{r: r, c: c, route: route}
 }
 
 // migWriter is the writer the decode is relayed to: the migration's
@@ -57,8 +57,9 @@ func (e *Engine) migWriter(st *reqState, w http.ResponseWriter, resp *http.Respo
 	if m == nil || resp.StatusCode != http.StatusOK || !isEventStream(resp.Header) {
 		return w
 	}
-	if m.w == nil {
+	if m.w == nil { // the tracker too: a stream waiting for its KV holds none
 		m.cli = w
+		m.tr = migrate.NewTracker()
 		m.w = migrate.NewWriter(w, m.tr)
 	}
 	return m.w
