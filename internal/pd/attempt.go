@@ -286,7 +286,17 @@ func (a *attemptRun) send(dParams []byte) *failure {
 		return &failure{leg: "decode", reason: "breaker_open", w: pr.D, status: http.StatusServiceUnavailable, retry: true,
 			errType: "server_selection", msg: "decode worker " + pr.D.Key() + " circuit breaker is open"}
 	}
-	dreq, err := e.newLegRequest(a.dctx, st, pr, a.dl, pr.DRank, dBody)
+	dctx := a.dctx
+	if a.order == Concurrent { // P is sent once D's request is written
+		dctx = httptrace.WithClientTrace(a.dctx, &httptrace.ClientTrace{
+			WroteRequest: func(i httptrace.WroteRequestInfo) {
+				if i.Err == nil {
+					a.launchOnce.Do(a.launchPrefill)
+				}
+			},
+		})
+	}
+	dreq, err := e.newLegRequest(dctx, st, pr, a.dl, pr.DRank, dBody)
 	if err != nil {
 		e.legFailed(a.dl, "error", err)
 		return &failure{leg: "decode", reason: "error", w: pr.D, status: http.StatusBadGateway, retry: true, errType: "decode", msg: err.Error()}
@@ -294,13 +304,6 @@ func (a *attemptRun) send(dParams []byte) *failure {
 	a.prof.start(pr.D)
 	if a.order == Concurrent {
 		a.prof.start(pr.P)
-		dreq = dreq.WithContext(httptrace.WithClientTrace(a.dctx, &httptrace.ClientTrace{
-			WroteRequest: func(i httptrace.WroteRequestInfo) {
-				if i.Err == nil {
-					a.launchOnce.Do(a.launchPrefill)
-				}
-			},
-		}))
 	}
 	a.dreq = dreq
 	a.waiting = true
