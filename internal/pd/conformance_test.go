@@ -38,6 +38,12 @@ func rankHeader(r *recorded) (string, bool) {
 }
 
 func TestMoRIIOWriteConformance(t *testing.T) {
+	for _, pw := range prefillWaits {
+		t.Run(pw.name, func(t *testing.T) { testMoRIIOWriteConformance(t, pw.client) })
+	}
+}
+
+func testMoRIIOWriteConformance(t *testing.T, client func(*testing.T) *http.Client) {
 	cases := []struct {
 		name                   string
 		pDP, pRank, dDP, dRank int
@@ -76,7 +82,7 @@ func TestMoRIIOWriteConformance(t *testing.T) {
 			reg := worker.NewRegistry(worker.BreakerConfig{})
 			pw := addWorker(t, reg, P.URL(), worker.RolePrefill, zmqAddr4(pZMQ, "WRITE"), dp(tc.pDP, tc.pRank), tp(2))
 			dw := addWorker(t, reg, D.URL(), worker.RoleDecode, zmqAddr4(dZMQ, "WRITE"), dp(tc.dDP, tc.dRank), tp(tc.dTP))
-			h := newHarness(t, reg, Options{Connector: "moriio", APIKey: "secret"})
+			h := newHarness(t, reg, Options{Connector: "moriio", APIKey: "secret", Client: client(t)})
 
 			res := h.post(t, "/v1/completions", clientBody, "X-Request-Id", "bench-abc-1")
 			if res.err != nil || res.status != 200 {

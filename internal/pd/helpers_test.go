@@ -438,3 +438,25 @@ func (g kvGate) decode(w http.ResponseWriter, r *http.Request, rec *recorded) {
 	case <-r.Context().Done():
 	}
 }
+
+// syncOnly hides H1Transport's RoundTripAsync: the concurrent prefill then
+// parks a goroutine on P's answer (watchPrefill), as with a tracing
+// transport.
+type syncOnly struct{ t *proxy.H1Transport }
+
+func (s syncOnly) RoundTrip(r *http.Request) (*http.Response, error) { return s.t.RoundTrip(r) }
+
+// prefillWaits are the two ways a concurrent prefill awaits P's answer:
+// in the transport's epoll set (the harness's default client) and on a
+// goroutine of its own.
+var prefillWaits = []struct {
+	name   string
+	client func(t *testing.T) *http.Client
+}{
+	{"epoll", func(*testing.T) *http.Client { return nil }},
+	{"goroutine", func(t *testing.T) *http.Client {
+		tr := proxy.NewH1Transport(proxy.TransportOptions{ConnectTimeout: 10 * time.Second})
+		t.Cleanup(tr.Close)
+		return &http.Client{Transport: syncOnly{tr}}
+	}},
+}

@@ -71,6 +71,12 @@ func TestSequentialDecodeNeverCalledOnPrefillFailure(t *testing.T) {
 }
 
 func TestWriteDecodeCancelledWhenPrefillFails(t *testing.T) {
+	for _, pw := range prefillWaits {
+		t.Run(pw.name, func(t *testing.T) { testWriteDecodeCancelledWhenPrefillFails(t, pw.client(t)) })
+	}
+}
+
+func testWriteDecodeCancelledWhenPrefillFails(t *testing.T, client *http.Client) {
 	dCancel := make(chan time.Time, 1)
 	dGot := make(chan struct{})
 	pFail := make(chan time.Time, 1)
@@ -90,7 +96,7 @@ func TestWriteDecodeCancelledWhenPrefillFails(t *testing.T) {
 	pw := addWorker(t, reg, P.URL(), worker.RolePrefill, zmqAddr4(pZMQ, "WRITE"))
 	dw := addWorker(t, reg, D.URL(), worker.RoleDecode, zmqAddr4(dZMQ, "WRITE"))
 	m := metrics.NewForTest()
-	h := newHarness(t, reg, Options{Connector: "moriio", Metrics: m})
+	h := newHarness(t, reg, Options{Connector: "moriio", Metrics: m, Client: client})
 
 	start := time.Now()
 	res := h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`)
