@@ -64,22 +64,26 @@ func (s *scanner) str() (raw []byte, esc bool) {
 	return raw, esc
 }
 
-// text reads a JSON string value as a Go string.
-func (s *scanner) text() string {
+// textBytes reads a JSON string value; the bytes are the input's own when
+// the string has no escapes and is valid UTF-8, else its decoding.
+func (s *scanner) textBytes() []byte {
 	start := s.i
 	raw, esc := s.str()
 	if s.bad {
-		return ""
+		return nil
 	}
 	if !esc && utf8.Valid(raw) {
-		return string(raw)
+		return raw
 	}
 	var out string
 	if err := json.Unmarshal(s.b[start:s.i], &out); err != nil {
 		s.bad = true
 	}
-	return out
+	return []byte(out)
 }
+
+// text reads a JSON string value as a Go string.
+func (s *scanner) text() string { return string(s.textBytes()) }
 
 // skip skips one value of any kind, checked as encoding/json would, and
 // returns its raw bytes.
@@ -211,12 +215,39 @@ type scratch struct {
 	content [2]string
 	role    string
 	ids     []uint32
+	// where the first choice's variable values lie in the scanned data
+	// (a template's holes), and whether one of them appeared twice
+	holes [maxHoles]hole
+	nh    int
+	dup   bool
+	tv    tokenVals // a template match's values
+}
+
+// mark records the span [start, s.i) of the first choice's value of the
+// given kind.
+func (sc *scratch) mark(n int, kind holeKind, start int, s *scanner) {
+	if n != 0 || s.bad {
+		return
+	}
+	for _, h := range sc.holes[:sc.nh] {
+		if h.kind == kind {
+			sc.dup = true
+			return
+		}
+	}
+	if sc.nh == len(sc.holes) {
+		sc.dup = true
+		return
+	}
+	sc.holes[sc.nh] = hole{kind: kind, start: start, end: s.i}
+	sc.nh++
 }
 
 // scanChunk fills sc.c from data; false when the scanner could not read it.
 func scanChunk(data []byte, sc *scratch) bool {
 	sc.c = chunk{Choices: sc.choices[:0]}
 	sc.ids = sc.ids[:0]
+	sc.nh, sc.dup = 0, false
 	s := &scanner{b: data}
 	c := &sc.c
 	s.object(func(key []byte) {
@@ -279,8 +310,10 @@ func scanChoice(s *scanner, sc *scratch, n int, ch *choice) {
 			ch.Index = s.int()
 		case "text":
 			if !s.isNull() {
+				start := s.i
 				sc.texts[n] = s.text()
 				ch.Text = &sc.texts[n]
+				sc.mark(n, holeText, start, s)
 			}
 		case "finish_reason":
 			if !s.isNull() {
@@ -289,12 +322,13 @@ func scanChoice(s *scanner, sc *scratch, n int, ch *choice) {
 			}
 		case "token_ids":
 			if !s.isNull() {
-				start := len(sc.ids)
+				from, start := s.i, len(sc.ids)
 				sc.ids = s.ids(sc.ids)
 				ch.TokenIDs = sc.ids[start:len(sc.ids):len(sc.ids)]
 				if ch.TokenIDs == nil {
 					ch.TokenIDs = []uint32{}
 				}
+				sc.mark(n, holeIDs, from, s)
 			}
 		case "prompt_token_ids":
 			if !s.isNull() {
@@ -315,8 +349,10 @@ func scanChoice(s *scanner, sc *scratch, n int, ch *choice) {
 					}
 				case "content":
 					if !s.isNull() {
+						start := s.i
 						sc.content[n] = s.text()
 						d.Content = &sc.content[n]
+						sc.mark(n, holeContent, start, s)
 					}
 				case "tool_calls":
 					d.ToolCalls = s.skip()

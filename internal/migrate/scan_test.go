@@ -10,9 +10,9 @@ import (
 // with encoding/json.
 func state(t *Tracker) string {
 	gen, prompt, ok := t.TokenIDs()
-	return fmt.Sprintf("id=%s created=%s model=%s text=%q tokens=%d gen=%v prompt=%v idsOK=%v ptok=%d role=%v finish=%q usage=%v done=%v err=%v tool=%v reason=%v chunks=%d",
+	return fmt.Sprintf("id=%s created=%s model=%s text=%q tokens=%d gen=%v prompt=%v idsOK=%v ptok=%d role=%v finish=%q usage=%v done=%v err=%v tool=%v reason=%v chunks=%d held=%d",
 		t.ID, t.Created, t.Model, t.Text(), t.Tokens(), gen, prompt, ok, t.PromptTokens(), t.RoleSent(), t.Finished(),
-		t.UsageSent(), t.Done(), t.ErrorEvent(), t.toolCall, t.reasoning, t.Chunks())
+		t.UsageSent(), t.Done(), t.ErrorEvent(), t.toolCall, t.reasoning, t.Chunks(), t.HeldBack())
 }
 
 var scanCases = []string{

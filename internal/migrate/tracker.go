@@ -3,7 +3,6 @@ package migrate
 import (
 	"bytes"
 	"encoding/json"
-	"strings"
 	"time"
 )
 
@@ -50,7 +49,7 @@ type Tracker struct {
 	// Original's envelope, raw JSON values (nil until the first chunk).
 	ID, Created, Model json.RawMessage
 
-	text      strings.Builder
+	text      []byte
 	ids       []uint32
 	idsOK     bool // every token chunk so far carried token_ids
 	promptIDs []uint32
@@ -73,10 +72,12 @@ type Tracker struct {
 	// so the answer so far is not known for sure.
 	unreadable bool
 	chunks     int
-	lastWrite  time.Time
+	lastWrite  time.Time // set by the Writer, once per write
 
-	sc   scratch // the fast scanner's reused storage
-	slow bool    // encoding/json only (tests: the reference)
+	sc       scratch  // the fast scanner's reused storage
+	tmpl     template // the latest plain token event (template.go)
+	tmplHits int      // events read through the template (tests)
+	slow     bool     // encoding/json only (tests: the reference)
 }
 
 // NewTracker returns an empty tracker.
@@ -86,7 +87,6 @@ func NewTracker() *Tracker { return &Tracker{idsOK: true, usageCT: -1, promptTok
 // false for an event that is not a well-formed chunk (the tracker then
 // cannot vouch for the answer; Refusal reports it).
 func (t *Tracker) Event(ev []byte) bool {
-	t.lastWrite = time.Now()
 	data := eventData(ev)
 	if data == nil {
 		return true
@@ -96,7 +96,21 @@ func (t *Tracker) Event(ev []byte) bool {
 		return true
 	}
 	c := &t.sc.c
-	if t.slow || !scanChunk(data, &t.sc) {
+	switch {
+	case t.slow:
+		c = nil
+	case t.ID != nil && t.tmpl.match(data, &t.sc): // envelope settled
+		t.chunks++ // a plain token event: only its values count
+		t.tmplHits++
+		v := &t.sc.tv
+		take(t, v.piece, v.has, v.ids, nil)
+		return true
+	case scanChunk(data, &t.sc):
+		t.tmpl.set(data, &t.sc)
+	default: // unreadable here: the template stays
+		c = nil
+	}
+	if c == nil {
 		c = &chunk{}
 		if err := json.Unmarshal(data, c); err != nil {
 			t.idsOK, t.unreadable = false, true
@@ -152,30 +166,36 @@ func (t *Tracker) choice(ch choice, u *usage) {
 			t.reasoning = true
 		}
 	}
-	t.text.WriteString(piece)
-	switch {
-	case ch.TokenIDs != nil:
-		t.ids = append(t.ids, ch.TokenIDs...)
-		t.tokens += len(ch.TokenIDs)
-		if piece == "" {
-			t.heldBack += len(ch.TokenIDs)
-		} else {
-			t.heldBack = 0
-		}
-	case u != nil:
-		t.idsOK = t.idsOK && piece == ""
-		t.tokens = u.CompletionTokens
-	case has && piece != "":
-		t.idsOK = false
-		t.tokens++
-	}
+	take(t, piece, has, ch.TokenIDs, u)
 	if ch.FinishReason != nil && *ch.FinishReason != "" {
 		t.finish = *ch.FinishReason
 	}
 }
 
+// take counts one choice's text piece (has: the chunk carried a text or
+// content value) and token ids.
+func take[T string | []byte](t *Tracker, piece T, has bool, ids []uint32, u *usage) {
+	t.text = append(t.text, piece...)
+	switch {
+	case ids != nil:
+		t.ids = append(t.ids, ids...)
+		t.tokens += len(ids)
+		if len(piece) == 0 {
+			t.heldBack += len(ids)
+		} else {
+			t.heldBack = 0
+		}
+	case u != nil:
+		t.idsOK = t.idsOK && len(piece) == 0
+		t.tokens = u.CompletionTokens
+	case has && len(piece) != 0:
+		t.idsOK = false
+		t.tokens++
+	}
+}
+
 // Text is the answer text the client received.
-func (t *Tracker) Text() string { return t.text.String() }
+func (t *Tracker) Text() string { return string(t.text) }
 
 // Tokens is the number of completion tokens the client received: exact
 // when the chunks carry token_ids or continuous usage, else one per

@@ -3,6 +3,7 @@ package migrate
 import (
 	"errors"
 	"net/http"
+	"time"
 )
 
 // ErrAnswerEnded stops the relay of a continuation leg whose answer the
@@ -24,6 +25,7 @@ type Writer struct {
 	onFirst func()                      // the leg's first event written
 	held    bool                        // an error event was withheld
 	ended   bool                        // the stitcher ended the answer
+	wrote   bool                        // an event reached the client in this Write
 	werr    error
 }
 
@@ -39,6 +41,9 @@ func (e *Writer) WriteHeader(int) {} // the status line is already out
 func (e *Writer) Write(p []byte) (int, error) {
 	if e.werr == nil {
 		e.sp.Feed(p, e.event)
+	}
+	if e.wrote { // one clock read per write, not per event
+		e.tr.lastWrite, e.wrote = time.Now(), false
 	}
 	if e.werr != nil {
 		return 0, e.werr
@@ -64,6 +69,7 @@ func (e *Writer) event(ev []byte) {
 		e.werr = err
 		return
 	}
+	e.wrote = true
 	if e.onFirst != nil {
 		e.onFirst()
 		e.onFirst = nil
