@@ -1,7 +1,6 @@
 package pd
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -103,28 +102,42 @@ func newConnector(name string, boot *bootstrapper) (Connector, error) {
 // errBadPrefillParams marks P responses that cannot feed a decode.
 var errBadPrefillParams = errors.New("bad prefill kv_transfer_params")
 
-// kvObj builds a JSON object with keys in insertion order.
+// kvObj builds a JSON object with keys in insertion order (written as
+// encoding/json writes them).
 type kvObj struct{ b []byte }
 
-func (o *kvObj) raw(k string, v []byte) *kvObj {
+func (o *kvObj) key(k string) {
 	if len(o.b) == 0 {
-		o.b = append(o.b, '{')
+		o.b = append(make([]byte, 0, 384), '{') // a MoRI-IO object: ~330 bytes
 	} else {
 		o.b = append(o.b, ',')
 	}
-	kb, _ := json.Marshal(k)
-	o.b = append(o.b, kb...)
+	o.b = rawjson.AppendString(o.b, k)
 	o.b = append(o.b, ':')
+}
+
+func (o *kvObj) raw(k string, v []byte) *kvObj {
+	o.key(k)
 	o.b = append(o.b, v...)
 	return o
 }
 
-func (o *kvObj) val(k string, v any) *kvObj {
-	b, err := json.Marshal(v)
-	if err != nil {
-		b = []byte("null")
-	}
-	return o.raw(k, b)
+func (o *kvObj) flag(k string, v bool) *kvObj {
+	o.key(k)
+	o.b = strconv.AppendBool(o.b, v)
+	return o
+}
+
+func (o *kvObj) num(k string, v int) *kvObj {
+	o.key(k)
+	o.b = strconv.AppendInt(o.b, int64(v), 10)
+	return o
+}
+
+func (o *kvObj) str(k, v string) *kvObj {
+	o.key(k)
+	o.b = rawjson.AppendString(o.b, v)
+	return o
 }
 
 func (o *kvObj) bytes() []byte {
@@ -183,7 +196,7 @@ func (nixl) TransferID([16]byte) string          { return "" }
 func (nixl) NeedsPrefillParams(*Pair) bool       { return true }
 func (nixl) PrefillParams(*Pair) []byte {
 	o := &kvObj{}
-	o.val("do_remote_decode", true).val("do_remote_prefill", false)
+	o.flag("do_remote_decode", true).flag("do_remote_prefill", false)
 	o.raw("remote_engine_id", jsonNull).raw("remote_block_ids", jsonNull)
 	o.raw("remote_host", jsonNull).raw("remote_port", jsonNull)
 	return o.bytes()
@@ -254,14 +267,14 @@ func (moriio) NeedsPrefillParams(pr *Pair) bool { return !isWrite(pr.P) }
 func (moriio) PrefillParams(pr *Pair) []byte {
 	dz, _ := zmqInfo(pr.D)
 	o := &kvObj{}
-	o.val("do_remote_decode", true).val("do_remote_prefill", false)
+	o.flag("do_remote_decode", true).flag("do_remote_prefill", false)
 	o.raw("remote_engine_id", jsonNull).raw("remote_block_ids", jsonNull)
-	o.val("transfer_id", pr.TransferID)
+	o.str("transfer_id", pr.TransferID)
 	// tp_size is what vLLM's WRITE-mode prefill reads (get("tp_size", 1))
 	// to map its TP ranks onto D's; remote_tp_size is kept for older builds.
-	o.val("remote_dp_size", pr.D.DPSize).val("remote_tp_size", pr.D.TPSize).val("tp_size", pr.D.TPSize)
-	o.val("remote_host", dz.Host).val("remote_port", httpPort(pr.D))
-	o.val("remote_handshake_port", dz.Handshake).val("remote_notify_port", dz.Notify)
+	o.num("remote_dp_size", pr.D.DPSize).num("remote_tp_size", pr.D.TPSize).num("tp_size", pr.D.TPSize)
+	o.str("remote_host", dz.Host).num("remote_port", httpPort(pr.D))
+	o.num("remote_handshake_port", dz.Handshake).num("remote_notify_port", dz.Notify)
 	return o.bytes()
 }
 
@@ -271,14 +284,14 @@ func (moriio) PrefillParams(pr *Pair) []byte {
 func (moriio) DecodeParams(pr *Pair, prefill []byte) ([]byte, error) {
 	pz, _ := zmqInfo(pr.P)
 	o := &kvObj{}
-	o.val("do_remote_decode", false).val("do_remote_prefill", true)
-	o.val("transfer_id", pr.TransferID)
+	o.flag("do_remote_decode", false).flag("do_remote_prefill", true)
+	o.str("transfer_id", pr.TransferID)
 	o.raw("remote_engine_id", jsonNull).raw("remote_block_ids", jsonNull)
-	o.val("remote_dp_size", pr.P.DPSize).val("remote_tp_size", pr.P.TPSize).val("tp_size", pr.P.TPSize)
-	o.val("remote_host", pz.Host).val("remote_port", httpPort(pr.P))
-	o.val("remote_handshake_port", pz.Handshake).val("remote_notify_port", pz.Notify)
+	o.num("remote_dp_size", pr.P.DPSize).num("remote_tp_size", pr.P.TPSize).num("tp_size", pr.P.TPSize)
+	o.str("remote_host", pz.Host).num("remote_port", httpPort(pr.P))
+	o.num("remote_handshake_port", pz.Handshake).num("remote_notify_port", pz.Notify)
 	if pr.PRank >= 0 {
-		o.val("remote_dp_rank", pr.PRank)
+		o.num("remote_dp_rank", pr.PRank)
 	}
 	base := o.bytes()
 	if isWrite(pr.P) {
@@ -359,7 +372,7 @@ func (m *mooncake) prefillRank(p *worker.Worker) int { return m.boot.pickRank(p)
 
 func (*mooncake) PrefillParams(pr *Pair) []byte {
 	o := &kvObj{}
-	o.val("do_remote_decode", true).val("do_remote_prefill", false).val("transfer_id", pr.TransferID)
+	o.flag("do_remote_decode", true).flag("do_remote_prefill", false).str("transfer_id", pr.TransferID)
 	return o.bytes()
 }
 
@@ -369,8 +382,8 @@ func (m *mooncake) DecodeParams(pr *Pair, _ []byte) ([]byte, error) {
 		return nil, err
 	}
 	o := &kvObj{}
-	o.val("do_remote_decode", false).val("do_remote_prefill", true)
-	o.val("remote_bootstrap_addr", addr).val("remote_engine_id", engine)
-	o.val("transfer_id", pr.TransferID)
+	o.flag("do_remote_decode", false).flag("do_remote_prefill", true)
+	o.str("remote_bootstrap_addr", addr).str("remote_engine_id", engine)
+	o.str("transfer_id", pr.TransferID)
 	return o.bytes(), nil
 }
