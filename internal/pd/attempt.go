@@ -81,7 +81,9 @@ var (
 //	commit         the KV arrived: the pair and a finished prefill are fine
 //	relay          D's response goes to the client (streamed, or merged with
 //	               the prefill's prompt logprobs)
-//	settle         cancel and drain what still runs, record the legs' outcomes
+//	settle         cancel and drain what still runs (a concurrent prefill
+//	               that has not answered yet is left to answer: handOff),
+//	               record the legs' outcomes
 func (e *Engine) attempt(ctx context.Context, w http.ResponseWriter, st *reqState, pr *Pair) *failure {
 	a := e.newAttemptRun(ctx, w, st, pr)
 	defer a.close()
@@ -117,11 +119,16 @@ type attemptRun struct {
 
 	pctx    context.Context // the prefill's (PrefillTimeout, or cancelled when the sibling failed)
 	pcancel context.CancelFunc
-	dctx    context.Context // the decode's; its cause says which interrupt ended the wait
-	dcause  context.CancelCauseFunc
-	prof    *profiler
-	kvTimer *time.Timer // KVWaitTimeout for D's first byte (nil = none)
-	dreq    *http.Request
+	// punlink stops ctx's end from cancelling pctx (a concurrent prefill's
+	// context is its own, cancelled when ctx ends until handOff unlinks
+	// it); handedOff: the prefill's answer is awaited after the attempt.
+	punlink   func() bool
+	handedOff bool
+	dctx      context.Context // the decode's; its cause says which interrupt ended the wait
+	dcause    context.CancelCauseFunc
+	prof      *profiler
+	kvTimer   *time.Timer // KVWaitTimeout for D's first byte (nil = none)
+	dreq      *http.Request
 
 	// waiting: D's first byte is awaited, so interrupts cancel dctx;
 	// waitDone is closed when the wait ends.
@@ -154,10 +161,19 @@ func (e *Engine) newAttemptRun(ctx context.Context, w http.ResponseWriter, st *r
 	}
 	e.log.Debug("pd attempt", "prefill", pr.P.Key(), "decode", pr.D.Key(), "order", order.String(),
 		"request_id", pr.RequestID, "transfer_id", pr.TransferID)
+	pbase := ctx
+	if order == Concurrent {
+		// The prefill may outlive the attempt by the moment its answer
+		// takes (handOff): its context follows ctx only until then.
+		pbase = context.WithoutCancel(ctx)
+	}
 	if e.o.PrefillTimeout > 0 {
-		a.pctx, a.pcancel = context.WithTimeout(ctx, e.o.PrefillTimeout)
+		a.pctx, a.pcancel = context.WithTimeout(pbase, e.o.PrefillTimeout)
 	} else {
-		a.pctx, a.pcancel = context.WithCancel(ctx)
+		a.pctx, a.pcancel = context.WithCancel(pbase)
+	}
+	if order == Concurrent {
+		a.punlink = context.AfterFunc(ctx, a.pcancel)
 	}
 	a.dctx, a.dcause = context.WithCancelCause(ctx)
 	a.waitDone = make(chan struct{})
@@ -215,7 +231,12 @@ func (a *attemptRun) close() {
 	}
 	a.prof.stopAll()
 	a.dcancel()
-	a.pcancel()
+	if !a.handedOff {
+		a.pcancel()
+		if a.punlink != nil {
+			a.punlink()
+		}
+	}
 }
 
 func (a *attemptRun) observeP(out prefillOut) {
@@ -645,31 +666,79 @@ func (a *attemptRun) afterRelay(res *proxy.RelayResult) {
 }
 
 // settle ends a committed attempt: D's body is closed, a prefill still
-// running is cancelled and awaited, and both legs' outcomes are recorded
-// (no-ops for outcomes recorded before).
-func (a *attemptRun) settle() { a.drain() }
+// running is cancelled and awaited, or, unless the client is gone, left
+// to answer (handOff), and both legs' outcomes are recorded (no-ops for
+// outcomes recorded before).
+func (a *attemptRun) settle() { a.end(a.ctx.Err() == nil) }
 
 // drain cancels what is still running and waits for the prefill's
 // goroutine, closing any response the attempt produced; it records a
 // success for each leg whose outcome is not recorded yet. Every step that
 // ends the attempt calls it, and settle after a commit.
-func (a *attemptRun) drain() {
+func (a *attemptRun) drain() { a.end(false) }
+
+func (a *attemptRun) end(served bool) {
 	a.stopWaiting()
 	a.dcancel()
-	a.pcancel()
 	if a.dResp != nil {
 		a.dResp.Body.Close()
 	}
 	if a.pWatch != nil {
-		// D is done: a prefill still running has nothing left to give.
-		a.observeP(<-a.pWatch)
+		select {
+		case out := <-a.pWatch:
+			a.observeP(out)
+		default:
+			if !served || !a.handOff() {
+				// D is done: a prefill still running has nothing left to give.
+				a.pcancel()
+				a.observeP(<-a.pWatch)
+			}
+		}
 		a.pWatch = nil
+	}
+	if !a.handedOff {
+		a.pcancel()
 	}
 	a.dl.finish(true)
 	if a.pl != nil {
 		a.pl.finish(true)
 		a.pl.settle(worker.OutcomeSuccess) // no-op if P failed meanwhile
 	}
+}
+
+// prefillHandOff bounds how long a concurrent prefill's answer is awaited
+// after its decode's answer ended.
+const prefillHandOff = 2 * time.Second
+
+// handOff leaves a concurrent prefill that has not answered yet to answer
+// after the attempt, instead of cancelling it: its KV reached D (D's
+// answer was committed), and a cancelled request closes its connection, so
+// the next request to P would open a new one (with MoRI-IO WRITE, P
+// answers once D took the KV cache, often after a short answer ended: at
+// 1,500 requests a second, hundreds of new connections a second and their
+// TIME_WAIT sockets). A goroutine awaits the answer, at most
+// prefillHandOff, then cancels the prefill. False when the request's
+// context ended first (the prefill is cancelled with it).
+func (a *attemptRun) handOff() bool {
+	if a.punlink == nil || !a.punlink() {
+		return false
+	}
+	a.handedOff = true
+	ch, pcancel := a.pWatch, a.pcancel
+	go func() {
+		t := time.NewTimer(prefillHandOff)
+		defer t.Stop()
+		var out prefillOut
+		select {
+		case out = <-ch:
+		case <-t.C:
+			pcancel()
+			out = <-ch
+		}
+		pcancel()
+		a.observeP(out)
+	}()
+	return true
 }
 
 // relayMerged buffers a non-streaming decode response, folds in the

@@ -4,10 +4,12 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/switchyard-llm/switchyard/internal/metrics"
@@ -535,4 +537,86 @@ func TestStreamIdleTimeout(t *testing.T) {
 		t.Fatalf("status %d body %q", res.status, res.body)
 	}
 	waitDone(t, dCancel, time.Second, "decode cancellation")
+}
+
+// TestWritePrefillAnswerAfterDecodeKeepsConnection: a MoRI-IO WRITE
+// prefill that answers only after its decode's stream ended is left to
+// answer (not cancelled), so its connection serves the next request: every
+// request reaches P over the same connection.
+func TestWritePrefillAnswerAfterDecodeKeepsConnection(t *testing.T) {
+	for _, pw := range prefillWaits {
+		t.Run(pw.name, func(t *testing.T) {
+			g := newKVGate()
+			release := make(chan struct{}, 1)
+			var mu sync.Mutex
+			conns := map[string]bool{}
+			P := newFake(t, func(w http.ResponseWriter, r *http.Request, rec *recorded) {
+				mu.Lock()
+				conns[r.RemoteAddr] = true
+				mu.Unlock()
+				g <- struct{}{} // D streams its answer
+				select {
+				case <-release: // the client has the whole answer
+				case <-r.Context().Done():
+					return
+				}
+				prefillOK(`{}`)(w, r, rec)
+			})
+			D := newFake(t, g.decode)
+			reg := worker.NewRegistry(worker.BreakerConfig{})
+			addWorker(t, reg, P.URL(), worker.RolePrefill, zmqAddr4(pZMQ, "WRITE"))
+			addWorker(t, reg, D.URL(), worker.RoleDecode, zmqAddr4(dZMQ, "WRITE"))
+			m := metrics.NewForTest()
+			h := newHarness(t, reg, Options{Connector: "moriio", Metrics: m, Client: pw.client(t)})
+			prefills := m.PDPrefillSeconds.WithLabelValues("moriio", Concurrent.String()).(prometheus.Histogram)
+			for i := 1; i <= 4; i++ {
+				res := h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`)
+				if res.status != 200 || res.body != sseAll() {
+					t.Fatalf("request %d: status %d body %q", i, res.status, res.body)
+				}
+				release <- struct{}{}
+				deadline := time.Now().Add(5 * time.Second)
+				for counter(t, prefills) < float64(i) { // P's answer was read
+					if time.Now().After(deadline) {
+						t.Fatalf("request %d: the prefill's late answer was never read", i)
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(conns) != 1 {
+				t.Fatalf("the prefill was reached over %d connections, want 1 (its late answers were cancelled): %v", len(conns), conns)
+			}
+		})
+	}
+}
+
+// TestWritePrefillNeverAnsweringIsCancelled: a prefill left to answer
+// after its decode's stream ended is cancelled once prefillHandOff passed.
+func TestWritePrefillNeverAnsweringIsCancelled(t *testing.T) {
+	g := newKVGate()
+	cancelled := make(chan time.Time, 1)
+	P := newFake(t, func(w http.ResponseWriter, r *http.Request, rec *recorded) {
+		g <- struct{}{}
+		<-r.Context().Done()
+		cancelled <- time.Now()
+	})
+	D := newFake(t, g.decode)
+	reg := worker.NewRegistry(worker.BreakerConfig{})
+	pw := addWorker(t, reg, P.URL(), worker.RolePrefill, zmqAddr4(pZMQ, "WRITE"))
+	addWorker(t, reg, D.URL(), worker.RoleDecode, zmqAddr4(dZMQ, "WRITE"))
+	h := newHarness(t, reg, Options{Connector: "moriio"})
+	res := h.post(t, "/v1/completions", `{"prompt":"p","stream":true}`)
+	if res.status != 200 || res.body != sseAll() {
+		t.Fatalf("status %d body %q", res.status, res.body)
+	}
+	answered := time.Now()
+	at := waitDone(t, cancelled, prefillHandOff+5*time.Second, "the prefill's cancellation")
+	if d := at.Sub(answered); d < prefillHandOff/2 {
+		t.Fatalf("the prefill was cancelled %v after the answer, want about %v", d, prefillHandOff)
+	}
+	if pw.Breaker().State() != worker.BreakerClosed {
+		t.Fatal("the prefill's breaker was charged for an answer nobody needed")
+	}
 }
