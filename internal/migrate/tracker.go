@@ -1,7 +1,6 @@
 package migrate
 
 import (
-	"bytes"
 	"encoding/json"
 	"time"
 )
@@ -122,8 +121,11 @@ func (t *Tracker) Event(ev []byte) bool {
 		return true
 	}
 	t.chunks++
-	if t.ID == nil { // the scanned values point into data: copy
-		t.ID, t.Created, t.Model = bytes.Clone(c.ID), bytes.Clone(c.Created), bytes.Clone(c.Model)
+	if t.ID == nil { // the scanned values point into data: copy (one allocation)
+		env := make([]byte, 0, len(c.ID)+len(c.Created)+len(c.Model))
+		t.ID, env = clip(env, c.ID)
+		t.Created, env = clip(env, c.Created)
+		t.Model, _ = clip(env, c.Model)
 	}
 	if c.PromptTokenIDs != nil && t.promptIDs == nil {
 		t.promptIDs = c.PromptTokenIDs
@@ -172,9 +174,23 @@ func (t *Tracker) choice(ch choice, u *usage) {
 	}
 }
 
+// clip appends v to buf and returns the appended copy (nil for nil v) and
+// the grown buf.
+func clip(buf, v []byte) (json.RawMessage, []byte) {
+	if v == nil {
+		return nil, buf
+	}
+	n := len(buf)
+	buf = append(buf, v...)
+	return buf[n:len(buf):len(buf)], buf
+}
+
 // take counts one choice's text piece (has: the chunk carried a text or
 // content value) and token ids.
 func take[T string | []byte](t *Tracker, piece T, has bool, ids []uint32, u *usage) {
+	if t.text == nil && len(piece) > 0 {
+		t.text = make([]byte, 0, 512) // a few hundred tokens' text before it grows
+	}
 	t.text = append(t.text, piece...)
 	switch {
 	case ids != nil:

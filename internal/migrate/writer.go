@@ -18,7 +18,6 @@ var ErrAnswerEnded = errors.New("answer ended by the router")
 // can continue elsewhere instead.
 type Writer struct {
 	w       http.ResponseWriter
-	rc      *http.ResponseController
 	sp      Splitter
 	tr      *Tracker
 	rewrite func([]byte) ([]byte, bool) // nil on the original leg
@@ -31,7 +30,7 @@ type Writer struct {
 
 // NewWriter wraps the client writer w, recording what it writes into tr.
 func NewWriter(w http.ResponseWriter, tr *Tracker) *Writer {
-	return &Writer{w: w, rc: http.NewResponseController(w), tr: tr}
+	return &Writer{w: w, tr: tr}
 }
 
 func (e *Writer) Header() http.Header { return e.w.Header() }
@@ -92,7 +91,7 @@ func (e *Writer) FlushError() error {
 	if f, ok := e.w.(interface{ FlushError() error }); ok {
 		err = f.FlushError() // directly: one frame less on the deep first flush
 	} else {
-		err = e.rc.Flush()
+		err = http.NewResponseController(e.w).Flush()
 	}
 	if err != nil && !errors.Is(err, http.ErrNotSupported) {
 		return err

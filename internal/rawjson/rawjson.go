@@ -99,7 +99,8 @@ func decodeKey(q []byte) (string, error) {
 	return key, nil
 }
 
-// commonKey returns the OpenAI request keys as constants: a switch on
+// commonKey returns the OpenAI request keys (and a completion's top-level
+// response keys, which the prefill's answer is) as constants: a switch on
 // string(raw) compiles to comparisons without converting (allocating) the
 // key, so the keys of nearly every request cost nothing.
 func commonKey(raw []byte) (string, bool) {
@@ -138,6 +139,30 @@ func commonKey(raw []byte) (string, bool) {
 		return "kv_transfer_params", true
 	case "input":
 		return "input", true
+	case "id":
+		return "id", true
+	case "object":
+		return "object", true
+	case "created":
+		return "created", true
+	case "choices":
+		return "choices", true
+	case "usage":
+		return "usage", true
+	case "system_fingerprint":
+		return "system_fingerprint", true
+	case "prompt_logprobs":
+		return "prompt_logprobs", true
+	case "prompt_token_ids":
+		return "prompt_token_ids", true
+	case "service_tier":
+		return "service_tier", true
+	case "logprobs":
+		return "logprobs", true
+	case "min_tokens":
+		return "min_tokens", true
+	case "return_token_ids":
+		return "return_token_ids", true
 	}
 	return "", false
 }
