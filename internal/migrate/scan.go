@@ -192,6 +192,24 @@ var (
 	usageKeys  = []string{"prompt_tokens", "completion_tokens"}
 )
 
+// once reports whether key, when it is one of known, is met for the
+// first time in its object. A repeated key makes the scanner give up:
+// encoding/json decodes a repeated object or array into what it decoded
+// first (and null into nil), which the scanner does not mimic.
+func (s *scanner) once(seen *uint16, key []byte, known []string) bool {
+	for i, k := range known {
+		if string(key) == k {
+			if *seen&(1<<i) != 0 {
+				s.bad = true
+				return false
+			}
+			*seen |= 1 << i
+			return true
+		}
+	}
+	return true
+}
+
 // other skips the value of a key the scanner does not read, or gives up
 // when encoding/json would read it under another spelling.
 func (s *scanner) other(key []byte, known []string) {
@@ -250,7 +268,11 @@ func scanChunk(data []byte, sc *scratch) bool {
 	sc.nh, sc.dup = 0, false
 	s := &scanner{b: data}
 	c := &sc.c
+	var seen uint16
 	s.object(func(key []byte) {
+		if !s.once(&seen, key, topKeys) {
+			return
+		}
 		switch string(key) {
 		case "id":
 			c.ID = s.skip()
@@ -262,14 +284,18 @@ func scanChunk(data []byte, sc *scratch) bool {
 			c.Error = s.skip()
 		case "prompt_token_ids":
 			if !s.isNull() {
-				c.PromptTokenIDs = s.ids(nil)
+				c.PromptTokenIDs = s.ids([]uint32{})
 			}
 		case "usage":
 			if s.isNull() {
 				return
 			}
 			sc.usage = usage{}
+			var seen uint16
 			s.object(func(k []byte) {
+				if !s.once(&seen, k, usageKeys) {
+					return
+				}
 				switch string(k) {
 				case "prompt_tokens":
 					sc.usage.PromptTokens = s.int()
@@ -304,7 +330,11 @@ func scanChunk(data []byte, sc *scratch) bool {
 }
 
 func scanChoice(s *scanner, sc *scratch, n int, ch *choice) {
+	var seen uint16
 	s.object(func(key []byte) {
+		if !s.once(&seen, key, choiceKeys) {
+			return
+		}
 		switch string(key) {
 		case "index":
 			ch.Index = s.int()
@@ -332,7 +362,7 @@ func scanChoice(s *scanner, sc *scratch, n int, ch *choice) {
 			}
 		case "prompt_token_ids":
 			if !s.isNull() {
-				ch.PromptTokenIDs = s.ids(nil)
+				ch.PromptTokenIDs = s.ids([]uint32{})
 			}
 		case "delta":
 			if s.isNull() {
@@ -340,7 +370,11 @@ func scanChoice(s *scanner, sc *scratch, n int, ch *choice) {
 			}
 			d := &sc.deltas[n]
 			*d = delta{}
+			var seen uint16
 			s.object(func(k []byte) {
+				if !s.once(&seen, k, deltaKeys) {
+					return
+				}
 				switch string(k) {
 				case "role":
 					if !s.isNull() {
