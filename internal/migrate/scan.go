@@ -234,38 +234,27 @@ type scratch struct {
 	role    string
 	ids     []uint32
 	// where the first choice's variable values lie in the scanned data
-	// (a template's holes), and whether one of them appeared twice
+	// (a template's holes); each kind at most once, as once refuses a
+	// repeated key
 	holes [maxHoles]hole
 	nh    int
-	dup   bool
 	tv    tokenVals // a template match's values
 }
 
 // mark records the span [start, s.i) of the first choice's value of the
 // given kind.
 func (sc *scratch) mark(n int, kind holeKind, start int, s *scanner) {
-	if n != 0 || s.bad {
-		return
+	if n == 0 && !s.bad {
+		sc.holes[sc.nh] = hole{kind: kind, start: start, end: s.i}
+		sc.nh++
 	}
-	for _, h := range sc.holes[:sc.nh] {
-		if h.kind == kind {
-			sc.dup = true
-			return
-		}
-	}
-	if sc.nh == len(sc.holes) {
-		sc.dup = true
-		return
-	}
-	sc.holes[sc.nh] = hole{kind: kind, start: start, end: s.i}
-	sc.nh++
 }
 
 // scanChunk fills sc.c from data; false when the scanner could not read it.
 func scanChunk(data []byte, sc *scratch) bool {
 	sc.c = chunk{Choices: sc.choices[:0]}
 	sc.ids = sc.ids[:0]
-	sc.nh, sc.dup = 0, false
+	sc.nh = 0
 	s := &scanner{b: data}
 	c := &sc.c
 	var seen uint16

@@ -57,7 +57,7 @@ func plainToken(c *chunk) bool {
 // set makes the scanned event data the template when it is a plain token
 // event, else forgets the template.
 func (tp *template) set(data []byte, sc *scratch) {
-	tp.ok = !sc.dup && plainToken(&sc.c)
+	tp.ok = plainToken(&sc.c)
 	if !tp.ok {
 		return
 	}
