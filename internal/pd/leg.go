@@ -24,7 +24,8 @@ import (
 type leg struct {
 	name    string
 	w       *worker.Worker
-	done    func(worker.Outcome)
+	ticket  worker.Ticket        // the breaker's
+	panicF  func(worker.Outcome) // instead of ticket: panic routing's outcome
 	release func()
 	sent    time.Time
 	once    sync.Once // slot, gauges, span
@@ -74,7 +75,11 @@ func (l *leg) end(o worker.Outcome) {
 // records nothing for them).
 func (l *leg) settle(o worker.Outcome) {
 	l.outOnce.Do(func() {
-		l.done(o)
+		if l.panicF != nil {
+			l.panicF(o)
+		} else {
+			l.ticket.Finish(o)
+		}
 		if l.outcomes != nil && o != worker.OutcomeNeutral {
 			l.outcomes.WithLabelValues(l.w.Key(), o.String()).Inc()
 		}
@@ -84,14 +89,15 @@ func (l *leg) settle(o worker.Outcome) {
 // startLeg reserves the breaker slot and the in-flight count of w, and
 // starts the leg's client span (child of the server span in ctx).
 func (e *Engine) startLeg(ctx context.Context, name string, w *worker.Worker, st *reqState, pr *Pair) (*leg, bool) {
-	done, ok := w.Breaker().StartOutcome()
+	ticket, ok := w.Breaker().Begin()
+	var panicF func(worker.Outcome)
 	if !ok && st.panicked { // panic routing overrides the breaker
-		done, ok = w.PanicOutcome(), true
+		panicF, ok = w.PanicOutcome(), true
 	}
 	if !ok {
 		return nil, false
 	}
-	l := &leg{name: name, w: w, done: done, release: w.Acquire(), sent: e.o.Now(), warmup: st.warmup}
+	l := &leg{name: name, w: w, ticket: ticket, panicF: panicF, release: w.Acquire(), sent: e.o.Now(), warmup: st.warmup}
 	if e.m != nil {
 		key := w.Key()
 		if name == "prefill" {
@@ -177,23 +183,25 @@ func (e *Engine) legFailed(l *leg, reason string, err error) {
 func (e *Engine) newLegRequest(ctx context.Context, st *reqState, pr *Pair, l *leg, rank int, body []byte) (*http.Request, error) {
 	w := l.w
 	lb := &legBody{b: body}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.Endpoint(st.path), lb)
+	h := make(http.Header, 8)
+	req, err := proxy.NewUpstreamRequest(ctx, http.MethodPost, w, st.path, h, lb, int64(len(body)))
 	if err != nil {
 		return nil, err
 	}
-	req.ContentLength = int64(len(body))
 	req.GetBody = lb.again
 	if len(body) == 0 {
 		req.Body, req.GetBody = http.NoBody, nil
 	}
-	h := req.Header
-	h.Set("Content-Type", "application/json")
-	h.Set("X-Request-Id", pr.RequestID)
+	// The single-valued headers share one array (capacity-capped slices:
+	// an Add to one cannot reach the next).
+	v := &[4]string{"application/json", pr.RequestID, "switchyard", st.auth}
+	h["Content-Type"] = v[0:1:1]
+	h["X-Request-Id"] = v[1:2:2]
 	if rank >= 0 {
 		h["X-data-parallel-rank"] = []string{strconv.Itoa(rank)}
 	}
 	if st.auth != "" {
-		h.Set("Authorization", st.auth)
+		h["Authorization"] = v[3:4:4]
 	}
 	for _, k := range []string{"Traceparent", "Tracestate", "Baggage"} {
 		if v := st.hdr.Values(k); len(v) > 0 {
@@ -203,7 +211,7 @@ func (e *Engine) newLegRequest(ctx context.Context, st *reqState, pr *Pair, l *l
 	if l.span != nil {
 		e.tr.Inject(ctx, l.span, h)
 	}
-	h.Set("User-Agent", "switchyard")
+	h["User-Agent"] = v[2:3:3]
 	return req, nil
 }
 

@@ -52,8 +52,33 @@ func WithCall(ctx context.Context, c *Call) context.Context {
 	return context.WithValue(ctx, ctxKey{}, c)
 }
 
-// CallFrom returns the Call stored in ctx, if any.
+// CallCarrier is a context value that holds a request's Call once it
+// exists: the server stores its request state under the Call's key when the
+// request begins, so that the Call needs no context (and request copy) of
+// its own.
+type CallCarrier interface {
+	ProxyCall() *Call // nil until the Call exists
+}
+
+// WithCallCarrier stores v where CallFrom looks.
+func WithCallCarrier(ctx context.Context, v CallCarrier) context.Context {
+	return context.WithValue(ctx, ctxKey{}, v)
+}
+
+// CarrierFrom returns the CallCarrier stored in ctx, if any.
+func CarrierFrom(ctx context.Context) CallCarrier {
+	v, _ := ctx.Value(ctxKey{}).(CallCarrier)
+	return v
+}
+
+// CallFrom returns the Call stored in ctx, directly or by a CallCarrier, if
+// any.
 func CallFrom(ctx context.Context) *Call {
-	c, _ := ctx.Value(ctxKey{}).(*Call)
-	return c
+	switch v := ctx.Value(ctxKey{}).(type) {
+	case *Call:
+		return v
+	case CallCarrier:
+		return v.ProxyCall()
+	}
+	return nil
 }

@@ -107,13 +107,22 @@ type h1Conn struct {
 	attached  bool
 	addr      string
 	idleSince time.Time
+
+	// Made once per connection (a closure per call would be an allocation
+	// per request): open's RawConn.Read callback and its result, and the
+	// request context's AfterFunc.
+	peekIdleFn func(fd uintptr) bool
+	alive      bool
+	closeFn    func()
 }
 
 func newH1Conn(nc net.Conn, addr string) *h1Conn {
 	c := &h1Conn{nc: nc, br: new(bufio.Reader), addr: addr}
+	c.closeFn = func() { nc.Close() }
 	if sc, ok := nc.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.rc = rc
+			c.peekIdleFn = c.peekIdle
 		}
 	}
 	if c.rc == nil {
@@ -159,12 +168,16 @@ func (c *h1Conn) waitReadable() {
 	if c.attached {
 		return
 	}
-	var one [1]byte
-	_ = c.rc.Read(func(fd uintptr) bool {
-		_, _, err := syscall.Recvfrom(int(fd), one[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		return err != syscall.EAGAIN && err != syscall.EWOULDBLOCK
-	})
+	_ = c.rc.Read(peekReady)
 	c.attach()
+}
+
+// peekReady is a RawConn.Read callback that returns once a byte (or EOF,
+// or an error) is waiting, without consuming it.
+func peekReady(fd uintptr) bool {
+	var one [1]byte
+	_, _, err := syscall.Recvfrom(int(fd), one[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	return err != syscall.EAGAIN && err != syscall.EWOULDBLOCK
 }
 
 // RoundTrip implements http.RoundTripper.
@@ -207,6 +220,9 @@ type exchange struct {
 	req  *http.Request
 	c    *h1Conn
 	stop func() bool // the context's AfterFunc (closes c)
+	// The response's body and its framing, allocated with the exchange.
+	body h1Body
+	lb   lengthBody
 }
 
 // send writes req on a pooled or new connection.
@@ -239,7 +255,7 @@ func (t *H1Transport) send(ctx context.Context, req *http.Request) (*exchange, e
 		return nil, err
 	}
 	x := &exchange{t: t, req: req, c: c}
-	x.stop = context.AfterFunc(ctx, func() { c.nc.Close() })
+	x.stop = context.AfterFunc(ctx, c.closeFn)
 	err = c.writeRequest(bp, head, req)
 	h1Bufs.Put(bp) // not held while the response is awaited
 	closeBody()
@@ -264,7 +280,7 @@ func (x *exchange) receive() (*http.Response, error) {
 	c.waitReadable()
 	resp, ok := readHeadFast(c.br, req)
 	if ok {
-		setBody(resp, c.br)
+		setBodyIn(resp, c.br, &x.lb)
 	} else {
 		var err error
 		if resp, err = readResponse(c.br, req); err != nil {
@@ -272,7 +288,8 @@ func (x *exchange) receive() (*http.Response, error) {
 		}
 	}
 	keep := !resp.Close && !req.Close && !strings.EqualFold(req.Header.Get("Connection"), "close")
-	b := &h1Body{t: x.t, c: c, rc: resp.Body, stop: x.stop, keep: keep}
+	b := &x.body // one allocation with the exchange
+	b.t, b.c, b.rc, b.stop, b.keep = x.t, c, resp.Body, x.stop, keep
 	if resp.Body == http.NoBody || resp.ContentLength == 0 {
 		b.finish(true)
 		resp.Body = http.NoBody
@@ -420,14 +437,18 @@ func (c *h1Conn) open() bool {
 	if c.rc == nil {
 		return true
 	}
-	alive := false
+	c.alive = false
+	err := c.rc.Read(c.peekIdleFn)
+	return err == nil && c.alive
+}
+
+// peekIdle is open's RawConn.Read callback: alive when a peek would
+// block. It never waits for readiness.
+func (c *h1Conn) peekIdle(fd uintptr) bool {
 	var one [1]byte
-	err := c.rc.Read(func(fd uintptr) bool {
-		n, _, err := syscall.Recvfrom(int(fd), one[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		alive = n < 0 && (err == syscall.EAGAIN || err == syscall.EWOULDBLOCK)
-		return true // never wait for readiness
-	})
-	return err == nil && alive
+	n, _, err := syscall.Recvfrom(int(fd), one[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	c.alive = n < 0 && (err == syscall.EAGAIN || err == syscall.EWOULDBLOCK)
+	return true
 }
 
 // put returns a connection to the pool (closing it when the pool is full).

@@ -192,14 +192,22 @@ func frameBody(resp *http.Response) bool {
 }
 
 // setBody gives resp, parsed by readHeadFast, the reader of its body on br.
-func setBody(resp *http.Response, br *bufio.Reader) {
+func setBody(resp *http.Response, br *bufio.Reader) { setBodyIn(resp, br, nil) }
+
+// setBodyIn is setBody with the storage of a Content-Length body given
+// (nil: allocated).
+func setBodyIn(resp *http.Response, br *bufio.Reader, lb *lengthBody) {
 	switch {
 	case resp.TransferEncoding != nil:
 		resp.Body = &chunkedBody{br: br, r: httputil.NewChunkedReader(br)}
 	case resp.ContentLength == 0:
 		resp.Body = http.NoBody
 	default:
-		resp.Body = &lengthBody{br: br, left: resp.ContentLength}
+		if lb == nil {
+			lb = new(lengthBody)
+		}
+		*lb = lengthBody{br: br, left: resp.ContentLength}
+		resp.Body = lb
 	}
 }
 

@@ -129,14 +129,14 @@ func (p *Regular) migrateOnce(ctx context.Context, w http.ResponseWriter, rs *re
 		return migrate.ResultNoWorker, nil, ""
 	}
 	wk := choice.Worker
-	done, ok := wk.Breaker().Start()
+	ticket, ok := wk.Breaker().Begin()
 	if !ok {
 		return migrate.ResultNoWorker, nil, ""
 	}
 	m.done++
 	ctx, span := startMigrationSpan(ctx, rs, wk, cause, m)
 	defer span.End()
-	slot := p.startSlot(wk, done, rs)
+	slot := p.startSlot(wk, ticket, nil, rs)
 	defer slot.release()
 	crs := *rs
 	crs.body = body

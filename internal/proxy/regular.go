@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -148,6 +147,11 @@ type reqSpec struct {
 	start     time.Time
 	preq      policy.Request
 	moved     int // whole-request retries after a failure without response (migrate.go)
+
+	// slot0: storage for the first attempt's slot, allocated with the
+	// request (nil once taken; later attempts and migrations allocate
+	// their own).
+	slot0 *attemptSlot
 }
 
 // replayable reports whether the body can be sent again.
@@ -155,7 +159,13 @@ func (rs *reqSpec) replayable() bool { return rs.stream == nil || !rs.stream.use
 
 // Dispatch serves one generation request. c.Body is forwarded byte for byte.
 func (p *Regular) Dispatch(w http.ResponseWriter, r *http.Request, c *Call) {
-	rs := &reqSpec{
+	box := new(struct { // the request and its first attempt's slot: one allocation
+		rs   reqSpec
+		slot attemptSlot
+	})
+	rs := &box.rs
+	*rs = reqSpec{
+		slot0:     &box.slot,
 		method:    http.MethodPost,
 		pathQuery: c.Path,
 		header:    p.upstreamHeader(r.Header),
@@ -371,10 +381,11 @@ func (p *Regular) serve(parent context.Context, w http.ResponseWriter, rs *reqSp
 	refused := 0
 	for attempt := 1; ; attempt++ {
 		wk := choice.Worker
-		done, ok := wk.Breaker().Start()
+		ticket, ok := wk.Breaker().Begin()
+		var panicDone func(bool)
 		if !ok && choice.Reason == panicReason { // panic routing overrides the breaker
 			po := wk.PanicOutcome()
-			done, ok = func(success bool) {
+			panicDone, ok = func(success bool) {
 				if success {
 					po(worker.OutcomeSuccess)
 				} else {
@@ -397,7 +408,7 @@ func (p *Regular) serve(parent context.Context, w http.ResponseWriter, rs *reqSp
 			continue
 		}
 		rec.Worker, rec.Reason, rec.Attempts = wk.Key(), choice.Reason, attempt
-		slot := p.startSlot(wk, done, rs)
+		slot := p.startSlot(wk, ticket, panicDone, rs)
 
 		resp, actx, acancel, err := p.roundTrip(ctx, wk, rs, attempt)
 		if err != nil {
@@ -470,20 +481,6 @@ func (p *Regular) roundTrip(ctx context.Context, wk *worker.Worker, rs *reqSpec,
 		cancel = func() { cc(context.Canceled) }
 		timer = time.AfterFunc(p.o.HeaderTimeout, func() { cc(ErrHeaderTimeout) })
 	}
-	var body io.Reader
-	switch {
-	case rs.stream != nil:
-		body = rs.stream
-	case rs.body != nil:
-		body = bytes.NewReader(rs.body)
-	}
-	req, err := http.NewRequestWithContext(actx, rs.method, wk.URL+rs.pathQuery, body)
-	if err != nil {
-		return nil, actx, cancel, err
-	}
-	if rs.stream != nil {
-		req.ContentLength = rs.length
-	}
 	h := rs.header
 	if attempt > 1 {
 		h = h.Clone() // the previous attempt's request may still be being written
@@ -493,7 +490,23 @@ func (p *Regular) roundTrip(ctx context.Context, wk *worker.Worker, rs *reqSpec,
 	} else {
 		delete(h, dpRankHeader)
 	}
-	req.Header = h
+	var body io.ReadCloser
+	var n int64
+	var bb *bytesBody
+	switch {
+	case rs.stream != nil:
+		body, n = rs.stream, rs.length
+	case rs.body != nil:
+		bb = newBytesBody(rs.body)
+		body, n = bb, int64(len(rs.body))
+	}
+	req, err := NewUpstreamRequest(actx, rs.method, wk, rs.pathQuery, h, body, n)
+	if err != nil {
+		return nil, actx, cancel, err
+	}
+	if _, h1 := p.rt.(*H1Transport); bb != nil && req.ContentLength > 0 && !(h1 && served(req)) {
+		req.GetBody = bb.again // for net/http's Transport (H1Transport never rewinds a body)
+	}
 	resp, err := p.rt.RoundTrip(req)
 	if timer != nil && !timer.Stop() { // fired: the attempt's context is canceled
 		if resp != nil {
@@ -617,17 +630,26 @@ func (p *Regular) fail(w http.ResponseWriter, rs *reqSpec, rec *Receipt, err err
 // and gauges (until release) and the breaker outcome with its metric. One
 // allocation per attempt instead of a closure (and a sync.Once) for each.
 type attemptSlot struct {
-	p       *Regular
-	w       *worker.Worker
-	done    func(bool)  // the breaker's
-	ws      worker.Slot // the worker's in-flight count
-	running prometheus.Gauge
-	off     atomic.Bool // released
+	p         *Regular
+	w         *worker.Worker
+	ticket    worker.Ticket // the breaker's
+	panicDone func(bool)    // instead of ticket: panic routing's outcome
+	recorded  atomic.Bool   // the breaker was told (only the first outcome counts)
+	ws        worker.Slot   // the worker's in-flight count
+	running   prometheus.Gauge
+	off       atomic.Bool // released
 }
 
-// startSlot counts the request in flight on w until release.
-func (p *Regular) startSlot(w *worker.Worker, done func(bool), rs *reqSpec) *attemptSlot {
-	s := &attemptSlot{p: p, w: w, done: done}
+// startSlot counts the request in flight on w until release; its outcome
+// goes to panicDone when set, else to the breaker's ticket.
+func (p *Regular) startSlot(w *worker.Worker, t worker.Ticket, panicDone func(bool), rs *reqSpec) *attemptSlot {
+	s := rs.slot0
+	if s != nil {
+		rs.slot0 = nil
+	} else {
+		s = new(attemptSlot)
+	}
+	s.p, s.w, s.ticket, s.panicDone = p, w, t, panicDone
 	s.ws.Start(w, rs.preq.Top)
 	if !rs.sse {
 		s.ws.FirstByte() // its first byte is its last: not counted as in prefill
@@ -654,7 +676,16 @@ func (s *attemptSlot) release() {
 
 // outcome reports the attempt's result to the breaker and the metrics.
 func (s *attemptSlot) outcome(ok bool) {
-	s.done(ok)
+	if s.recorded.CompareAndSwap(false, true) {
+		switch {
+		case s.panicDone != nil:
+			s.panicDone(ok)
+		case ok:
+			s.ticket.Finish(worker.OutcomeSuccess)
+		default:
+			s.ticket.Finish(worker.OutcomeFailure)
+		}
+	}
 	if m := s.p.m; m != nil {
 		o := "failure"
 		if ok {

@@ -25,6 +25,7 @@ import (
 // reqState is the per-request record the middleware and handlers share.
 type reqState struct {
 	id      string
+	idv     [1]string // id, as the response header's value (no allocation of its own)
 	route   routeInfo
 	start   time.Time
 	call    *proxy.Call // generation requests only
@@ -33,12 +34,15 @@ type reqState struct {
 	span    trace.Span  // server span (nil when tracing is off or the path is excluded)
 }
 
-type stateKey struct{}
-
+// The request's state is its context's proxy.CallCarrier: one context
+// value serves stateFrom and proxy.CallFrom.
 func stateFrom(ctx context.Context) *reqState {
-	st, _ := ctx.Value(stateKey{}).(*reqState)
+	st, _ := proxy.CarrierFrom(ctx).(*reqState)
 	return st
 }
+
+// ProxyCall implements proxy.CallCarrier.
+func (st *reqState) ProxyCall() *proxy.Call { return st.call }
 
 // RequestID returns the request id the middleware assigned (or "" outside
 // the server's handler chain). Passthrough handlers may forward it.
@@ -97,7 +101,8 @@ func (s *Server) newRequestState(w http.ResponseWriter, r *http.Request) (*reqSt
 func (s *Server) beginRequest(w http.ResponseWriter, r *http.Request, st *reqState) (_ *http.Request, answered bool) {
 	// request id
 	st.id = s.requestID(r)
-	w.Header().Set("X-Request-Id", st.id)
+	st.idv[0] = st.id
+	w.Header()["X-Request-Id"] = st.idv[:1:1]
 
 	// CORS (answers preflights itself)
 	if s.cors.apply(w, r) {
@@ -109,8 +114,7 @@ func (s *Server) beginRequest(w http.ResponseWriter, r *http.Request, st *reqSta
 	if s.tr.Enabled() {
 		ctx, st.span = s.tr.StartServer(r, st.route.spanRoute())
 	}
-	ctx = context.WithValue(ctx, stateKey{}, st)
-	r = r.WithContext(ctx)
+	r = r.WithContext(proxy.WithCallCarrier(ctx, st))
 
 	// auth and everything after it are logged and measured (serveHTTP's
 	// deferred finish)
@@ -131,7 +135,10 @@ func (s *Server) admitRequest(w http.ResponseWriter, rw *respWriter, r *http.Req
 		s.writeError(rw, r, http.StatusRequestEntityTooLarge, "payload_too_large", tooLargeMessage(s.o.MaxPayloadSize))
 		return false
 	}
-	if r.Body != nil && r.Body != http.NoBody {
+	// A body of declared length ends there (the server reads no further,
+	// and the length was checked above): only one of unknown length needs
+	// the limit on its reads.
+	if r.Body != nil && r.Body != http.NoBody && r.ContentLength < 0 {
 		r.Body = http.MaxBytesReader(w, r.Body, s.o.MaxPayloadSize)
 	}
 	return true

@@ -29,7 +29,7 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
-	r = r.WithContext(proxy.WithCall(r.Context(), c))
+	// r's context yields c (proxy.CallFrom): admitGenerate set st.call.
 	if passthrough {
 		// The Call in the context gives the passthrough its route label and
 		// receipt; the body it streams is the one already read.

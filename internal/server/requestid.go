@@ -65,7 +65,8 @@ func newRequestID(path string) string {
 	case strings.Contains(path, "/generate"):
 		prefix = "gnt-"
 	}
-	b := make([]byte, len(prefix)+24)
+	var buf [len("chatcmpl-") + 24]byte // the longest prefix: on the stack
+	b := buf[:len(prefix)+24]
 	copy(b, prefix)
 	for i := len(prefix); i < len(b); {
 		// One 64-bit draw yields ten 6-bit indexes; reject 62 and 63 to stay uniform.

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
 	"github.com/switchyard-llm/switchyard/internal/sim/oracle"
 )
 
@@ -431,12 +432,6 @@ func parseMessages(raw json.RawMessage) ([]oracle.Message, error) {
 	return out, nil
 }
 
-// appendJSONString appends s as a JSON string literal.
-func appendJSONString(dst []byte, s string) []byte {
-	b, _ := json.Marshal(s)
-	return append(dst, b...)
-}
-
 // chunkWriter renders SSE events for one request with precomputed framing.
 type chunkWriter struct {
 	g      *genReq
@@ -451,13 +446,13 @@ func newChunkWriter(g *genReq) *chunkWriter {
 	}
 	var p []byte
 	p = append(p, `data: {"id":`...)
-	p = appendJSONString(p, g.respID)
+	p = rawjson.AppendString(p, g.respID)
 	p = append(p, `,"object":"`...)
 	p = append(p, obj...)
 	p = append(p, `","created":`...)
 	p = strconv.AppendInt(p, g.created, 10)
 	p = append(p, `,"model":`...)
-	p = appendJSONString(p, g.model)
+	p = rawjson.AppendString(p, g.model)
 	return &chunkWriter{g: g, prefix: p}
 }
 
@@ -498,17 +493,17 @@ func (c *chunkWriter) tokenChunk(index int, piece string, id uint32, prompt []ui
 	b = strconv.AppendInt(b, int64(index), 10)
 	if c.g.chat {
 		b = append(b, `,"delta":{"content":`...)
-		b = appendJSONString(b, piece)
+		b = rawjson.AppendString(b, piece)
 		b = append(b, `},"logprobs":null,"finish_reason":`...)
 	} else {
 		b = append(b, `,"text":`...)
-		b = appendJSONString(b, piece)
+		b = rawjson.AppendString(b, piece)
 		b = append(b, `,"logprobs":null,"finish_reason":`...)
 	}
 	if finish == "" {
 		b = append(b, "null"...)
 	} else {
-		b = appendJSONString(b, finish)
+		b = rawjson.AppendString(b, finish)
 	}
 	b = append(b, `,"stop_reason":null`...)
 	if c.g.returnTokenIDs {

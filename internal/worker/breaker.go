@@ -173,8 +173,29 @@ func (b *Breaker) Start() (done func(success bool), ok bool) {
 // StartOutcome is Start with a three-way outcome (OutcomeNeutral included).
 // Only the first call of done counts.
 func (b *Breaker) StartOutcome() (done func(Outcome), ok bool) {
+	t, ok := b.Begin()
+	if !ok || t.b == nil {
+		return func(Outcome) {}, ok
+	}
+	var once sync.Once
+	return func(o Outcome) {
+		once.Do(func() { t.Finish(o) })
+	}, true
+}
+
+// Ticket is a request the breaker let through (Begin): Finish records its
+// outcome. Unlike Start's done func it costs no allocation, and the caller
+// makes sure Finish runs at most once.
+type Ticket struct {
+	b     *Breaker // nil: nothing to record (disabled breaker)
+	probe bool     // holds a half-open probe slot until Finish
+}
+
+// Begin is StartOutcome without the closure: ok=false if the breaker
+// refuses the request; else the Ticket to Finish once.
+func (b *Breaker) Begin() (Ticket, bool) {
 	if b == nil || b.cfg.Disabled {
-		return func(Outcome) {}, true
+		return Ticket{}, true
 	}
 	b.mu.Lock()
 	now := b.cfg.Now()
@@ -183,26 +204,30 @@ func (b *Breaker) StartOutcome() (done func(Outcome), ok bool) {
 	switch b.state {
 	case BreakerOpen:
 		b.mu.Unlock()
-		return func(Outcome) {}, false
+		return Ticket{}, false
 	case BreakerHalfOpen:
 		if b.probes >= b.cfg.HalfOpenMax {
 			b.mu.Unlock()
-			return func(Outcome) {}, false
+			return Ticket{}, false
 		}
 		b.probes++
 		probe = true
 	}
 	b.mu.Unlock()
-	var once sync.Once
-	return func(o Outcome) {
-		once.Do(func() {
-			if o == OutcomeNeutral {
-				b.release(probe)
-				return
-			}
-			b.record(o == OutcomeSuccess, probe)
-		})
-	}, true
+	return Ticket{b: b, probe: probe}, true
+}
+
+// Finish records the ticket's outcome (OutcomeNeutral only gives back a
+// probe slot). Call it at most once per ticket.
+func (t Ticket) Finish(o Outcome) {
+	if t.b == nil {
+		return
+	}
+	if o == OutcomeNeutral {
+		t.b.release(t.probe)
+		return
+	}
+	t.b.record(o == OutcomeSuccess, t.probe)
 }
 
 // release gives back a half-open probe slot without recording an outcome.

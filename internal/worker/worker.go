@@ -229,6 +229,7 @@ func ExpandDP(s Spec, dpSize int) []Spec {
 type Worker struct {
 	Spec
 	key     string
+	base    *url.URL // URL parsed once (nil if it does not parse); never modified
 	added   time.Time
 	breaker *Breaker
 
@@ -262,6 +263,9 @@ func New(s Spec, bc BreakerConfig) *Worker {
 		bc.OnTransition = func(from, to BreakerState) { fn(key, from, to) }
 	}
 	w := &Worker{Spec: s, key: s.Key(), added: time.Now(), breaker: NewBreaker(bc)}
+	if u, err := url.Parse(s.URL); err == nil && u.Host != "" && u.Path == "" && u.RawQuery == "" && u.User == nil {
+		w.base = u
+	}
 	w.healthy.Store(true)
 	w.routable.Store(true)
 	w.polledLoad.Store(-1)
@@ -271,6 +275,10 @@ func New(s Spec, bc BreakerConfig) *Worker {
 
 // Key is the worker's identity (URL or URL@rank).
 func (w *Worker) Key() string { return w.key }
+
+// BaseURL is the worker's URL, parsed once: scheme and host, nothing else
+// (nil if URL is not of that form). Callers must not modify it.
+func (w *Worker) BaseURL() *url.URL { return w.base }
 
 // Endpoint returns the full URL for path on this worker (never with @rank).
 func (w *Worker) Endpoint(path string) string { return w.URL + path }

@@ -300,3 +300,48 @@ func TestSlotCounts(t *testing.T) {
 		t.Fatalf("total %d, want 4", w.TotalRequests())
 	}
 }
+
+// TestBreakerTicket: Begin holds a half-open probe slot until Finish; a
+// neutral Finish only gives it back, a success closes the breaker; a
+// disabled breaker's ticket records nothing.
+func TestBreakerTicket(t *testing.T) {
+	now := time.Unix(0, 0)
+	b := NewBreaker(BreakerConfig{FailureThreshold: 1, SuccessThreshold: 1, OpenDuration: time.Second,
+		Window: 10 * time.Second, FailureRate: 0.5, MinRequests: 1000, HalfOpenMax: 1, Now: func() time.Time { return now }})
+	b.Record(false)
+	if _, ok := b.Begin(); ok || b.State() != BreakerOpen {
+		t.Fatalf("open breaker let a request through (state %v)", b.State())
+	}
+	now = now.Add(time.Second)
+	tk, ok := b.Begin()
+	if !ok || b.State() != BreakerHalfOpen {
+		t.Fatalf("probe refused (state %v)", b.State())
+	}
+	if _, ok := b.Begin(); ok {
+		t.Fatal("a second probe got through while the first holds the slot")
+	}
+	tk.Finish(OutcomeNeutral)
+	if b.State() != BreakerHalfOpen {
+		t.Fatalf("neutral outcome moved the breaker to %v", b.State())
+	}
+	tk, ok = b.Begin()
+	if !ok {
+		t.Fatal("the neutral outcome did not give the probe slot back")
+	}
+	tk.Finish(OutcomeSuccess)
+	if b.State() != BreakerClosed {
+		t.Fatalf("successful probe left the breaker %v", b.State())
+	}
+
+	d := NewBreaker(BreakerConfig{Disabled: true})
+	for range 10 {
+		tk, ok := d.Begin()
+		if !ok {
+			t.Fatal("disabled breaker refused")
+		}
+		tk.Finish(OutcomeFailure)
+	}
+	if d.State() != BreakerClosed {
+		t.Fatalf("disabled breaker moved to %v", d.State())
+	}
+}
