@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
@@ -159,8 +160,10 @@ func (e *Engine) newAttemptRun(ctx context.Context, w http.ResponseWriter, st *r
 		pBody:  prefillBody(st.kind, st.obj, e.conn.PrefillParams(pr)),
 		prof:   e.newProfiler(pr),
 	}
-	e.log.Debug("pd attempt", "prefill", pr.P.Key(), "decode", pr.D.Key(), "order", order.String(),
-		"request_id", pr.RequestID, "transfer_id", pr.TransferID)
+	if e.log.Enabled(ctx, slog.LevelDebug) { // its arguments cost allocations even when dropped
+		e.log.Debug("pd attempt", "prefill", pr.P.Key(), "decode", pr.D.Key(), "order", order.String(),
+			"request_id", pr.RequestID, "transfer_id", pr.TransferID)
+	}
 	pbase := ctx
 	if order == Concurrent {
 		// The prefill may outlive the attempt by the moment its answer
@@ -415,7 +418,7 @@ func (a *attemptRun) prefillAnswered(out prefillOut, ch chan<- prefillOut) {
 // or a dead prefill can still fail over to another pair: they interrupt the
 // wait by cancelling D's context with their cause (onInterrupt).
 func (a *attemptRun) waitFirstByte() *failure {
-	resp, err := a.e.o.Client.Do(a.dreq)
+	resp, err := a.e.do(a.dreq)
 	a.prof.stop(a.pr.D)
 	if a.order == Concurrent {
 		if err == nil {

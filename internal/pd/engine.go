@@ -142,7 +142,9 @@ type Options struct {
 type Engine struct {
 	o    Options
 	conn Connector
-	boot *bootstrapper
+	// policyName is the receipt's "prefill/decode" policy names (built once).
+	policyName string
+	boot       *bootstrapper
 	// pairs avoids P/D pairs whose transfers keep timing out.
 	pairs *pairHealth
 	// warm warms new pairs up (nil when Options.Warmup is off).
@@ -219,7 +221,8 @@ func New(o Options) (*Engine, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	e := &Engine{o: o, log: log.With("component", "pd"), m: o.Metrics, tr: o.Tracer, own: own}
+	e := &Engine{o: o, log: log.With("component", "pd"), m: o.Metrics, tr: o.Tracer, own: own,
+		policyName: o.PrefillPolicy.Name() + "/" + o.DecodePolicy.Name()}
 	probeTTL := time.Duration(0) // the cooldown, when no KV-wait bound exists
 	if o.KVWaitTimeout > 0 {
 		probeTTL = o.KVWaitTimeout + time.Second
@@ -446,7 +449,7 @@ func (e *Engine) begin(tw *trackingWriter, r *http.Request, c *proxy.Call) *reqS
 	}
 	rc := c.Receipt
 	rc.Mode = "pd"
-	rc.Policy = e.o.PrefillPolicy.Name() + "/" + e.o.DecodePolicy.Name()
+	rc.Policy = e.policyName
 
 	st := &reqState{start: c.Start, hdr: r.Header, cli: r.Context(), rc: rc}
 	if st.start.IsZero() {

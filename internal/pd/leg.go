@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,7 +27,7 @@ type leg struct {
 	w       *worker.Worker
 	ticket  worker.Ticket        // the breaker's
 	panicF  func(worker.Outcome) // instead of ticket: panic routing's outcome
-	release func()
+	slot    worker.Slot          // the worker's in-flight count
 	sent    time.Time
 	once    sync.Once // slot, gauges, span
 	outOnce sync.Once // breaker outcome
@@ -55,7 +56,7 @@ func (l *leg) finish(success bool) {
 // and records o on the breaker, unless o is a success held by holdOK.
 func (l *leg) end(o worker.Outcome) {
 	l.once.Do(func() {
-		l.release()
+		l.slot.Release()
 		if l.running != nil {
 			l.running.Dec()
 			l.inflight.Dec()
@@ -97,7 +98,8 @@ func (e *Engine) startLeg(ctx context.Context, name string, w *worker.Worker, st
 	if !ok {
 		return nil, false
 	}
-	l := &leg{name: name, w: w, ticket: ticket, panicF: panicF, release: w.Acquire(), sent: e.o.Now(), warmup: st.warmup}
+	l := &leg{name: name, w: w, ticket: ticket, panicF: panicF, sent: e.o.Now(), warmup: st.warmup}
+	l.slot.Start(w, false)
 	if e.m != nil {
 		key := w.Key()
 		if name == "prefill" {
@@ -257,4 +259,30 @@ func (lb *legBody) again() (io.ReadCloser, error) {
 		return nil, errLegBodyClosed
 	}
 	return &legBody{b: lb.b}, nil
+}
+
+// do sends a leg's request: e.o.Client.Do without the client's redirect
+// bookkeeping (a copy of the header and the URL per request). A leg never
+// follows a redirect (a worker's 3xx fails the leg like any other non-2xx
+// answer); an error is wrapped as the client wraps it (*url.Error), so it
+// reads the same. A client with a timeout, a cookie jar or a redirect
+// policy goes through Do.
+func (e *Engine) do(req *http.Request) (*http.Response, error) {
+	c := e.o.Client
+	if c.Timeout != 0 || c.Jar != nil || c.CheckRedirect != nil {
+		return c.Do(req)
+	}
+	rt := c.Transport
+	if rt == nil {
+		rt = http.DefaultTransport
+	}
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		if resp != nil && resp.Body != nil {
+			resp.Body.Close()
+		}
+		op := req.Method[:1] + strings.ToLower(req.Method[1:])
+		return nil, &url.Error{Op: op, URL: req.URL.String(), Err: err}
+	}
+	return resp, nil
 }

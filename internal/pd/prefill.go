@@ -29,7 +29,7 @@ func (e *Engine) runPrefill(ctx, pctx context.Context, st *reqState, pr *Pair, l
 	if f != nil {
 		return prefillOut{fail: f, dur: e.o.Now().Sub(l.sent)}
 	}
-	resp, err := e.o.Client.Do(req)
+	resp, err := e.do(req)
 	return e.prefillResult(ctx, pctx, pr, l, resp, err)
 }
 

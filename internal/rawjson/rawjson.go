@@ -99,8 +99,9 @@ func decodeKey(q []byte) (string, error) {
 	return key, nil
 }
 
-// commonKey returns the OpenAI request keys (and a completion's top-level
-// response keys, which the prefill's answer is) as constants: a switch on
+// commonKey returns the OpenAI request keys (and a completion's response
+// keys, which the prefill's answer is, with its kv_transfer_params) as
+// constants: a switch on
 // string(raw) compiles to comparisons without converting (allocating) the
 // key, so the keys of nearly every request cost nothing.
 func commonKey(raw []byte) (string, bool) {
@@ -163,6 +164,56 @@ func commonKey(raw []byte) (string, bool) {
 		return "min_tokens", true
 	case "return_token_ids":
 		return "return_token_ids", true
+	// kv_transfer_params (vLLM's NIXL, MoRI-IO and Mooncake connectors)
+	case "do_remote_decode":
+		return "do_remote_decode", true
+	case "do_remote_prefill":
+		return "do_remote_prefill", true
+	case "remote_block_ids":
+		return "remote_block_ids", true
+	case "remote_engine_id":
+		return "remote_engine_id", true
+	case "remote_host":
+		return "remote_host", true
+	case "remote_port":
+		return "remote_port", true
+	case "remote_request_id":
+		return "remote_request_id", true
+	case "tp_size":
+		return "tp_size", true
+	case "transfer_id":
+		return "transfer_id", true
+	case "remote_handshake_port":
+		return "remote_handshake_port", true
+	case "remote_notify_port":
+		return "remote_notify_port", true
+	case "remote_dp_size":
+		return "remote_dp_size", true
+	case "remote_tp_size":
+		return "remote_tp_size", true
+	case "remote_dp_rank":
+		return "remote_dp_rank", true
+	case "remote_bootstrap_addr":
+		return "remote_bootstrap_addr", true
+	// a choice and usage
+	case "index":
+		return "index", true
+	case "text":
+		return "text", true
+	case "finish_reason":
+		return "finish_reason", true
+	case "stop_reason":
+		return "stop_reason", true
+	case "token_ids":
+		return "token_ids", true
+	case "prompt_tokens":
+		return "prompt_tokens", true
+	case "total_tokens":
+		return "total_tokens", true
+	case "completion_tokens":
+		return "completion_tokens", true
+	case "prompt_tokens_details":
+		return "prompt_tokens_details", true
 	}
 	return "", false
 }
@@ -324,8 +375,7 @@ func (o *Object) Apply(edits ...Edit) []byte {
 		if wrote {
 			out = append(out, ',')
 		}
-		kb, _ := json.Marshal(e.Key)
-		out = append(out, kb...)
+		out = AppendString(out, e.Key) // json.Marshal's bytes (FuzzAppendString)
 		out = append(out, ':')
 		out = append(out, e.Value...)
 		wrote = true

@@ -3,6 +3,8 @@ package rawjson
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -142,5 +144,29 @@ func TestParseManyMembersAndCommonKeys(t *testing.T) {
 	_ = append(small.Members(), Member{Key: "x"})
 	if n := len(small.Members()); n != 2 || small.small[2].Key != "" {
 		t.Fatalf("append to Members() wrote into the object's inline members (%d members, slot 2 %q)", n, small.small[2].Key)
+	}
+}
+
+// TestCommonKeysReturnThemselves: every constant commonKey knows is the
+// key it was asked for (a typo in the switch would rename a member).
+func TestCommonKeysReturnThemselves(t *testing.T) {
+	src, err := os.ReadFile("rawjson.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := regexp.MustCompile(`case "([^"]+)":\s+return "([^"]+)", true`).FindAllStringSubmatch(string(src), -1)
+	if len(cases) < 40 {
+		t.Fatalf("found %d cases in commonKey; the pattern no longer matches the source", len(cases))
+	}
+	for _, c := range cases {
+		if c[1] != c[2] {
+			t.Errorf("commonKey case %q returns %q", c[1], c[2])
+		}
+		if k, ok := commonKey([]byte(c[1])); !ok || k != c[1] {
+			t.Errorf("commonKey(%q) = %q, %v", c[1], k, ok)
+		}
+	}
+	if _, ok := commonKey([]byte("not_a_common_key")); ok {
+		t.Error("an unknown key came back as common")
 	}
 }
