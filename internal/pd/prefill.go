@@ -46,7 +46,7 @@ func (e *Engine) prefillRequest(pctx context.Context, st *reqState, pr *Pair, l 
 // prefillResult reads P's answer to the prefill (resp and err as the
 // client returned them) and checks it.
 func (e *Engine) prefillResult(ctx, pctx context.Context, pr *Pair, l *leg, resp *http.Response, err error) (out prefillOut) {
-	who := "prefill worker " + pr.P.Key()
+	who := func() string { return "prefill worker " + pr.P.Key() } // for failures only
 	defer func() { out.dur = e.o.Now().Sub(l.sent) }()
 	classify := func(err error, during string) *failure {
 		switch {
@@ -54,25 +54,25 @@ func (e *Engine) prefillResult(ctx, pctx context.Context, pr *Pair, l *leg, resp
 			// the client left, the request deadline passed, or the
 			// sibling leg failed: not this worker's fault
 			l.finish(true)
-			return &failure{leg: "prefill", reason: "canceled", w: pr.P, status: proxy.StatusClientClosed, msg: who + ": canceled"}
+			return &failure{leg: "prefill", reason: "canceled", w: pr.P, status: proxy.StatusClientClosed, msg: who() + ": canceled"}
 		case pctx.Err() == context.DeadlineExceeded:
 			e.legFailed(l, "timeout", err)
 			return &failure{leg: "prefill", reason: "timeout", w: pr.P, status: http.StatusGatewayTimeout, retry: true,
-				errType: "prefill_timeout", msg: fmt.Sprintf("%s did not complete the prefill within %s", who, e.o.PrefillTimeout)}
+				errType: "prefill_timeout", msg: fmt.Sprintf("%s did not complete the prefill within %s", who(), e.o.PrefillTimeout)}
 		case proxy.IsDialError(err):
 			e.legFailed(l, "connect", err)
 			return &failure{leg: "prefill", reason: "connect", w: pr.P, status: http.StatusBadGateway, retry: true,
-				errType: "prefill", msg: fmt.Sprintf("%s unreachable: %v", who, unwrapURL(err))}
+				errType: "prefill", msg: fmt.Sprintf("%s unreachable: %v", who(), unwrapURL(err))}
 		}
 		e.legFailed(l, "error", err)
 		return &failure{leg: "prefill", reason: "error", w: pr.P, status: http.StatusBadGateway, retry: true,
-			errType: "prefill", msg: fmt.Sprintf("%s failed %s: %v", who, during, unwrapURL(err))}
+			errType: "prefill", msg: fmt.Sprintf("%s failed %s: %v", who(), during, unwrapURL(err))}
 	}
 	if err != nil {
 		return prefillOut{fail: classify(err, "before answering")}
 	}
 	tracing.SetStatus(l.span, resp.StatusCode)
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxPrefillBody+1))
+	data, err := readPrefillBody(resp)
 	resp.Body.Close()
 	if err != nil {
 		return prefillOut{fail: classify(err, "while sending its response")}
@@ -81,7 +81,7 @@ func (e *Engine) prefillResult(ctx, pctx context.Context, pr *Pair, l *leg, resp
 		if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusRequestTimeout {
 			e.legFailed(l, "status", nil)
 			return prefillOut{fail: &failure{leg: "prefill", reason: "status", w: pr.P, status: http.StatusBadGateway, retry: true,
-				errType: "prefill", msg: fmt.Sprintf("%s returned HTTP %d: %s", who, resp.StatusCode, snippet(data))}}
+				errType: "prefill", msg: fmt.Sprintf("%s returned HTTP %d: %s", who(), resp.StatusCode, snippet(data))}}
 		}
 		// a client error (bad request, prompt too long): relay it as is
 		l.finish(true)
@@ -89,21 +89,36 @@ func (e *Engine) prefillResult(ctx, pctx context.Context, pr *Pair, l *leg, resp
 			e.m.PDLegErrors.WithLabelValues("prefill", "status_4xx").Inc()
 		}
 		return prefillOut{fail: &failure{leg: "prefill", reason: "status_4xx", w: pr.P, status: resp.StatusCode,
-			errType: "prefill", msg: fmt.Sprintf("%s returned HTTP %d: %s", who, resp.StatusCode, snippet(data)),
+			errType: "prefill", msg: fmt.Sprintf("%s returned HTTP %d: %s", who(), resp.StatusCode, snippet(data)),
 			relay: &buffered{status: resp.StatusCode, header: resp.Header, body: limit(data, maxErrorBody)}}}
 	}
 	if len(data) > maxPrefillBody {
 		e.legFailed(l, "bad_response", nil)
 		return prefillOut{fail: &failure{leg: "prefill", reason: "bad_response", w: pr.P, status: http.StatusBadGateway, retry: true,
-			errType: "prefill", msg: fmt.Sprintf("%s returned a response larger than %d bytes", who, maxPrefillBody)}}
+			errType: "prefill", msg: fmt.Sprintf("%s returned a response larger than %d bytes", who(), maxPrefillBody)}}
 	}
 	o, err := rawjson.Parse(data)
 	if err != nil {
 		e.legFailed(l, "bad_response", nil)
 		return prefillOut{fail: &failure{leg: "prefill", reason: "bad_response", w: pr.P, status: http.StatusBadGateway, retry: true,
 			errType: "prefill", msg: fmt.Sprintf("%s returned HTTP %d with a body that is not a JSON object (%v): %s; the decode was not sent",
-				who, resp.StatusCode, err, snippet(data))}}
+				who(), resp.StatusCode, err, snippet(data))}}
 	}
 	l.finish(true)
 	return prefillOut{body: data, params: o.Get("kv_transfer_params")}
+}
+
+// readPrefillBody reads P's answer, at most maxPrefillBody+1 bytes: one
+// buffer of the declared length when there is one (P's answer is a small
+// JSON object; io.ReadAll grows from 512 bytes in steps).
+func readPrefillBody(resp *http.Response) ([]byte, error) {
+	if n := resp.ContentLength; n >= 0 && n <= maxPrefillBody {
+		data := make([]byte, n)
+		k, err := io.ReadFull(resp.Body, data)
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF // declared bytes that never came
+		}
+		return data[:k], err
+	}
+	return io.ReadAll(io.LimitReader(resp.Body, maxPrefillBody+1))
 }
