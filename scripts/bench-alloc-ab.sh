@@ -16,20 +16,8 @@ mode=$1; secs=$2; reps=$3; conns=$4; shift 4
 [ $# -gt 0 ] || { echo "usage: $0 regular|pd SECONDS REPEATS CONNS LABEL=BIN_DIR ..." >&2; exit 2; }
 dir=$(mktemp -d); pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"' EXIT
-freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-first=${1#*=}
-case $mode in
-regular)
-  sp=$(freeport)
-  "$first/vllm-sim" --role unified --profile-preset zero --port "$sp" > "$dir/sim.log" 2>&1 & pids+=($!)
-  fleet=(--worker-urls "http://127.0.0.1:$sp") ;;
-pd)
-  pp=$(freeport); dp=$(freeport)
-  "$first/vllm-sim" --role prefill --kv-connector nixl --profile-preset zero --port "$pp" > "$dir/p.log" 2>&1 & pids+=($!)
-  "$first/vllm-sim" --role decode --kv-connector nixl --profile-preset zero --port "$dp" > "$dir/d.log" 2>&1 & pids+=($!)
-  fleet=(--vllm-pd-disaggregation --kv-connector nixl --prefill "http://127.0.0.1:$pp" --decode "http://127.0.0.1:$dp") ;;
-*) echo "mode must be regular or pd" >&2; exit 2 ;;
-esac
+. "$(dirname "$0")/lib/bench.sh"
+start_fleet "$mode" "${1#*=}"
 labels=(); ports=(); mports=(); rpids=()
 for spec in "$@"; do
   label=${spec%%=*}; bin=${spec#*=}; p=$(freeport); mp=$(freeport)
@@ -37,18 +25,9 @@ for spec in "$@"; do
     --log-level warn --policy round_robin "${fleet[@]}" > "$dir/sy-$label.log" 2>&1 & pids+=($!)
   labels+=("$label"); ports+=("$p"); mports+=("$mp"); rpids+=($!)
 done
-cat > "$dir/c.lua" <<'LUA'
-wrk.method = "POST"
-wrk.body = '{"model":"sim-model","prompt":"hello","max_tokens":1}'
-wrk.headers["Content-Type"] = "application/json"
-LUA
+write_completion_lua "$dir/c.lua"
 for p in "${ports[@]}"; do # ready: one completion through each router
-  ok=0
-  for _ in $(seq 1 100); do
-    if curl -sf -o /dev/null -H 'Content-Type: application/json' -d '{"model":"sim-model","prompt":"hi","max_tokens":1}' "http://127.0.0.1:$p/v1/completions"; then ok=1; break; fi
-    sleep 0.2
-  done
-  [ $ok = 1 ] || { echo "router on port $p never answered" >&2; exit 1; }
+  wait_completion "http://127.0.0.1:$p" || { echo "router on port $p never answered" >&2; exit 1; }
 done
 cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
 metric() { curl -s "http://127.0.0.1:$1/metrics" | awk -v k="$2" '$1==k{printf "%.0f", $2}'; }

@@ -18,30 +18,14 @@ set -euo pipefail
 mode=$1; bin=$2; exe=$3; c=$4; n=${5:-2000}
 shift $(( $# >= 5 ? 5 : 4 ))
 [ "${1:-}" = "--" ] && shift
-freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. "$(dirname "$0")/lib/bench.sh"
 dir=$(mktemp -d); pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"' EXIT
 rp=$(freeport); mp=$(freeport)
-case $mode in
-regular)
-  sp=$(freeport)
-  "$bin/vllm-sim" --role unified --profile-preset zero --port "$sp" > "$dir/sim.log" 2>&1 & pids+=($!)
-  fleet=(--worker-urls "http://127.0.0.1:$sp") ;;
-pd)
-  pp=$(freeport); dp=$(freeport)
-  "$bin/vllm-sim" --role prefill --kv-connector nixl --profile-preset zero --port "$pp" > "$dir/p.log" 2>&1 & pids+=($!)
-  "$bin/vllm-sim" --role decode --kv-connector nixl --profile-preset zero --port "$dp" > "$dir/d.log" 2>&1 & pids+=($!)
-  fleet=(--vllm-pd-disaggregation --kv-connector nixl --prefill "http://127.0.0.1:$pp" --decode "http://127.0.0.1:$dp") ;;
-*) echo "mode must be regular or pd" >&2; exit 2 ;;
-esac
+start_fleet "$mode" "$bin" || exit 2
 "$exe" --host 127.0.0.1 --port "$rp" --prometheus-host 127.0.0.1 --prometheus-port "$mp" --log-level warning \
   --policy round_robin "${fleet[@]}" "$@" > "$dir/router.log" 2>&1 & rpid=$!; pids+=($rpid)
-ok=0
-for _ in $(seq 1 150); do
-  if curl -sf -o /dev/null -H 'Content-Type: application/json' -d '{"model":"sim-model","prompt":"hi","max_tokens":1}' "http://127.0.0.1:$rp/v1/completions"; then ok=1; break; fi
-  sleep 0.2
-done
-[ $ok = 1 ] || { echo "router never answered; log:" >&2; tail -20 "$dir/router.log" >&2; exit 1; }
+wait_completion "http://127.0.0.1:$rp" 150 || { echo "router never answered; log:" >&2; tail -20 "$dir/router.log" >&2; exit 1; }
 load() { "$bin/sybench" --backend vllm --base-url "http://127.0.0.1:$rp" --dataset-name random --random-input-len 1000 \
   --random-output-len 100 --max-concurrency "$c" --num-prompts "$1" --ignore-eos --disable-tqdm --seed 1 > "$dir/bench.log" 2>&1; }
 ticks() { awk '{print $14+$15}' "/proc/$rpid/stat"; }

@@ -13,7 +13,7 @@ secs=$1; reps=$2; conns=$3; shift 3
 [ $# -gt 0 ] || { echo "usage: $0 SECONDS REPEATS CONNS LABEL=BIN_DIR[:ENV=V...] ..." >&2; exit 2; }
 dir=$(mktemp -d); pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"' EXIT
-freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. "$(dirname "$0")/lib/bench.sh"
 first=${1#*=}; first=${first%%:*}
 sp=$(freeport); np=$(freeport)
 "$first/vllm-sim" --role unified --profile-preset zero --port "$sp" > "$dir/sim.log" 2>&1 & pids+=($!)
@@ -37,18 +37,9 @@ for spec in "$@"; do
     --log-level warn --worker-urls "http://127.0.0.1:$sp" --policy round_robin > "$dir/sy-$label.log" 2>&1 & pids+=($!)
   targets+=("$label=http://127.0.0.1:$p")
 done
-cat > "$dir/c.lua" <<'LUA'
-wrk.method = "POST"
-wrk.body = '{"model":"sim-model","prompt":"hello","max_tokens":1}'
-wrk.headers["Content-Type"] = "application/json"
-LUA
+write_completion_lua "$dir/c.lua"
 for t in "${targets[@]}"; do # ready: one completion through each target
-  u=${t#*=}; ok=0
-  for _ in $(seq 1 100); do
-    if curl -sf -o /dev/null -H 'Content-Type: application/json' -d '{"model":"sim-model","prompt":"hi","max_tokens":1}' "$u/v1/completions"; then ok=1; break; fi
-    sleep 0.2
-  done
-  [ $ok = 1 ] || { echo "${t%%=*} never answered" >&2; exit 1; }
+  wait_completion "${t#*=}" || { echo "${t%%=*} never answered" >&2; exit 1; }
 done
 echo "# $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg); wrk -t2 -c$conns -d${secs}s, $reps interleaved repetitions"
 for r in $(seq 1 "$reps"); do
