@@ -153,16 +153,22 @@ func killPrefillWrite(t *testing.T, routerArgs []string) {
 // stall ends the breaker half-opens and closes again.
 func TestStallDecodeFirstToken(t *testing.T) {
 	s := scaleFor()
+	stallAt, stallFor := s.at(0.15), s.at(0.45)
+	// Room to watch the recovery: the window after the stall starts 3 s
+	// after it ends, and under load the fault calls to the simulator can
+	// take a second or two (a CI run's stall lasted 6.3 s for 4.5 s asked,
+	// and the window fell past the end of a 10 s load).
+	s.dur += 4 * time.Second
 	const kvWait = time.Second
 	f := startPDFleet(t, 2, 2, []string{"--kv-wait-timeout-secs", "1", "--request-timeout-secs", "8",
 		"--cb-timeout-duration-secs", "2"})
 	f.r.markBaseline(t)
 	l := startLoad(loadConfig{base: f.r.Base, conc: s.conc, dur: s.dur, deadline: s.deadline, mix: streamOnly})
 
-	time.Sleep(s.at(0.15))
+	time.Sleep(stallAt)
 	stall := time.Now()
 	f.d[0].SetFaults(t, map[string]any{"stall_first_token_ms": 600000})
-	time.Sleep(s.at(0.45))
+	time.Sleep(stallFor)
 	unstall := time.Now()
 	f.d[0].SetFaults(t, map[string]any{"stall_first_token_ms": 0})
 	res := l.wait()
