@@ -81,6 +81,6 @@ stage e2e e2e
 stage chaos chaos
 stage czmq czmq
 stage interop interop
-stage fuzz ./scripts/fuzz-smoke.sh 10s
+stage fuzz ./scripts/fuzz-smoke.sh 6s
 stage bench make --no-print-directory bench-smoke
 finish 0

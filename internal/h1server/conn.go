@@ -53,6 +53,15 @@ type conn struct {
 	remote   string // RemoteAddr().String(), once
 	deadline bool   // the server set a read deadline
 	watch    watch  // the disconnect watch, reused by each request
+
+	// The requests' contexts (reqctx.go): the base seen without its
+	// cancellation, the base's end followed once per connection, the
+	// current request's context and its deadline timer.
+	vctx     context.Context
+	stopBase func() bool
+	ctxMu    sync.Mutex
+	cur      *reqCtx
+	dlTimer  *time.Timer
 	// handedOff: the fallback owns nc.
 	handedOff bool
 }
@@ -114,6 +123,7 @@ func (c *conn) serve() {
 // owns it, and forgets it.
 func (c *conn) finish() {
 	c.s.trackConn(c, false)
+	c.stopCtx()
 	if !c.hijacked && !c.handedOff {
 		c.r = c.w // what is left unread goes with the connection
 	}
@@ -324,14 +334,14 @@ func (c *conn) serveRequest(h *head) bool {
 	c.clearReadDeadline()
 	c.state.Store(stateActive)
 	c.lastPOST = h.method == "POST"
-	req, cancel := c.newRequest(h)
-	w := newResponse(c, req, h, cancel)
+	w := newResponse(c, h)
+	req := w.req
 	if req.Body == http.NoBody {
 		c.release()
 		w.startWatch()
 	}
 	ok := w.run(c.s.handler())
-	cancel(context.Canceled)
+	c.endCtx(&w.ctx)
 	return ok
 }
 

@@ -38,9 +38,21 @@
 // per server (poll_linux.go); elsewhere the timer keeps peeking with
 // doubling backoff capped at 200 ms. Either way the verdict is a peek
 // (recvfrom MSG_PEEK|MSG_DONTWAIT, never blocking): EOF or a connection
-// error cancels the request's context with errClientGone as its cause; a
+// error cancels the request's context (context.Canceled); a
 // pipelined request stops the watch. Connections that are not syscall.Conn
 // get no watch.
+//
+// # Request contexts
+//
+// A fast-path request's context is allocated with its response (reqctx.go)
+// instead of net/http's cancelCtx per request. Besides context.Context it
+// takes in place, without an allocation, what the router's request would
+// otherwise add as children: one value (SetValue), the request's deadline
+// (TightenDeadline, timed by one timer per connection) and one abort hook
+// run when the context ends (HookAbort, the upstream connection's close).
+// Children made with the context package follow it through its AfterFunc
+// method; context.Cause of it is its Err, and a client that went away is
+// context.Canceled, as the end of the handler is.
 //
 // # Buffers
 //

@@ -63,8 +63,8 @@ func TestDisconnectCancelsContext(t *testing.T) {
 			c.Close()
 			select {
 			case err := <-cause:
-				if !errors.Is(err, errClientGone) {
-					t.Errorf("cause = %v, want errClientGone", err)
+				if !errors.Is(err, context.Canceled) {
+					t.Errorf("cause = %v, want context.Canceled", err)
 				}
 			case <-time.After(time.Second):
 				t.Fatal("context not cancelled within 1s of the client closing")

@@ -1,15 +1,14 @@
 package h1server
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"sync"
 )
 
-// newRequest builds the handler's request for h; cancel ends its context.
-func (c *conn) newRequest(h *head) (*http.Request, context.CancelCauseFunc) {
-	ctx, cancel := context.WithCancelCause(c.ctx)
+// newRequest builds the handler's request for h, with ctx as its context.
+func (c *conn) newRequest(h *head, ctx *reqCtx) *http.Request {
+	c.beginCtx(ctx)
 	req := http.Request{
 		Method:        h.method,
 		URL:           h.url,
@@ -27,7 +26,7 @@ func (c *conn) newRequest(h *head) (*http.Request, context.CancelCauseFunc) {
 	if h.contentLength > 0 {
 		req.Body = &body{c: c, remaining: h.contentLength, closing: h.close}
 	}
-	return req.WithContext(ctx), cancel
+	return req.WithContext(ctx)
 }
 
 // body is a request body of known length read through the connection's

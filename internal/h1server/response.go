@@ -2,7 +2,6 @@ package h1server
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -35,10 +34,10 @@ var wbufs = sync.Pool{New: func() any {
 
 // response is the fast path's http.ResponseWriter.
 type response struct {
-	c      *conn
-	req    *http.Request
-	body   *body // nil: no request body
-	cancel context.CancelCauseFunc
+	c    *conn
+	req  *http.Request
+	body *body  // nil: no request body
+	ctx  reqCtx // the request's context
 
 	handlerHeader http.Header
 	snap          http.Header // the header as of WriteHeader; owned
@@ -65,12 +64,15 @@ type response struct {
 	err error // first write error
 }
 
-func newResponse(c *conn, req *http.Request, h *head, cancel context.CancelCauseFunc) *response {
+// newResponse makes the response to h and its request (w.req), whose
+// context is w.ctx.
+func newResponse(c *conn, h *head) *response {
 	w := &response{
-		c: c, req: req, cancel: cancel, contentLength: -1,
+		c: c, contentLength: -1,
 		isHEAD: h.method == "HEAD", wantsClose: h.wantsClose, keepAlive10: h.keepAlive10, minor: h.minor,
 	}
-	if b, ok := req.Body.(*body); ok {
+	w.req = c.newRequest(h, &w.ctx)
+	if b, ok := w.req.Body.(*body); ok {
 		w.body = b
 		b.setOnEOF(w)
 	}
@@ -84,7 +86,7 @@ func (w *response) startWatch() {
 	if w.c.rc == nil || w.c.buffered() > 0 || w.hijacked || w.handlerDone {
 		return
 	}
-	w.c.watch.start(w.c.s.poll, w.c.rc, w.cancel)
+	w.c.watch.start(w.c.s.poll, w.c.rc, &w.ctx)
 }
 
 // run calls the handler and finishes the response; it reports whether the

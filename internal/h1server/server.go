@@ -2,7 +2,6 @@ package h1server
 
 import (
 	"context"
-	"errors"
 	"io"
 	"log"
 	"net"
@@ -340,5 +339,3 @@ func (c *replayConn) CloseWrite() error {
 	}
 	return nil
 }
-
-var errClientGone = errors.New("h1server: client disconnected")

@@ -23,7 +23,7 @@ const (
 type watch struct {
 	mu      sync.Mutex
 	rc      syscall.RawConn
-	cancel  context.CancelCauseFunc
+	ctx     *reqCtx        // the request's, nil when stopped
 	poll    *fdpoll.Poller // the server's epoll set (Linux), nil: the timer peeks
 	p       *fdpoll.Poller // poll once this request's connection is registered in it
 	fd      int32          // the descriptor p knows it by
@@ -32,7 +32,7 @@ type watch struct {
 	stopped bool
 }
 
-// start begins watching for the request whose context cancel ends (once
+// start begins watching for the request whose context is ctx (once
 // its body has been read). A connection's requests reuse its watch (and its
 // timer) one after another: stop ends one request's watch before the next
 // starts.
@@ -40,10 +40,10 @@ type watch struct {
 // With a poller, the first timer tick registers the connection in its
 // epoll set instead of peeking: a request answered within watchFirst (most
 // non-streaming ones) costs a timer and no system call.
-func (w *watch) start(p *fdpoll.Poller, rc syscall.RawConn, cancel context.CancelCauseFunc) {
+func (w *watch) start(p *fdpoll.Poller, rc syscall.RawConn, ctx *reqCtx) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.rc, w.cancel, w.stopped = rc, cancel, false
+	w.rc, w.ctx, w.stopped = rc, ctx, false
 	w.poll = p
 	w.delay = watchFirst
 	if w.t == nil {
@@ -56,7 +56,7 @@ func (w *watch) start(p *fdpoll.Poller, rc syscall.RawConn, cancel context.Cance
 func (w *watch) fire() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.stopped || w.cancel == nil {
+	if w.stopped || w.ctx == nil {
 		return
 	}
 	if w.poll != nil && w.p == nil {
@@ -73,7 +73,7 @@ func (w *watch) fire() {
 		w.stopped = true
 	case peekGone:
 		w.stopped = true
-		w.cancel(errClientGone)
+		w.ctx.cancel(context.Canceled) // the client is gone
 	}
 }
 
@@ -83,7 +83,7 @@ func (w *watch) stop() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.stopped = true
-	w.cancel = nil
+	w.ctx = nil
 	if w.p != nil {
 		w.p.Remove(w.rc, w.fd, w)
 		w.p = nil
@@ -98,7 +98,7 @@ func (w *watch) stop() {
 func (w *watch) PollEvent() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.stopped || w.cancel == nil || w.p == nil {
+	if w.stopped || w.ctx == nil || w.p == nil {
 		return
 	}
 	switch peekNow(w.rc) {
@@ -110,6 +110,6 @@ func (w *watch) PollEvent() {
 		w.stopped = true
 	case peekGone:
 		w.stopped = true
-		w.cancel(errClientGone)
+		w.ctx.cancel(context.Canceled) // the client is gone
 	}
 }

@@ -411,7 +411,7 @@ func (e *Engine) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call)
 	ctx := r.Context()
 	if e.o.RequestTimeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, e.o.RequestTimeout)
+		ctx, cancel = proxy.WithRequestDeadline(ctx, time.Now().Add(e.o.RequestTimeout))
 		defer cancel()
 	}
 

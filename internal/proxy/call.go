@@ -62,7 +62,7 @@ type CallCarrier interface {
 
 // WithCallCarrier stores v where CallFrom looks.
 func WithCallCarrier(ctx context.Context, v CallCarrier) context.Context {
-	return context.WithValue(ctx, ctxKey{}, v)
+	return withValue(ctx, ctxKey{}, v)
 }
 
 // CarrierFrom returns the CallCarrier stored in ctx, if any.

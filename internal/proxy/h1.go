@@ -219,7 +219,7 @@ type exchange struct {
 	t    *H1Transport
 	req  *http.Request
 	c    *h1Conn
-	stop func() bool // the context's AfterFunc (closes c)
+	stop abortOnDone // closes c when the context ends
 	// The response's body and its framing, allocated with the exchange.
 	body h1Body
 	lb   lengthBody
@@ -255,7 +255,7 @@ func (t *H1Transport) send(ctx context.Context, req *http.Request) (*exchange, e
 		return nil, err
 	}
 	x := &exchange{t: t, req: req, c: c}
-	x.stop = context.AfterFunc(ctx, c.closeFn)
+	x.stop.set(ctx, c.closeFn)
 	err = c.writeRequest(bp, head, req)
 	h1Bufs.Put(bp) // not held while the response is awaited
 	closeBody()
@@ -269,7 +269,7 @@ func (t *H1Transport) send(ctx context.Context, req *http.Request) (*exchange, e
 }
 
 func (x *exchange) fail(err error) error {
-	x.stop()
+	x.stop.release()
 	x.c.nc.Close()
 	return err
 }
@@ -289,7 +289,7 @@ func (x *exchange) receive() (*http.Response, error) {
 	}
 	keep := !resp.Close && !req.Close && !strings.EqualFold(req.Header.Get("Connection"), "close")
 	b := &x.body // one allocation with the exchange
-	b.t, b.c, b.rc, b.stop, b.keep = x.t, c, resp.Body, x.stop, keep
+	b.t, b.c, b.rc, b.stop, b.keep = x.t, c, resp.Body, &x.stop, keep
 	if resp.Body == http.NoBody || resp.ContentLength == 0 {
 		b.finish(true)
 		resp.Body = http.NoBody
@@ -505,7 +505,7 @@ type h1Body struct {
 	t    *H1Transport
 	c    *h1Conn
 	rc   io.ReadCloser // http.ReadResponse's body: framing (length, chunks)
-	stop func() bool   // the context's AfterFunc
+	stop *abortOnDone  // the exchange's
 	keep bool          // the connection may be reused
 	done atomic.Bool
 	eof  atomic.Bool // done after a clean end
@@ -565,11 +565,11 @@ func (b *h1Body) finish(clean bool) {
 		return
 	}
 	b.eof.Store(clean)
-	if clean && b.stop() && b.keep && b.c.br.Buffered() == 0 {
+	if clean && b.stop.release() && b.keep && b.c.br.Buffered() == 0 {
 		b.c.detach()
 		b.t.put(b.c)
 		return
 	}
-	b.stop()
+	b.stop.release()
 	b.c.nc.Close()
 }

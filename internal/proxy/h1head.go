@@ -191,11 +191,8 @@ func frameBody(resp *http.Response) bool {
 	return true
 }
 
-// setBody gives resp, parsed by readHeadFast, the reader of its body on br.
-func setBody(resp *http.Response, br *bufio.Reader) { setBodyIn(resp, br, nil) }
-
-// setBodyIn is setBody with the storage of a Content-Length body given
-// (nil: allocated).
+// setBodyIn gives resp, parsed by readHeadFast, the reader of its body on
+// br; a Content-Length body is stored in lb (nil: allocated).
 func setBodyIn(resp *http.Response, br *bufio.Reader, lb *lengthBody) {
 	switch {
 	case resp.TransferEncoding != nil:

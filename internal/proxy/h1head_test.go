@@ -40,7 +40,7 @@ func parseWith(t testing.TB, raw string, method string, fast bool) (parsed, bool
 			}
 			return parsed{}, false
 		}
-		setBody(resp, br)
+		setBodyIn(resp, br, nil)
 	} else {
 		var err error
 		if resp, err = http.ReadResponse(br, req); err != nil {
@@ -198,7 +198,7 @@ func BenchmarkReadHead(b *testing.B) {
 						if resp, ok = readHeadFast(br, req); !ok {
 							b.Fatal("not taken")
 						}
-						setBody(resp, br)
+						setBodyIn(resp, br, nil)
 					} else {
 						var err error
 						if resp, err = http.ReadResponse(br, req); err != nil {

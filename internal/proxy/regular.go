@@ -362,7 +362,7 @@ func (p *Regular) serve(parent context.Context, w http.ResponseWriter, rs *reqSp
 	}
 	ctx, cancel := parent, context.CancelFunc(nil)
 	if p.o.RequestTimeout > 0 {
-		ctx, cancel = context.WithDeadline(parent, rs.start.Add(p.o.RequestTimeout))
+		ctx, cancel = WithRequestDeadline(parent, rs.start.Add(p.o.RequestTimeout))
 		defer cancel()
 	}
 	rec := rs.receipt
