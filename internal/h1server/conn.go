@@ -50,9 +50,10 @@ type conn struct {
 	served   int       // requests served
 	lastPOST bool
 	hijacked bool
-	remote   string // RemoteAddr().String(), once
-	deadline bool   // the server set a read deadline
-	watch    watch  // the disconnect watch, reused by each request
+	remote   string                // RemoteAddr().String(), once
+	deadline bool                  // the server set a read deadline
+	watch    watch                 // the disconnect watch, reused by each request
+	readFn   func(fd uintptr) bool // readAvailable, as waitReadable's callback
 
 	// The requests' contexts (reqctx.go): the base seen without its
 	// cancellation, the base's end followed once per connection, the
@@ -200,8 +201,26 @@ func (c *conn) waitReadable() bool {
 	if c.rc == nil {
 		return true
 	}
-	err := c.rc.Read(peekWait)
+	if c.readFn == nil {
+		c.readFn = c.readAvailable // once per connection
+	}
+	err := c.rc.Read(c.readFn)
 	return err == nil
+}
+
+// readAvailable is waitReadable's RawConn.Read callback, called with no
+// read buffer held: what the connection has is read into a buffer taken
+// for it (one system call where a peek and the read after it were two);
+// with nothing to read yet the buffer goes back and the goroutine parks.
+func (c *conn) readAvailable(fd uintptr) bool {
+	c.acquire()
+	n, again := readNow(fd, (*c.buf)[c.w:])
+	if again {
+		c.release()
+		return false
+	}
+	c.w += n
+	return true
 }
 
 // acquire gives the connection a read buffer if it has none.

@@ -56,9 +56,10 @@
 //
 // # Buffers
 //
-// The 4 KiB read buffer comes from a sync.Pool only once the connection is
-// readable (the goroutine first parks in the poller with a MSG_PEEK wait),
-// and goes back whenever nothing is buffered: between requests and once a
+// The 4 KiB read buffer comes from a sync.Pool only for a read that finds
+// bytes (a waiting connection tries a non-blocking read into a pooled
+// buffer, gives the buffer back when nothing has arrived and parks in the
+// poller), and goes back whenever nothing is buffered: between requests and once a
 // request body has been read. The write buffers (4 KiB framed output plus
 // 2 KiB of unframed body, as net/http's response buffer) are taken by the
 // first write and given back after each flush that leaves nothing pending,

@@ -8,13 +8,22 @@ import (
 	"syscall"
 )
 
-// peekWait is a RawConn.Read callback that returns once a byte (or EOF, or
-// an error) is waiting, without consuming it: it parks the goroutine in the
-// runtime poller while the connection holds no read buffer.
-func peekWait(fd uintptr) bool {
-	var one [1]byte
-	_, _, err := syscall.Recvfrom(int(fd), one[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-	return err != syscall.EAGAIN && err != syscall.EWOULDBLOCK
+// readNow reads what the connection has into b without blocking: n > 0
+// bytes, or again when nothing has arrived yet. EOF and errors (n 0, again
+// false) are left to the next read of the connection, which reports them.
+func readNow(fd uintptr, b []byte) (n int, again bool) {
+	for {
+		n, err := syscall.Read(int(fd), b)
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN || err == syscall.EWOULDBLOCK:
+			return 0, true
+		case err == nil && n > 0:
+			return n, false
+		}
+		return 0, false
+	}
 }
 
 // peekResult is what a non-blocking peek at a connection found.

@@ -41,6 +41,9 @@ type reqCtx struct {
 	afterUsed int // afterBuf slots handed out
 }
 
+// vctxKey keys the (empty) value that wraps a connection's base context.
+type vctxKey struct{}
+
 // afterFn is one AfterFunc registration.
 type afterFn struct {
 	r *reqCtx
@@ -240,7 +243,10 @@ func (r *reqCtx) expired() {
 func (c *conn) beginCtx(r *reqCtx) {
 	r.c = c
 	if c.vctx == nil {
-		c.vctx = context.WithoutCancel(c.ctx)
+		// A pointer-shaped wrapper: a withoutCancelCtx's own Value boxes
+		// it on every call (an allocation per lookup); value() walking
+		// from a valueCtx does not.
+		c.vctx = context.WithValue(context.WithoutCancel(c.ctx), vctxKey{}, nil)
 		c.stopBase = context.AfterFunc(c.ctx, c.baseEnded)
 	}
 	c.ctxMu.Lock()

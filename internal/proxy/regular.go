@@ -146,7 +146,8 @@ type reqSpec struct {
 	receipt   *Receipt
 	start     time.Time
 	preq      policy.Request
-	moved     int // whole-request retries after a failure without response (migrate.go)
+	moved     int       // whole-request retries after a failure without response (migrate.go)
+	clv       [1]string // the response's Content-Length, as a header value
 
 	// slot0: storage for the first attempt's slot, allocated with the
 	// request (nil once taken; later attempts and migrations allocate
@@ -714,7 +715,8 @@ func (p *Regular) relay(ctx context.Context, w http.ResponseWriter, rs *reqSpec,
 	sse := isSSE(resp.Header)
 	streaming := sse || (rs.sse && resp.ContentLength < 0)
 	if !streaming && resp.ContentLength >= 0 && bodyAllowed(resp.StatusCode) {
-		h["Content-Length"] = []string{strconv.FormatInt(resp.ContentLength, 10)}
+		rs.clv[0] = strconv.FormatInt(resp.ContentLength, 10)
+		h["Content-Length"] = rs.clv[:1:1]
 	}
 	if p.m != nil && rs.gen {
 		p.m.GenerateDur.Observe(time.Since(rs.start).Seconds())

@@ -114,7 +114,9 @@ func (s *Server) beginRequest(w http.ResponseWriter, r *http.Request, st *reqSta
 	if s.tr.Enabled() {
 		ctx, st.span = s.tr.StartServer(r, st.route.spanRoute())
 	}
-	r = r.WithContext(proxy.WithCallCarrier(ctx, st))
+	if cctx := proxy.WithCallCarrier(ctx, st); cctx != r.Context() {
+		r = r.WithContext(cctx) // else the request's own context took it in place
+	}
 
 	// auth and everything after it are logged and measured (serveHTTP's
 	// deferred finish)
@@ -509,7 +511,7 @@ func (w *respWriter) WriteHeader(code int) {
 	w.wroteHeader = true
 	w.status = code
 	h := w.ResponseWriter.Header()
-	h.Set("X-Request-Id", w.st.id) // upstream headers copied over ours must not win
+	h["X-Request-Id"] = w.st.idv[:1:1] // upstream headers copied over ours must not win
 	if c := w.st.call; c != nil && c.Receipt != nil && w.s.o.RouteReceipt {
 		if v := receiptHeader(c.Receipt); v != "" {
 			h.Set("X-Switchyard-Route", v)
