@@ -190,9 +190,10 @@ func (e *Engine) newLegRequest(ctx context.Context, st *reqState, pr *Pair, l *l
 	if err != nil {
 		return nil, err
 	}
-	req.GetBody = lb.again
 	if len(body) == 0 {
-		req.Body, req.GetBody = http.NoBody, nil
+		req.Body = http.NoBody
+	} else if rt := e.directTransport(); rt == nil || proxy.RewindsBody(rt, req) {
+		req.GetBody = lb.again // a redirect through Do, or net/http's resend
 	}
 	// The single-valued headers share one array (capacity-capped slices:
 	// an Add to one cannot reach the next).
@@ -215,6 +216,20 @@ func (e *Engine) newLegRequest(ctx context.Context, st *reqState, pr *Pair, l *l
 	}
 	h["User-Agent"] = v[2:3:3]
 	return req, nil
+}
+
+// directTransport is the round tripper do sends legs to, or nil when they
+// go through e.o.Client.Do (a client with a timeout, a cookie jar or a
+// redirect policy).
+func (e *Engine) directTransport() http.RoundTripper {
+	c := e.o.Client
+	if c.Timeout != 0 || c.Jar != nil || c.CheckRedirect != nil {
+		return nil
+	}
+	if c.Transport == nil {
+		return http.DefaultTransport
+	}
+	return c.Transport
 }
 
 // legBody is a leg's request body. It lets go of the bytes once closed
@@ -268,13 +283,9 @@ func (lb *legBody) again() (io.ReadCloser, error) {
 // reads the same. A client with a timeout, a cookie jar or a redirect
 // policy goes through Do.
 func (e *Engine) do(req *http.Request) (*http.Response, error) {
-	c := e.o.Client
-	if c.Timeout != 0 || c.Jar != nil || c.CheckRedirect != nil {
-		return c.Do(req)
-	}
-	rt := c.Transport
+	rt := e.directTransport()
 	if rt == nil {
-		rt = http.DefaultTransport
+		return e.o.Client.Do(req)
 	}
 	resp, err := rt.RoundTrip(req)
 	if err != nil {

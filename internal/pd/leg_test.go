@@ -1,9 +1,15 @@
 package pd
 
 import (
+	"context"
 	"errors"
 	"io"
+	"net/http"
 	"testing"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/proxy"
+	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
 // A leg's request body reads its bytes, replays them (GetBody) until the
@@ -56,6 +62,49 @@ func TestLegBody(t *testing.T) {
 			}
 			if n, err := lb.Read(buf); n != 0 || !errors.Is(err, io.EOF) {
 				t.Fatalf("original after its end: %d %v, want 0 EOF", n, err)
+			}
+		})
+	}
+}
+
+// A leg's GetBody is set exactly where something may rewind its body:
+// net/http's Transport (a resend on a new connection) or http.Client.Do (a
+// 307/308 redirect). H1Transport, called directly, never rewinds.
+func TestLegRequestGetBody(t *testing.T) {
+	h1 := proxy.NewH1Transport(proxy.TransportOptions{})
+	defer h1.CloseIdleConnections()
+	for _, tc := range []struct {
+		name   string
+		client *http.Client
+		body   string
+		want   bool
+	}{
+		{"H1Transport direct", &http.Client{Transport: h1}, `{"a":1}`, false},
+		{"H1Transport through Do (timeout)", &http.Client{Transport: h1, Timeout: time.Minute}, `{"a":1}`, true},
+		{"net/http Transport", &http.Client{Transport: &http.Transport{}}, `{"a":1}`, true},
+		{"default transport", &http.Client{}, `{"a":1}`, true},
+		{"empty body", &http.Client{Transport: &http.Transport{}}, ``, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := &Engine{o: Options{Client: tc.client}}
+			w := worker.New(worker.Spec{URL: "http://127.0.0.1:1", DPRank: -1}, worker.BreakerConfig{})
+			st := &reqState{path: "/v1/completions", hdr: http.Header{}}
+			req, err := e.newLegRequest(context.Background(), st, &Pair{RequestID: "r"}, &leg{name: "prefill", w: w}, -1, []byte(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := req.GetBody != nil; got != tc.want {
+				t.Fatalf("GetBody set = %v, want %v", got, tc.want)
+			}
+			if tc.want {
+				rc, err := req.GetBody()
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(rc)
+				if string(b) != tc.body {
+					t.Fatalf("GetBody read %q, want %q", b, tc.body)
+				}
 			}
 		})
 	}

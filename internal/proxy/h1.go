@@ -190,6 +190,14 @@ func (t *H1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, ctxErr(ctx, err)
 }
 
+// RewindsBody reports whether rt may need req.GetBody: net/http's
+// Transport rewinds a body to resend a request on a new connection;
+// H1Transport never rewinds the requests it serves itself.
+func RewindsBody(rt http.RoundTripper, req *http.Request) bool {
+	_, h1 := rt.(*H1Transport)
+	return !h1 || !served(req)
+}
+
 // served reports whether the transport serves req itself (not net/http's).
 func served(req *http.Request) bool {
 	return req.URL.Scheme == "http" && req.Method != http.MethodConnect && req.Header.Get("Upgrade") == "" &&

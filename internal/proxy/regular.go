@@ -505,8 +505,8 @@ func (p *Regular) roundTrip(ctx context.Context, wk *worker.Worker, rs *reqSpec,
 	if err != nil {
 		return nil, actx, cancel, err
 	}
-	if _, h1 := p.rt.(*H1Transport); bb != nil && req.ContentLength > 0 && !(h1 && served(req)) {
-		req.GetBody = bb.again // for net/http's Transport (H1Transport never rewinds a body)
+	if bb != nil && req.ContentLength > 0 && RewindsBody(p.rt, req) {
+		req.GetBody = bb.again
 	}
 	resp, err := p.rt.RoundTrip(req)
 	if timer != nil && !timer.Stop() { // fired: the attempt's context is canceled
