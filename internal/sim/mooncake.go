@@ -229,7 +229,7 @@ func (m *mooncake) decode(j *job) *apiError {
 	}
 	j.remote()
 	j.req.OnAdmit = func(h *engine.Handle) {
-		blocks := h.Blocks()
+		blocks := h.AdmittedBlocks()
 		in.goBackground(func(context.Context) { m.pull(j, boot, engineID, tid, blocks) })
 	}
 	return nil

@@ -369,7 +369,7 @@ func (m *moriio) decodeWrite(j *job, tid string, pRank int, src moriAddr, okSrc 
 		j.afterSubmit = func() { m.deliverWriteDone(j, early) }
 	}
 	j.req.OnAdmit = func(h *engine.Handle) {
-		blocks := h.Blocks()
+		blocks := h.AdmittedBlocks()
 		msg := sidechan.Encode(sidechan.RemoteBlocks{
 			Type: sidechan.TypeRemoteBlocks, ReqID: j.g.requestID, TransferID: tid,
 			BlockNotifyList: blocks, DecodeRank: j.rank,

@@ -127,7 +127,8 @@ type Handle struct {
 	kvArrived    bool
 	loadPending  time.Duration
 	admitted     bool
-	releaseEarly bool // Release came before the finish: do not pin
+	admitBlocks  []int // the blocks of the first allocation (AdmittedBlocks)
+	releaseEarly bool  // Release came before the finish: do not pin
 	reason       FinishReason
 	err          error
 	stepSeq      uint64 // step in which it was last scheduled
@@ -309,8 +310,24 @@ func (h *Handle) Progress() Progress {
 func (h *Handle) Blocks() []int {
 	h.e.mu.Lock()
 	defer h.e.mu.Unlock()
-	out := make([]int, len(h.blocks))
-	for i, b := range h.blocks {
+	return blockIDs(h.blocks)
+}
+
+// AdmittedBlocks returns the block ids of the request's first allocation,
+// as the scheduler step that allocated them saw them. vLLM builds a
+// connector's metadata (update_state_after_alloc) in that step, so what a
+// decode announces to its prefill keeps those ids even when the request is
+// aborted before the worker sends them; Blocks would be empty by then.
+// Nil before admission.
+func (h *Handle) AdmittedBlocks() []int {
+	h.e.mu.Lock()
+	defer h.e.mu.Unlock()
+	return h.admitBlocks
+}
+
+func blockIDs(blocks []int32) []int {
+	out := make([]int, len(blocks))
+	for i, b := range blocks {
 		out[i] = int(b)
 	}
 	return out
@@ -662,6 +679,7 @@ func (e *Engine) schedule(batch []entry, hooks []hook) ([]entry, []hook) {
 		first := !h.admitted
 		h.admitted = true
 		if first {
+			h.admitBlocks = blockIDs(h.blocks)
 			hooks = append(hooks, hook{admit: h})
 		}
 		if remoteWait {

@@ -456,3 +456,25 @@ func TestReleaseBeforeFinishDoesNotPin(t *testing.T) {
 		}
 	})
 }
+
+// TestAdmittedBlocksSurviveAbort: a request aborted between the step that
+// allocated its blocks and its OnAdmit hook still announces those blocks
+// (vLLM builds the connector metadata in the allocating step); an empty
+// list would kill a MoRI-IO prefill's notify listener.
+func TestAdmittedBlocksSurviveAbort(t *testing.T) {
+	withEngine(t, testParams(), func(t *testing.T, e *Engine) {
+		type seen struct{ admitted, now []int }
+		got := make(chan seen, 1)
+		submit(t, e, &Request{
+			ID: "d", PromptTokens: 50, MaxTokens: 3, RemoteKV: true,
+			OnAdmit: func(h *Handle) {
+				h.Abort()
+				got <- seen{h.AdmittedBlocks(), h.Blocks()}
+			},
+		})
+		s := <-got
+		if len(s.admitted) != 4 || len(s.now) != 0 {
+			t.Errorf("after an abort: admitted blocks %v, blocks %v; want 4 admitted, none held", s.admitted, s.now)
+		}
+	})
+}
