@@ -4,13 +4,16 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/legctx"
 )
 
 // reqCtx is a request's context. It ends when the handler returns, when
 // the client goes away (the watch), when the server's base context ends,
 // or at a deadline the handler sets in place (TightenDeadline). It carries
-// one value the handler may set in place (SetValue), and runs one hook
-// without allocating (HookAbort). It is allocated with the request's
+// one value the handler may set in place (SetValue), runs one hook
+// without allocating (HookAbort), and tells two children in place when it
+// ends (Follow: a PD attempt's legctx contexts). It is allocated with the request's
 // response: where net/http's request context costs a cancelCtx, a
 // deadline a timerCtx and a timer, a value a valueCtx and each AfterFunc a
 // child and a closure, this costs nothing more per request. The deadline's
@@ -39,6 +42,16 @@ type reqCtx struct {
 	afterBuf  [2]afterFn
 	afterPtrs [2]*afterFn
 	afterUsed int // afterBuf slots handed out
+
+	// Children following it in place (Follow: a PD attempt's legs).
+	follows   [2]follow
+	followSeq uint64
+}
+
+// follow is one Follow registration (a zero c: a free slot).
+type follow struct {
+	id uint64
+	c  legctx.Canceler
 }
 
 // vctxKey keys the (empty) value that wraps a connection's base context.
@@ -50,7 +63,7 @@ type afterFn struct {
 	f func()
 }
 
-var _ context.Context = (*reqCtx)(nil)
+var _ legctx.Follower = (*reqCtx)(nil)
 
 // closedChan is Done for a context canceled before anyone asked for Done.
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
@@ -164,6 +177,47 @@ func (r *reqCtx) UnhookAbort(id uint64) bool {
 	return true
 }
 
+// Follow registers c to be told in place (ParentDone, in the goroutine
+// that ends the context, after its lock is released) when the context
+// ends. It reports false when its slots are taken (the caller falls back
+// to context.AfterFunc); a context already ended tells c at once.
+func (r *reqCtx) Follow(c legctx.Canceler) (id uint64, ok bool) {
+	r.mu.Lock()
+	if err := r.err; err != nil {
+		r.mu.Unlock()
+		c.ParentDone(err)
+		return 0, true
+	}
+	for i := range r.follows {
+		if r.follows[i].c == nil {
+			r.followSeq++
+			id = r.followSeq
+			r.follows[i] = follow{id: id, c: c}
+			r.mu.Unlock()
+			return id, true
+		}
+	}
+	r.mu.Unlock()
+	return 0, false
+}
+
+// Unfollow removes the registration id and reports whether that kept it
+// from being told (false: the context ended).
+func (r *reqCtx) Unfollow(id uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil || id == 0 {
+		return false
+	}
+	for i := range r.follows {
+		if r.follows[i].id == id {
+			r.follows[i] = follow{}
+			return true
+		}
+	}
+	return false
+}
+
 // AfterFunc is context.AfterFunc's contract for this context (context's
 // children use it to follow it): f runs in its own goroutine once the
 // context ends; stop reports whether it prevented that.
@@ -214,11 +268,16 @@ func (r *reqCtx) cancel(err error) {
 	if r.done != nil {
 		close(r.done)
 	}
-	hook, afters := r.hook, r.afters
-	r.hook, r.afters = nil, nil
+	hook, afters, follows := r.hook, r.afters, r.follows
+	r.hook, r.afters, r.follows = nil, nil, [2]follow{}
 	r.mu.Unlock()
 	if hook != nil {
 		hook()
+	}
+	for _, f := range follows {
+		if f.c != nil {
+			f.c.ParentDone(err)
+		}
 	}
 	for _, a := range afters {
 		go a.f()

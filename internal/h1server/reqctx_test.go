@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/legctx"
 )
 
 type baseKey struct{}
@@ -230,5 +232,55 @@ func TestReqCtxHooks(t *testing.T) {
 	time.Sleep(10 * time.Millisecond)
 	if stopped {
 		t.Error("a stopped AfterFunc ran")
+	}
+}
+
+// TestReqCtxFollow: a legctx.Ctx follows the request context in place
+// (two slots, then the context package's AfterFunc), ends with the
+// request's error, and frees its slot when it ends first.
+func TestReqCtxFollow(t *testing.T) {
+	tests := []struct {
+		name string
+		end  func(c *conn, r *reqCtx)
+		want error
+	}{
+		{"handler returned", func(c *conn, r *reqCtx) { c.endCtx(r) }, context.Canceled},
+		{"deadline", func(_ *conn, r *reqCtx) { r.TightenDeadline(time.Now().Add(-time.Second)) }, context.DeadlineExceeded},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, r := newTestCtx(t, context.Background())
+			var legs [3]legctx.Ctx
+			for i := range legs {
+				legs[i].Init(r, 0)
+			}
+			if r.follows[0].c == nil || r.follows[1].c == nil || len(r.afters) != 1 {
+				t.Fatalf("two legs should follow in place and the third through AfterFunc: follows %+v, afters %d", r.follows, len(r.afters))
+			}
+			legs[0].Cancel(nil) // ends first: its slot is free again
+			if r.follows[0].c != nil {
+				t.Fatalf("an ended leg still holds its slot")
+			}
+			var again legctx.Ctx
+			again.Init(r, 0)
+			if r.follows[0].c != &again {
+				t.Fatalf("the freed slot was not reused")
+			}
+			tt.end(c, r)
+			for i := 1; i < len(legs); i++ {
+				waitDone(t, &legs[i], 5*time.Second)
+				if legs[i].Err() != tt.want || legs[i].Cause() != tt.want {
+					t.Errorf("leg %d: Err %v, Cause %v; want %v", i, legs[i].Err(), legs[i].Cause(), tt.want)
+				}
+			}
+			if legs[0].Err() != context.Canceled {
+				t.Errorf("the leg that ended first: %v", legs[0].Err())
+			}
+			var late legctx.Ctx
+			late.Init(r, 0) // an ended request ends its new leg at once
+			if late.Err() != tt.want {
+				t.Errorf("a leg of an ended request: Err %v, want %v", late.Err(), tt.want)
+			}
+		})
 	}
 }

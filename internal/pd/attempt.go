@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/legctx"
 	"github.com/switchyard-llm/switchyard/internal/openai"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
 	"github.com/switchyard-llm/switchyard/internal/tracing"
@@ -118,15 +119,14 @@ type attemptRun struct {
 	labels []string // connector, order: PD timing metric labels
 	pBody  []byte
 
-	pctx    context.Context // the prefill's (PrefillTimeout, or cancelled when the sibling failed)
-	pcancel context.CancelFunc
-	// punlink stops ctx's end from cancelling pctx (a concurrent prefill's
-	// context is its own, cancelled when ctx ends until handOff unlinks
-	// it); handedOff: the prefill's answer is awaited after the attempt.
-	punlink   func() bool
+	// pctx is the prefill's context: PrefillTimeout, or cancelled when
+	// the sibling failed; it follows ctx, until handOff unfollows a
+	// concurrent prefill's (handedOff: its answer is awaited after the
+	// attempt). dctx is the decode's; its cause says which interrupt ended
+	// the wait. Both live here (legctx: no allocation per leg).
+	pctx      legctx.Ctx
 	handedOff bool
-	dctx      context.Context // the decode's; its cause says which interrupt ended the wait
-	dcause    context.CancelCauseFunc
+	dctx      decodeCtx
 	prof      *profiler
 	kvTimer   *time.Timer // KVWaitTimeout for D's first byte (nil = none)
 	dreq      *http.Request
@@ -164,26 +164,33 @@ func (e *Engine) newAttemptRun(ctx context.Context, w http.ResponseWriter, st *r
 		e.log.Debug("pd attempt", "prefill", pr.P.Key(), "decode", pr.D.Key(), "order", order.String(),
 			"request_id", pr.RequestID, "transfer_id", pr.TransferID)
 	}
-	pbase := ctx
-	if order == Concurrent {
-		// The prefill may outlive the attempt by the moment its answer
-		// takes (handOff): its context follows ctx only until then.
-		pbase = context.WithoutCancel(ctx)
-	}
-	if e.o.PrefillTimeout > 0 {
-		a.pctx, a.pcancel = context.WithTimeout(pbase, e.o.PrefillTimeout)
-	} else {
-		a.pctx, a.pcancel = context.WithCancel(pbase)
-	}
-	if order == Concurrent {
-		a.punlink = context.AfterFunc(ctx, a.pcancel)
-	}
-	a.dctx, a.dcause = context.WithCancelCause(ctx)
+	// A concurrent prefill may outlive the attempt by the moment its
+	// answer takes (handOff): its context follows ctx only until then.
+	a.pctx.Init(ctx, e.o.PrefillTimeout)
+	a.dctx.Init(ctx, 0)
 	a.waitDone = make(chan struct{})
 	return a
 }
 
-func (a *attemptRun) dcancel() { a.dcause(context.Canceled) }
+func (a *attemptRun) dcancel() { a.dctx.Cancel(nil) }
+
+// decodeCtx is the decode leg's context. With a concurrent connector (a
+// set), D's request written launches the prefill: the transport tells the
+// context itself (proxy.WroteRequester), or a trace does.
+type decodeCtx struct {
+	legctx.Ctx
+	a *attemptRun
+}
+
+var _ proxy.WroteRequester = (*decodeCtx)(nil)
+
+func (d *decodeCtx) WroteRequest() {
+	if a := d.a; a != nil {
+		a.launchOnce.Do(a.launchPrefill)
+	}
+}
+
+func (a *attemptRun) pcancel() { a.pctx.Cancel(nil) }
 
 // takePBody hands the prefill's body to its (only) leg: the attempt keeps
 // no reference, so the bytes go once the request is written (legBody).
@@ -198,7 +205,7 @@ func (a *attemptRun) takePBody() []byte {
 func (a *attemptRun) interrupt(cause error) {
 	a.mu.Lock()
 	if a.waiting {
-		a.dcause(cause)
+		a.dctx.Cancel(cause)
 	}
 	a.mu.Unlock()
 }
@@ -212,7 +219,7 @@ func (a *attemptRun) stopWaiting() error {
 		close(a.waitDone)
 	}
 	a.mu.Unlock()
-	switch c := context.Cause(a.dctx); c {
+	switch c := a.dctx.Cause(); c {
 	case errKVWait, errPrefillEnded, errPrefillDown, errPrefillUnsent:
 		return c
 	}
@@ -236,9 +243,6 @@ func (a *attemptRun) close() {
 	a.dcancel()
 	if !a.handedOff {
 		a.pcancel()
-		if a.punlink != nil {
-			a.punlink()
-		}
 	}
 }
 
@@ -268,7 +272,7 @@ func (a *attemptRun) prefillFirst() (dParams []byte, answered bool, f *failure) 
 	}
 	a.pl.holdOK = true
 	a.prof.start(pr.P)
-	out := e.runPrefill(a.ctx, a.pctx, st, pr, a.pl, a.takePBody())
+	out := e.runPrefill(a.ctx, &a.pctx, st, pr, a.pl, a.takePBody())
 	a.prof.stop(pr.P)
 	if out.fail != nil {
 		return nil, false, e.ctxFailure(a.ctx, st, out.fail)
@@ -310,12 +314,15 @@ func (a *attemptRun) send(dParams []byte) *failure {
 		return &failure{leg: "decode", reason: "breaker_open", w: pr.D, status: http.StatusServiceUnavailable, retry: true,
 			errType: "server_selection", msg: "decode worker " + pr.D.Key() + " circuit breaker is open"}
 	}
-	dctx := a.dctx
+	var dctx context.Context = &a.dctx
 	if a.order == Concurrent { // P is sent once D's request is written
-		dctx = httptrace.WithClientTrace(a.dctx, &httptrace.ClientTrace{
+		a.dctx.a = a
+	}
+	if a.order == Concurrent && !proxy.TellsWroteRequest(e.directTransport()) {
+		dctx = httptrace.WithClientTrace(dctx, &httptrace.ClientTrace{
 			WroteRequest: func(i httptrace.WroteRequestInfo) {
 				if i.Err == nil {
-					a.launchOnce.Do(a.launchPrefill)
+					a.dctx.WroteRequest()
 				}
 			},
 		})
@@ -373,7 +380,7 @@ func (e *Engine) asyncTransport() proxy.AsyncRoundTripper {
 // watchPrefill runs the concurrent prefill and, once P answered, watches
 // P until D's first byte (prefillAnswered).
 func (a *attemptRun) watchPrefill(l *leg, ch chan<- prefillOut) {
-	a.prefillAnswered(a.e.runPrefill(a.ctx, a.pctx, a.st, a.pr, l, a.takePBody()), ch)
+	a.prefillAnswered(a.e.runPrefill(a.ctx, &a.pctx, a.st, a.pr, l, a.takePBody()), ch)
 }
 
 // sendPrefill is watchPrefill over a transport that awaits P's answer
@@ -383,13 +390,13 @@ func (a *attemptRun) watchPrefill(l *leg, ch chan<- prefillOut) {
 // holds no goroutine for its prefill.
 func (a *attemptRun) sendPrefill(at proxy.AsyncRoundTripper, l *leg, ch chan<- prefillOut) {
 	e := a.e
-	req, f := e.prefillRequest(a.pctx, a.st, a.pr, l, a.takePBody())
+	req, f := e.prefillRequest(&a.pctx, a.st, a.pr, l, a.takePBody())
 	if f != nil {
 		a.prefillAnswered(prefillOut{fail: f, dur: e.o.Now().Sub(l.sent)}, ch)
 		return
 	}
 	at.RoundTripAsync(req, func(resp *http.Response, err error) {
-		a.prefillAnswered(e.prefillResult(a.ctx, a.pctx, a.pr, l, resp, err), ch)
+		a.prefillAnswered(e.prefillResult(a.ctx, &a.pctx, a.pr, l, resp, err), ch)
 	})
 }
 
@@ -723,7 +730,7 @@ const prefillHandOff = 2 * time.Second
 // prefillHandOff, then cancels the prefill. False when the request's
 // context ended first (the prefill is cancelled with it).
 func (a *attemptRun) handOff() bool {
-	if a.punlink == nil || !a.punlink() {
+	if a.order != Concurrent || !a.pctx.Unfollow() {
 		return false
 	}
 	a.handedOff = true

@@ -270,10 +270,28 @@ func (t *H1Transport) send(ctx context.Context, req *http.Request) (*exchange, e
 	if err != nil {
 		return nil, x.fail(err)
 	}
+	if w, ok := ctx.(WroteRequester); ok {
+		w.WroteRequest()
+	}
 	if tr := httptrace.ContextClientTrace(ctx); tr != nil && tr.WroteRequest != nil {
 		tr.WroteRequest(httptrace.WroteRequestInfo{})
 	}
 	return x, nil
+}
+
+// WroteRequester is a request context that H1Transport tells, as
+// httptrace's WroteRequest, once the request is written without an error.
+// A trace would wrap the context in a value context, which hides the
+// caller's own (in-place abort hooks); this keeps it.
+type WroteRequester interface {
+	WroteRequest()
+}
+
+// TellsWroteRequest reports whether rt calls a request context's
+// WroteRequest (it is an H1Transport).
+func TellsWroteRequest(rt http.RoundTripper) bool {
+	_, ok := rt.(*H1Transport)
+	return ok
 }
 
 func (x *exchange) fail(err error) error {

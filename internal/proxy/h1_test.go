@@ -375,6 +375,49 @@ func TestH1WroteRequestTrace(t *testing.T) {
 	}
 }
 
+// wroteCtx is a request context that wants WroteRequest itself.
+type wroteCtx struct {
+	context.Context
+	n atomic.Int32
+}
+
+func (w *wroteCtx) WroteRequest() { w.n.Add(1) }
+
+// TestH1WroteRequestContext: H1Transport tells a WroteRequester context
+// once its request is written, and not when the connection fails first.
+func TestH1WroteRequestContext(t *testing.T) {
+	if !TellsWroteRequest(NewH1Transport(TransportOptions{})) || TellsWroteRequest(http.DefaultTransport) {
+		t.Fatalf("TellsWroteRequest: want true for H1Transport only")
+	}
+	s := newH1Server(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	tr := newH1(t, TransportOptions{})
+	ctx := &wroteCtx{Context: context.Background()}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/", strings.NewReader("{}"))
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if ctx.n.Load() != 1 {
+		t.Fatalf("WroteRequest called %d times, want 1", ctx.n.Load())
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens: the dial fails
+	failed := &wroteCtx{Context: context.Background()}
+	req, _ = http.NewRequestWithContext(failed, http.MethodPost, "http://"+addr+"/", strings.NewReader("{}"))
+	if _, err := tr.RoundTrip(req); err == nil {
+		t.Fatalf("a request to a closed port succeeded")
+	}
+	if failed.n.Load() != 0 {
+		t.Errorf("WroteRequest called for a request never written")
+	}
+}
+
 func TestH1FallsBackForUnknownLength(t *testing.T) {
 	got := make(chan []string, 1)
 	s := newH1Server(t, func(w http.ResponseWriter, r *http.Request) {

@@ -79,10 +79,10 @@ type asyncWait struct {
 	ctx  context.Context
 	done func(*http.Response, error)
 
-	mu         sync.Mutex // held while registering: the receiver waits for it
-	fd         int32
-	stopCancel func() bool
-	fired      atomic.Bool
+	mu       sync.Mutex // held while registering: the receiver waits for it
+	fd       int32
+	onCancel abortOnDone // the context's end, as an event
+	fired    atomic.Bool
 }
 
 // register puts the connection in the epoll set, and the context's end
@@ -96,7 +96,7 @@ func (w *asyncWait) register() bool {
 		return false
 	}
 	w.fd = fd
-	w.stopCancel = context.AfterFunc(w.ctx, w.PollEvent)
+	w.onCancel.set(w.ctx, w.PollEvent)
 	return true
 }
 
@@ -112,7 +112,7 @@ func (w *asyncWait) PollEvent() {
 func (w *asyncWait) receive() {
 	w.mu.Lock() // registered
 	w.mu.Unlock()
-	w.stopCancel()
+	w.onCancel.release()
 	w.p.Remove(w.x.c.rc, w.fd, w)
 	resp, err := w.x.receive()
 	w.done(resp, ctxErr(w.ctx, err))
