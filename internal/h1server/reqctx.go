@@ -36,32 +36,13 @@ type reqCtx struct {
 	deadline time.Time
 	hook     func() // HookAbort's function, nil when none
 	hookID   uint64 // its id
-	afters   []*afterFn
-	// The first AfterFuncs (a PD attempt's legs follow the request this
-	// way) are kept here, not allocated one by one.
-	afterBuf  [2]afterFn
-	afterPtrs [2]*afterFn
-	afterUsed int // afterBuf slots handed out
-
+	afters   legctx.AfterFuncs
 	// Children following it in place (Follow: a PD attempt's legs).
-	follows   [2]follow
-	followSeq uint64
-}
-
-// follow is one Follow registration (a zero c: a free slot).
-type follow struct {
-	id uint64
-	c  legctx.Canceler
+	follows legctx.Slots[legctx.Canceler]
 }
 
 // vctxKey keys the (empty) value that wraps a connection's base context.
 type vctxKey struct{}
-
-// afterFn is one AfterFunc registration.
-type afterFn struct {
-	r *reqCtx
-	f func()
-}
 
 var _ legctx.Follower = (*reqCtx)(nil)
 
@@ -188,17 +169,9 @@ func (r *reqCtx) Follow(c legctx.Canceler) (id uint64, ok bool) {
 		c.ParentDone(err)
 		return 0, true
 	}
-	for i := range r.follows {
-		if r.follows[i].c == nil {
-			r.followSeq++
-			id = r.followSeq
-			r.follows[i] = follow{id: id, c: c}
-			r.mu.Unlock()
-			return id, true
-		}
-	}
+	id, ok = r.follows.Put(c)
 	r.mu.Unlock()
-	return 0, false
+	return id, ok
 }
 
 // Unfollow removes the registration id and reports whether that kept it
@@ -206,16 +179,10 @@ func (r *reqCtx) Follow(c legctx.Canceler) (id uint64, ok bool) {
 func (r *reqCtx) Unfollow(id uint64) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.err != nil || id == 0 {
+	if r.err != nil {
 		return false
 	}
-	for i := range r.follows {
-		if r.follows[i].id == id {
-			r.follows[i] = follow{}
-			return true
-		}
-	}
-	return false
+	return r.follows.Remove(id)
 }
 
 // AfterFunc is context.AfterFunc's contract for this context (context's
@@ -226,35 +193,11 @@ func (r *reqCtx) AfterFunc(f func()) (stop func() bool) {
 	if r.err != nil {
 		r.mu.Unlock()
 		go f()
-		return func() bool { return false }
+		return legctx.Stopped
 	}
-	var a *afterFn
-	if r.afterUsed < len(r.afterBuf) {
-		a = &r.afterBuf[r.afterUsed]
-		r.afterUsed++
-	} else {
-		a = new(afterFn)
-	}
-	a.r, a.f = r, f
-	if r.afters == nil {
-		r.afters = r.afterPtrs[:0]
-	}
-	r.afters = append(r.afters, a)
+	stop = r.afters.Add(&r.mu, f)
 	r.mu.Unlock()
-	return a.stop
-}
-
-func (a *afterFn) stop() bool {
-	r := a.r
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for i, b := range r.afters {
-		if b == a {
-			r.afters = append(r.afters[:i], r.afters[i+1:]...)
-			return true
-		}
-	}
-	return false
+	return stop
 }
 
 // cancel ends the context with err (the first call wins).
@@ -268,20 +211,14 @@ func (r *reqCtx) cancel(err error) {
 	if r.done != nil {
 		close(r.done)
 	}
-	hook, afters, follows := r.hook, r.afters, r.follows
-	r.hook, r.afters, r.follows = nil, nil, [2]follow{}
+	hook, afters, follows := r.hook, r.afters.Take(), r.follows.Take()
+	r.hook = nil
 	r.mu.Unlock()
 	if hook != nil {
 		hook()
 	}
-	for _, f := range follows {
-		if f.c != nil {
-			f.c.ParentDone(err)
-		}
-	}
-	for _, a := range afters {
-		go a.f()
-	}
+	follows.Each(func(c legctx.Canceler) { c.ParentDone(err) })
+	afters.Run()
 }
 
 // expired ends the context if its deadline has passed (the connection's

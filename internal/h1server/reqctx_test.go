@@ -254,17 +254,17 @@ func TestReqCtxFollow(t *testing.T) {
 			for i := range legs {
 				legs[i].Init(r, 0)
 			}
-			if r.follows[0].c == nil || r.follows[1].c == nil || len(r.afters) != 1 {
-				t.Fatalf("two legs should follow in place and the third through AfterFunc: follows %+v, afters %d", r.follows, len(r.afters))
+			if !r.follows.Has(0) || !r.follows.Has(1) || r.afters.Len() != 1 {
+				t.Fatalf("two legs should follow in place and the third through AfterFunc: follows %+v, afters %d", r.follows, r.afters.Len())
 			}
 			legs[0].Cancel(nil) // ends first: its slot is free again
-			if r.follows[0].c != nil {
+			if r.follows.Has(0) {
 				t.Fatalf("an ended leg still holds its slot")
 			}
 			var again legctx.Ctx
 			again.Init(r, 0)
-			if r.follows[0].c != &again {
-				t.Fatalf("the freed slot was not reused")
+			if !r.follows.Has(0) || r.afters.Len() != 1 {
+				t.Fatalf("the freed slot was not reused (an AfterFunc registration instead)")
 			}
 			tt.end(c, r)
 			for i := 1; i < len(legs); i++ {

@@ -58,20 +58,8 @@ type Ctx struct {
 	fstop     func() bool
 	following bool
 
-	hooks   [2]hook
-	hookSeq uint64
-	afters  []*afterFn
-}
-
-type hook struct {
-	id uint64
-	f  func()
-}
-
-// afterFn is one AfterFunc registration.
-type afterFn struct {
-	c *Ctx
-	f func()
+	hooks  Slots[func()]
+	afters AfterFuncs
 }
 
 var (
@@ -198,8 +186,7 @@ func (c *Ctx) cancel(err, cause error) {
 	if c.done != nil {
 		close(c.done)
 	}
-	hooks, afters := c.hooks, c.afters
-	c.hooks, c.afters = [2]hook{}, nil
+	hooks, afters := c.hooks.Take(), c.afters.Take()
 	following := c.following
 	c.following = false
 	f, id, stop := c.fparent, c.fid, c.fstop
@@ -215,14 +202,8 @@ func (c *Ctx) cancel(err, cause error) {
 			stop()
 		}
 	}
-	for _, h := range hooks {
-		if h.f != nil {
-			h.f()
-		}
-	}
-	for _, a := range afters {
-		go a.f()
-	}
+	hooks.Each(run)
+	afters.Run()
 }
 
 // Deadline is the earlier of its own and, while it follows the parent,
@@ -272,17 +253,9 @@ func (c *Ctx) HookAbort(f func()) (id uint64, ok bool) {
 		f()
 		return 0, true
 	}
-	for i := range c.hooks {
-		if c.hooks[i].f == nil {
-			c.hookSeq++
-			id = c.hookSeq
-			c.hooks[i] = hook{id: id, f: f}
-			c.mu.Unlock()
-			return id, true
-		}
-	}
+	id, ok = c.hooks.Put(f)
 	c.mu.Unlock()
-	return 0, false
+	return id, ok
 }
 
 // UnhookAbort removes the hook HookAbort registered as id and reports
@@ -294,13 +267,11 @@ func (c *Ctx) UnhookAbort(id uint64) bool {
 	if c.err != nil || id == 0 {
 		return false
 	}
-	for i := range c.hooks {
-		if c.hooks[i].id == id {
-			c.hooks[i] = hook{}
-		}
-	}
+	c.hooks.Remove(id)
 	return true
 }
+
+func run(f func()) { f() }
 
 // AfterFunc is context.AfterFunc's contract for this context (the context
 // package's children use it to follow it): f runs in its own goroutine
@@ -310,23 +281,9 @@ func (c *Ctx) AfterFunc(f func()) (stop func() bool) {
 	if c.err != nil {
 		c.mu.Unlock()
 		go f()
-		return func() bool { return false }
+		return Stopped
 	}
-	a := &afterFn{c: c, f: f}
-	c.afters = append(c.afters, a)
+	stop = c.afters.Add(&c.mu, f)
 	c.mu.Unlock()
-	return a.stop
-}
-
-func (a *afterFn) stop() bool {
-	c := a.c
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for i, b := range c.afters {
-		if b == a {
-			c.afters = append(c.afters[:i], c.afters[i+1:]...)
-			return true
-		}
-	}
-	return false
+	return stop
 }
