@@ -174,6 +174,8 @@ func (e *Engine) newAttemptRun(ctx context.Context, w http.ResponseWriter, st *r
 
 func (a *attemptRun) dcancel() { a.dctx.Cancel(nil) }
 
+func (a *attemptRun) pcancel() { a.pctx.Cancel(nil) }
+
 // decodeCtx is the decode leg's context. With a concurrent connector (a
 // set), D's request written launches the prefill: the transport tells the
 // context itself (proxy.WroteRequester), or a trace does.
@@ -189,8 +191,6 @@ func (d *decodeCtx) WroteRequest() {
 		a.launchOnce.Do(a.launchPrefill)
 	}
 }
-
-func (a *attemptRun) pcancel() { a.pctx.Cancel(nil) }
 
 // takePBody hands the prefill's body to its (only) leg: the attempt keeps
 // no reference, so the bytes go once the request is written (legBody).
@@ -317,15 +317,15 @@ func (a *attemptRun) send(dParams []byte) *failure {
 	var dctx context.Context = &a.dctx
 	if a.order == Concurrent { // P is sent once D's request is written
 		a.dctx.a = a
-	}
-	if a.order == Concurrent && !proxy.TellsWroteRequest(e.directTransport()) {
-		dctx = httptrace.WithClientTrace(dctx, &httptrace.ClientTrace{
-			WroteRequest: func(i httptrace.WroteRequestInfo) {
-				if i.Err == nil {
-					a.dctx.WroteRequest()
-				}
-			},
-		})
+		if !proxy.TellsWroteRequest(e.directTransport()) { // other transports report it to a trace
+			dctx = httptrace.WithClientTrace(dctx, &httptrace.ClientTrace{
+				WroteRequest: func(i httptrace.WroteRequestInfo) {
+					if i.Err == nil {
+						a.dctx.WroteRequest()
+					}
+				},
+			})
+		}
 	}
 	dreq, err := e.newLegRequest(dctx, st, pr, a.dl, pr.DRank, dBody)
 	if err != nil {
