@@ -318,7 +318,7 @@ func (h *Handle) Blocks() []int {
 // connector's metadata (update_state_after_alloc) in that step, so what a
 // decode announces to its prefill keeps those ids even when the request is
 // aborted before the worker sends them; Blocks would be empty by then.
-// Nil before admission.
+// Nil before admission; the slice is shared and must not be modified.
 func (h *Handle) AdmittedBlocks() []int {
 	h.e.mu.Lock()
 	defer h.e.mu.Unlock()
