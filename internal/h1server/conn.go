@@ -65,6 +65,9 @@ type conn struct {
 	dlTimer  *time.Timer
 	// handedOff: the fallback owns nc.
 	handedOff bool
+	// headDeadlineDue: a keep-alive request's ReadHeaderTimeout is set by
+	// readHead when it has to wait for more of the head.
+	headDeadlineDue bool
 }
 
 func newConn(s *Server, nc net.Conn, ctx, base context.Context) *conn {
@@ -135,11 +138,12 @@ func (c *conn) finish() {
 }
 
 // awaitRequest waits for the first byte of the next request, holding no read
-// buffer when none is buffered, and sets the head's read deadline. It
+// buffer when none is buffered, and arranges the head's read deadline. It
 // reports false when the connection should close instead. As net/http, the
 // first request's ReadHeaderTimeout runs from the accept; a keep-alive
-// connection waits under IdleTimeout, then ReadHeaderTimeout runs from its
-// next request's first byte.
+// connection waits under IdleTimeout, then ReadHeaderTimeout runs from the
+// first read its next request's head waits for (net/http: from that
+// request's first byte).
 func (c *conn) awaitRequest() bool {
 	keepAlive := c.served > 0
 	if keepAlive && (c.s.inShutdown.Load() || !c.state.CompareAndSwap(stateActive, stateIdle)) {
@@ -153,7 +157,9 @@ func (c *conn) awaitRequest() bool {
 	// A keep-alive connection's deadlines: each one set replaces the one
 	// before (the last request's, the handler's own), so a deadline is
 	// cleared only where none is set next (one runtime timer change
-	// instead of two, twice per request).
+	// instead of two). The head's own deadline is set only if reading it
+	// waits (readHead): a head that arrived whole is parsed under the idle
+	// one, which serveRequest clears.
 	if c.buffered() == 0 {
 		c.release()
 		if d := c.s.idleTimeout(); keepAlive && d > 0 {
@@ -164,18 +170,12 @@ func (c *conn) awaitRequest() bool {
 		if !c.waitReadable() {
 			return false
 		}
-	} else if keepAlive {
-		c.clearReadDeadline()
 	}
 	if keepAlive {
 		if !c.state.CompareAndSwap(stateIdle, stateActive) {
 			return false // Shutdown closed it meanwhile
 		}
-		if d := c.s.ReadHeaderTimeout; d > 0 {
-			c.setReadDeadline(time.Now().Add(d))
-		} else {
-			c.clearReadDeadline()
-		}
+		c.headDeadlineDue = true
 	}
 	return true
 }
@@ -294,11 +294,26 @@ func (c *conn) readHead() (n int, ok bool) {
 			c.handOff() // a head bigger than the buffer
 			return 0, false
 		}
+		c.setHeadDeadline()
 		if err := c.fill(); err != nil {
 			c.readHeadFailed(err)
 			return 0, false
 		}
 		c.skipPostCRLF()
+	}
+}
+
+// setHeadDeadline starts a keep-alive request's ReadHeaderTimeout, once,
+// before the first read its head waits for.
+func (c *conn) setHeadDeadline() {
+	if !c.headDeadlineDue {
+		return
+	}
+	c.headDeadlineDue = false
+	if d := c.s.ReadHeaderTimeout; d > 0 {
+		c.setReadDeadline(time.Now().Add(d))
+	} else {
+		c.clearReadDeadline()
 	}
 }
 
@@ -350,6 +365,7 @@ func (c *conn) handOff() {
 // serveRequest builds the request for h, runs the handler and finishes the
 // response. It reports whether the connection may serve another request.
 func (c *conn) serveRequest(h *head) bool {
+	c.headDeadlineDue = false
 	c.clearReadDeadline()
 	c.state.Store(stateActive)
 	c.lastPOST = h.method == "POST"

@@ -316,6 +316,75 @@ func TestTimeouts(t *testing.T) {
 	}
 }
 
+// TestIdleDeadlineEndsWithTheHead: a keep-alive request whose head arrived
+// whole is parsed under the idle deadline (no deadline of its own is set);
+// its handler then outlives that deadline with the body read, the context
+// alive and the connection kept, and its body, sent later than the head,
+// is still read under a deadline of its own.
+func TestIdleDeadlineEndsWithTheHead(t *testing.T) {
+	const idle = 100 * time.Millisecond
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			http.Error(w, "context ended", http.StatusInternalServerError)
+			return
+		case <-time.After(3 * idle):
+		}
+		io.WriteString(w, "ok "+string(b))
+	})
+	_, addr := startH1(t, h, func(s *Server) { s.IdleTimeout = idle; s.ReadHeaderTimeout = time.Minute })
+	c := dial(t, addr)
+	br := bufio.NewReader(c)
+	io.WriteString(c, post("/", "a"))
+	if got := readResponse(t, br); got != "ok a" {
+		t.Fatalf("first response %q", got)
+	}
+	io.WriteString(c, post("/", "b"))
+	if got := readResponse(t, br); got != "ok b" {
+		t.Fatalf("second response %q, want \"ok b\" (the idle deadline outlived the head)", got)
+	}
+	// The head first, the body after the idle timeout: read, not cut off.
+	full := post("/", "late")
+	io.WriteString(c, full[:len(full)-4])
+	time.Sleep(2 * idle)
+	io.WriteString(c, "late")
+	if got := readResponse(t, br); got != "ok late" {
+		t.Fatalf("third response %q", got)
+	}
+}
+
+// TestBodyArrived: a body sent with its head is reported arrived (its read
+// cannot wait on the client), one still on its way is not.
+func TestBodyArrived(t *testing.T) {
+	got := make(chan bool, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a, ok := r.Body.(interface{ Arrived() bool })
+		got <- ok && a.Arrived()
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "ok")
+	})
+	_, addr := startH1(t, h, nil)
+	c := dial(t, addr)
+	br := bufio.NewReader(c)
+	io.WriteString(c, post("/", "whole"))
+	readResponse(t, br)
+	if !<-got {
+		t.Fatal("a body sent with its head: not arrived")
+	}
+	full := post("/", "later")
+	io.WriteString(c, full[:len(full)-2])
+	if <-got {
+		t.Fatal("a body missing its last bytes: arrived")
+	}
+	io.WriteString(c, "er")
+	readResponse(t, br)
+}
+
 func TestHijack(t *testing.T) {
 	conns := make(chan net.Conn, 1)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -162,6 +162,15 @@ func (b *body) detach() {
 	}
 }
 
+// Arrived reports whether the rest of the body is in the connection's
+// buffer already, so that reading it cannot wait on the client (a server
+// need not bound that read with a deadline).
+func (b *body) Arrived() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.closed || b.err != nil || b.remaining <= int64(b.c.buffered())
+}
+
 // closedEarly reports whether the body was closed with data left unread.
 func (b *body) closedEarly() bool {
 	b.mu.Lock()

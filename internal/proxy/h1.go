@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -109,11 +110,20 @@ type h1Conn struct {
 	idleSince time.Time
 
 	// Made once per connection (a closure per call would be an allocation
-	// per request): open's RawConn.Read callback and its result, and the
-	// request context's AfterFunc.
+	// per request): open's and waitReadable's RawConn.Read callbacks, the
+	// former's result, and the request context's AfterFunc.
 	peekIdleFn func(fd uintptr) bool
+	readyFn    func(fd uintptr) bool
 	alive      bool
 	closeFn    func()
+
+	// br reads from the connection itself (Read): through nc, except
+	// inside waitReadable's callback, where it reads the descriptor
+	// without blocking (rawFD, set while raw). rawErr is an error that
+	// read met, for the next Read to return.
+	raw    bool
+	rawFD  int
+	rawErr error
 }
 
 func newH1Conn(nc net.Conn, addr string) *h1Conn {
@@ -123,6 +133,7 @@ func newH1Conn(nc net.Conn, addr string) *h1Conn {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.rc = rc
 			c.peekIdleFn = c.peekIdle
+			c.readyFn = c.readAvailable
 		}
 	}
 	if c.rc == nil {
@@ -140,8 +151,32 @@ func (c *h1Conn) attach() {
 	*c.br = *r
 	*r = bufio.Reader{}
 	c.spare = r
-	c.br.Reset(c.nc)
+	c.br.Reset(c)
 	c.attached = true
+}
+
+// Read is br's source: nc, or the descriptor itself without blocking
+// inside waitReadable's callback (where nc's own read lock is held).
+func (c *h1Conn) Read(p []byte) (int, error) {
+	if c.raw {
+		for {
+			n, err := syscall.Read(c.rawFD, p)
+			switch {
+			case err == syscall.EINTR:
+				continue
+			case err != nil:
+				return 0, err
+			case n == 0 && len(p) > 0:
+				return 0, io.EOF
+			}
+			return n, nil
+		}
+	}
+	if err := c.rawErr; err != nil {
+		c.rawErr = nil
+		return 0, err
+	}
+	return c.nc.Read(p)
 }
 
 // detach gives br's buffer back to the pool when nothing is buffered in it
@@ -161,23 +196,39 @@ func (c *h1Conn) detach() {
 
 // waitReadable waits, without holding a read buffer, until the worker has
 // sent something on the connection (or closed it, or the connection was
-// closed: the read that follows reports that), then attaches the buffer.
-// A read already buffered returns at once.
+// closed: the read that follows reports that); what arrived is then in
+// br. A read already buffered returns at once.
 func (c *h1Conn) waitReadable() {
 	c.detach()
 	if c.attached {
 		return
 	}
-	_ = c.rc.Read(peekReady)
-	c.attach()
+	_ = c.rc.Read(c.readyFn)
+	c.attach() // after an error the next read reports it
 }
 
-// peekReady is a RawConn.Read callback that returns once a byte (or EOF,
-// or an error) is waiting, without consuming it.
-func peekReady(fd uintptr) bool {
-	var one [1]byte
-	_, _, err := syscall.Recvfrom(int(fd), one[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-	return err != syscall.EAGAIN && err != syscall.EWOULDBLOCK
+// readAvailable is waitReadable's RawConn.Read callback: it reads what the
+// connection has into a buffer taken for it (one system call where a peek
+// and the read after it were two); with nothing to read yet the buffer
+// goes back and the goroutine parks. An error (the worker's close
+// included) is kept for br's next read.
+func (c *h1Conn) readAvailable(fd uintptr) bool {
+	c.attach()
+	c.raw, c.rawFD = true, int(fd)
+	_, err := c.br.Peek(1)
+	c.raw = false
+	switch {
+	case err == nil:
+	case err == syscall.EAGAIN || err == syscall.EWOULDBLOCK:
+		c.detach()
+		return false
+	case err == io.EOF:
+		c.rawErr = err
+	default: // as nc's Read reports it
+		c.rawErr = &net.OpError{Op: "read", Net: "tcp", Source: c.nc.LocalAddr(), Addr: c.nc.RemoteAddr(),
+			Err: os.NewSyscallError("read", err)}
+	}
+	return true
 }
 
 // RoundTrip implements http.RoundTripper.
@@ -200,8 +251,17 @@ func RewindsBody(rt http.RoundTripper, req *http.Request) bool {
 
 // served reports whether the transport serves req itself (not net/http's).
 func served(req *http.Request) bool {
-	return req.URL.Scheme == "http" && req.Method != http.MethodConnect && req.Header.Get("Upgrade") == "" &&
+	return req.URL.Scheme == "http" && req.Method != http.MethodConnect && headerValue(req.Header, "Upgrade") == "" &&
 		(req.Body == nil || req.Body == http.NoBody || req.ContentLength > 0)
+}
+
+// headerValue is h.Get(key) for a canonical key (without Get's
+// canonicalization of it).
+func headerValue(h http.Header, key string) string {
+	if vs := h[key]; len(vs) > 0 {
+		return vs[0]
+	}
+	return ""
 }
 
 // ctxErr is err, or the context's error once it ended (a cancelled
@@ -313,7 +373,7 @@ func (x *exchange) receive() (*http.Response, error) {
 			return nil, x.fail(err)
 		}
 	}
-	keep := !resp.Close && !req.Close && !strings.EqualFold(req.Header.Get("Connection"), "close")
+	keep := !resp.Close && !req.Close && !strings.EqualFold(headerValue(req.Header, "Connection"), "close")
 	b := &x.body // one allocation with the exchange
 	b.t, b.c, b.rc, b.stop, b.keep = x.t, c, resp.Body, &x.stop, keep
 	if resp.Body == http.NoBody || resp.ContentLength == 0 {

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -547,5 +548,70 @@ func TestH1ReadBufferOnlyWhileReading(t *testing.T) {
 	wait()
 	if _, err := c.br.ReadByte(); !errors.Is(err, io.EOF) {
 		t.Fatalf("read after the peer closed: %v, want EOF", err)
+	}
+}
+
+// TestH1WaitReadableKeepsReadErrors: waitReadable reads what arrived in its
+// own callback; an error met there (a reset, the worker's close) reaches
+// the reader as net.Conn's Read reports it, once, and a wait with nothing
+// to read holds no buffer.
+func TestH1WaitReadableKeepsReadErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		end   func(peer *net.TCPConn)
+		check func(err error) bool
+	}{
+		{"reset", func(peer *net.TCPConn) { _ = peer.SetLinger(0); peer.Close() }, func(err error) bool {
+			var op *net.OpError
+			return errors.As(err, &op) && op.Op == "read" && errors.Is(err, syscall.ECONNRESET)
+		}},
+		{"close", func(peer *net.TCPConn) { peer.Close() }, func(err error) bool { return err == io.EOF }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			accepted := make(chan net.Conn, 1)
+			go func() {
+				c, _ := ln.Accept()
+				accepted <- c
+			}()
+			nc, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			peer, _ := (<-accepted).(*net.TCPConn)
+			if peer == nil {
+				t.Fatal("accept failed")
+			}
+			// The peer reads the request before it ends the connection, so
+			// that a close is a FIN and not a reset.
+			if _, err := nc.Write([]byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(peer, make([]byte, 1)); err != nil {
+				t.Fatal(err)
+			}
+			c := newH1Conn(nc, ln.Addr().String())
+			done := make(chan struct{})
+			go func() { c.waitReadable(); close(done) }()
+			time.Sleep(20 * time.Millisecond) // parked: nothing has arrived
+			tc.end(peer)
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("waitReadable did not return within 10 s")
+			}
+			_, err = c.br.ReadByte()
+			if !tc.check(err) {
+				t.Fatalf("read after the %s: %#v (%v)", tc.name, err, err)
+			}
+			if c.rawErr != nil {
+				t.Fatalf("the error is kept after it was read: %v", c.rawErr)
+			}
+		})
 	}
 }

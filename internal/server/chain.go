@@ -406,9 +406,12 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, true
 	}
-	rc := http.NewResponseController(w)
-	deadline := s.o.BodyReadTimeout > 0
+	// A body that arrived with its head (h1server's, most requests) is
+	// read from memory: no deadline to set and clear.
+	deadline := s.o.BodyReadTimeout > 0 && !arrived(r.Body)
+	var rc *http.ResponseController
 	if deadline {
+		rc = http.NewResponseController(w)
 		if err := rc.SetReadDeadline(time.Now().Add(s.o.BodyReadTimeout)); err != nil {
 			// Only a ResponseWriter chain that cannot reach the connection
 			// gets here: the body read is then unbounded.
@@ -454,6 +457,13 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 		s.writeError(w, r, http.StatusBadRequest, "body_read_error", "failed to read the request body: "+err.Error())
 	}
 	return nil, false
+}
+
+// arrived reports whether the rest of body is in memory already (a read
+// of it cannot wait on the client).
+func arrived(body io.Reader) bool {
+	a, ok := body.(interface{ Arrived() bool })
+	return ok && a.Arrived()
 }
 
 func isTimeout(err error) bool {

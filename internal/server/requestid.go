@@ -31,9 +31,9 @@ func requestIDHeaders(in []string) ([]string, error) {
 // generated one: a route-dependent prefix (chatcmpl-, cmpl-, gnt-, req-, as
 // in the Rust router) and 24 random alphanumerics.
 func (s *Server) requestID(r *http.Request) string {
-	for _, h := range s.idHeaders {
-		if v := r.Header.Get(h); validRequestID(v) {
-			return v
+	for _, h := range s.idHeaders { // canonical: Header.Get without its canonicalization
+		if vs := r.Header[h]; len(vs) > 0 && validRequestID(vs[0]) {
+			return vs[0]
 		}
 	}
 	return newRequestID(r.URL.Path)
