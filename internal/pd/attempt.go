@@ -145,6 +145,7 @@ type attemptRun struct {
 	launchFail *failure
 
 	pl, dl   *leg
+	hdrs     legHeaders      // the legs' header map, when they can share one
 	pRes     *prefillOut     // the prefill's answer once received
 	pWatch   chan prefillOut // a concurrent prefill's answer, not received yet (nil = none)
 	pDone    atomic.Bool     // the concurrent prefill answered with success
@@ -272,7 +273,7 @@ func (a *attemptRun) prefillFirst() (dParams []byte, answered bool, f *failure) 
 	}
 	a.pl.holdOK = true
 	a.prof.start(pr.P)
-	out := e.runPrefill(a.ctx, &a.pctx, st, pr, a.pl, a.takePBody())
+	out := e.runPrefill(a.ctx, &a.pctx, st, pr, a.pl, a.takePBody(), &a.hdrs)
 	a.prof.stop(pr.P)
 	if out.fail != nil {
 		return nil, false, e.ctxFailure(a.ctx, st, out.fail)
@@ -327,7 +328,7 @@ func (a *attemptRun) send(dParams []byte) *failure {
 			})
 		}
 	}
-	dreq, err := e.newLegRequest(dctx, st, pr, a.dl, pr.DRank, dBody)
+	dreq, err := e.newLegRequest(dctx, st, pr, a.dl, pr.DRank, dBody, &a.hdrs)
 	if err != nil {
 		e.legFailed(a.dl, "error", err)
 		return &failure{leg: "decode", reason: "error", w: pr.D, status: http.StatusBadGateway, retry: true, errType: "decode", msg: err.Error()}
@@ -380,7 +381,7 @@ func (e *Engine) asyncTransport() proxy.AsyncRoundTripper {
 // watchPrefill runs the concurrent prefill and, once P answered, watches
 // P until D's first byte (prefillAnswered).
 func (a *attemptRun) watchPrefill(l *leg, ch chan<- prefillOut) {
-	a.prefillAnswered(a.e.runPrefill(a.ctx, &a.pctx, a.st, a.pr, l, a.takePBody()), ch)
+	a.prefillAnswered(a.e.runPrefill(a.ctx, &a.pctx, a.st, a.pr, l, a.takePBody(), &a.hdrs), ch)
 }
 
 // sendPrefill is watchPrefill over a transport that awaits P's answer
@@ -390,7 +391,7 @@ func (a *attemptRun) watchPrefill(l *leg, ch chan<- prefillOut) {
 // holds no goroutine for its prefill.
 func (a *attemptRun) sendPrefill(at proxy.AsyncRoundTripper, l *leg, ch chan<- prefillOut) {
 	e := a.e
-	req, f := e.prefillRequest(&a.pctx, a.st, a.pr, l, a.takePBody())
+	req, f := e.prefillRequest(&a.pctx, a.st, a.pr, l, a.takePBody(), &a.hdrs)
 	if f != nil {
 		a.prefillAnswered(prefillOut{fail: f, dur: e.o.Now().Sub(l.sent)}, ch)
 		return

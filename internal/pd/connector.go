@@ -340,7 +340,7 @@ func requireObject(v []byte) error {
 	if string(v) == "null" {
 		return fmt.Errorf("%w: the prefill response's kv_transfer_params is null (the first token was probably EOS or a stop string: finish_reason \"stop\"; send ignore_eos or min_tokens to avoid it)", errBadPrefillParams)
 	}
-	if _, err := rawjson.Parse(v); err != nil {
+	if !rawjson.IsObject(v) {
 		return fmt.Errorf("%w: the prefill response's kv_transfer_params is not a JSON object", errBadPrefillParams)
 	}
 	return nil

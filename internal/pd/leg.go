@@ -181,20 +181,34 @@ func (e *Engine) legFailed(l *leg, reason string, err error) {
 // newLegRequest builds one upstream POST with the PD headers. The client's
 // own X-Request-Id is never forwarded. The client's traceparent, tracestate
 // and baggage are copied verbatim, or replaced by the leg span's context
-// when tracing is on.
-func (e *Engine) newLegRequest(ctx context.Context, st *reqState, pr *Pair, l *leg, rank int, body []byte) (*http.Request, error) {
-	w := l.w
+// when tracing is on. An attempt's two legs share one header map (hs)
+// when they would build the same one: no span of their own, one rank.
+func (e *Engine) newLegRequest(ctx context.Context, st *reqState, pr *Pair, l *leg, rank int, body []byte, hs *legHeaders) (*http.Request, error) {
+	rt := e.directTransport()
+	if rt == nil {
+		hs = nil // http.Client.Do may write to a request's header (a cookie jar's cookies)
+	}
+	h := hs.get(l, rank)
+	if h == nil {
+		h = e.legHeader(ctx, st, pr, l, rank)
+		hs.keep(l, rank, h)
+	}
 	lb := &legBody{b: body}
-	h := make(http.Header, 8)
-	req, err := proxy.NewUpstreamRequest(ctx, http.MethodPost, w, st.path, h, lb, int64(len(body)))
+	req, err := proxy.NewUpstreamRequest(ctx, http.MethodPost, l.w, st.path, h, lb, int64(len(body)))
 	if err != nil {
 		return nil, err
 	}
 	if len(body) == 0 {
 		req.Body = http.NoBody
-	} else if rt := e.directTransport(); rt == nil || proxy.RewindsBody(rt, req) {
+	} else if rt == nil || proxy.RewindsBody(rt, req) {
 		req.GetBody = lb.again // a redirect through Do, or net/http's resend
 	}
+	return req, nil
+}
+
+// legHeader builds a leg's header map.
+func (e *Engine) legHeader(ctx context.Context, st *reqState, pr *Pair, l *leg, rank int) http.Header {
+	h := make(http.Header, 8)
 	// The single-valued headers share one array (capacity-capped slices:
 	// an Add to one cannot reach the next).
 	v := &[4]string{"application/json", pr.RequestID, "switchyard", st.auth}
@@ -215,7 +229,30 @@ func (e *Engine) newLegRequest(ctx context.Context, st *reqState, pr *Pair, l *l
 		e.tr.Inject(ctx, l.span, h)
 	}
 	h["User-Agent"] = v[2:3:3]
-	return req, nil
+	return h
+}
+
+// legHeaders is the header map an attempt's first leg built, for its
+// second: a transport called directly only reads a request's header, so
+// the two requests can hold one map. A nil *legHeaders shares nothing.
+type legHeaders struct {
+	h    http.Header
+	rank int
+}
+
+// get returns the kept map when it is the one l would build (nil else).
+func (hs *legHeaders) get(l *leg, rank int) http.Header {
+	if hs == nil || hs.h == nil || l.span != nil || hs.rank != rank {
+		return nil
+	}
+	return hs.h
+}
+
+// keep keeps the first leg's map unless it carries the leg's own span.
+func (hs *legHeaders) keep(l *leg, rank int, h http.Header) {
+	if hs != nil && hs.h == nil && l.span == nil {
+		hs.h, hs.rank = h, rank
+	}
 }
 
 // directTransport is the round tripper do sends legs to, or nil when they

@@ -5,8 +5,12 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"reflect"
+	"strconv"
 	"testing"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchyard-llm/switchyard/internal/proxy"
 	"github.com/switchyard-llm/switchyard/internal/worker"
@@ -89,7 +93,7 @@ func TestLegRequestGetBody(t *testing.T) {
 			e := &Engine{o: Options{Client: tc.client}}
 			w := worker.New(worker.Spec{URL: "http://127.0.0.1:1", DPRank: -1}, worker.BreakerConfig{})
 			st := &reqState{path: "/v1/completions", hdr: http.Header{}}
-			req, err := e.newLegRequest(context.Background(), st, &Pair{RequestID: "r"}, &leg{name: "prefill", w: w}, -1, []byte(tc.body))
+			req, err := e.newLegRequest(context.Background(), st, &Pair{RequestID: "r"}, &leg{name: "prefill", w: w}, -1, []byte(tc.body), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -104,6 +108,68 @@ func TestLegRequestGetBody(t *testing.T) {
 				b, _ := io.ReadAll(rc)
 				if string(b) != tc.body {
 					t.Fatalf("GetBody read %q, want %q", b, tc.body)
+				}
+			}
+		})
+	}
+}
+
+// An attempt's two legs share one header map when they would build the
+// same one (no span of their own, one rank), and each leg's headers are
+// its own otherwise.
+func TestLegHeadersShared(t *testing.T) {
+	w := worker.New(worker.Spec{URL: "http://127.0.0.1:1", DPRank: -1}, worker.BreakerConfig{})
+	span := trace.SpanFromContext(context.Background()) // a span: the leg carries its own context
+	for _, tc := range []struct {
+		name         string
+		pRank, dRank int
+		dSpan        bool
+		shared       bool
+	}{
+		{"same rank", -1, -1, false, true},
+		{"same DP rank", 2, 2, false, true},
+		{"different ranks", 0, 1, false, false},
+		{"decode span", -1, -1, true, false},
+		{"through http.Client.Do", -1, -1, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := &Engine{o: Options{Client: &http.Client{}}}
+			if tc.name == "through http.Client.Do" {
+				e.o.Client.Timeout = time.Minute // Do may write to the header (a jar's cookies)
+			}
+			st := &reqState{path: "/v1/completions", hdr: http.Header{"Traceparent": {"00-a-b-01"}}, auth: "Bearer k"}
+			pr := &Pair{RequestID: "r-1"}
+			var hs legHeaders
+			preq, err := e.newLegRequest(context.Background(), st, pr, &leg{name: "prefill", w: w}, tc.pRank, []byte(`{}`), &hs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dl := &leg{name: "decode", w: w}
+			if tc.dSpan {
+				dl.span = span
+			}
+			dreq, err := e.newLegRequest(context.Background(), st, pr, dl, tc.dRank, []byte(`{}`), &hs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := reflect.ValueOf(preq.Header).UnsafePointer() == reflect.ValueOf(dreq.Header).UnsafePointer(); got != tc.shared {
+				t.Fatalf("shared header map = %v, want %v", got, tc.shared)
+			}
+			for _, c := range []struct {
+				h    http.Header
+				rank int
+			}{{preq.Header, tc.pRank}, {dreq.Header, tc.dRank}} {
+				want := http.Header{"Content-Type": {"application/json"}, "X-Request-Id": {"r-1"}, "Authorization": {"Bearer k"},
+					"Traceparent": {"00-a-b-01"}, "User-Agent": {"switchyard"}}
+				if c.rank >= 0 {
+					want["X-Data-Parallel-Rank"] = []string{strconv.Itoa(c.rank)}
+				}
+				got := http.Header{}
+				for k, v := range c.h {
+					got[http.CanonicalHeaderKey(k)] = v
+				}
+				if !reflect.DeepEqual(got, want) {
+					t.Fatalf("leg header %v, want %v", got, want)
 				}
 			}
 		})

@@ -97,7 +97,7 @@ func (e *Engine) plainAttempt(ctx context.Context, w http.ResponseWriter, st *re
 	}
 	prof := e.newProfiler(pr)
 	defer prof.stopAll()
-	req, err := e.newLegRequest(ctx, st, pr, l, pr.PRank, body)
+	req, err := e.newLegRequest(ctx, st, pr, l, pr.PRank, body, nil)
 	if err != nil {
 		e.legFailed(l, "error", err)
 		return &failure{leg: legName, reason: "error", w: pr.P, status: http.StatusBadGateway, retry: true, errType: legName, msg: who + ": " + err.Error()}

@@ -24,8 +24,8 @@ type prefillOut struct {
 // records the leg's outcome. ctx is the attempt's context (client and
 // overall deadline), pctx the prefill's own (PrefillTimeout, or cancelled
 // when the sibling failed).
-func (e *Engine) runPrefill(ctx, pctx context.Context, st *reqState, pr *Pair, l *leg, body []byte) prefillOut {
-	req, f := e.prefillRequest(pctx, st, pr, l, body)
+func (e *Engine) runPrefill(ctx, pctx context.Context, st *reqState, pr *Pair, l *leg, body []byte, hs *legHeaders) prefillOut {
+	req, f := e.prefillRequest(pctx, st, pr, l, body, hs)
 	if f != nil {
 		return prefillOut{fail: f, dur: e.o.Now().Sub(l.sent)}
 	}
@@ -34,8 +34,8 @@ func (e *Engine) runPrefill(ctx, pctx context.Context, st *reqState, pr *Pair, l
 }
 
 // prefillRequest builds the prefill leg's request.
-func (e *Engine) prefillRequest(pctx context.Context, st *reqState, pr *Pair, l *leg, body []byte) (*http.Request, *failure) {
-	req, err := e.newLegRequest(pctx, st, pr, l, pr.PRank, body)
+func (e *Engine) prefillRequest(pctx context.Context, st *reqState, pr *Pair, l *leg, body []byte, hs *legHeaders) (*http.Request, *failure) {
+	req, err := e.newLegRequest(pctx, st, pr, l, pr.PRank, body, hs)
 	if err != nil {
 		e.legFailed(l, "error", err)
 		return nil, &failure{leg: "prefill", reason: "error", w: pr.P, status: http.StatusBadGateway, retry: true, errType: "prefill", msg: "prefill worker " + pr.P.Key() + ": " + err.Error()}
@@ -97,7 +97,7 @@ func (e *Engine) prefillResult(ctx, pctx context.Context, pr *Pair, l *leg, resp
 		return prefillOut{fail: &failure{leg: "prefill", reason: "bad_response", w: pr.P, status: http.StatusBadGateway, retry: true,
 			errType: "prefill", msg: fmt.Sprintf("%s returned a response larger than %d bytes", who(), maxPrefillBody)}}
 	}
-	o, err := rawjson.Parse(data)
+	params, err := rawjson.Lookup(data, "kv_transfer_params")
 	if err != nil {
 		e.legFailed(l, "bad_response", nil)
 		return prefillOut{fail: &failure{leg: "prefill", reason: "bad_response", w: pr.P, status: http.StatusBadGateway, retry: true,
@@ -105,7 +105,7 @@ func (e *Engine) prefillResult(ctx, pctx context.Context, pr *Pair, l *leg, resp
 				who(), resp.StatusCode, err, snippet(data))}}
 	}
 	l.finish(true)
-	return prefillOut{body: data, params: o.Get("kv_transfer_params")}
+	return prefillOut{body: data, params: params}
 }
 
 // readPrefillBody reads P's answer, at most maxPrefillBody+1 bytes: one

@@ -46,40 +46,100 @@ const smallMembers = 12
 // Parse scans the top level of a JSON object. It validates the whole
 // document, so a nil error means src is valid JSON.
 func Parse(src []byte) (*Object, error) {
-	if !Valid(src) {
-		return nil, syntaxError(src)
+	open, err := objectStart(src)
+	if err != nil {
+		return nil, err
 	}
-	s := scanner{b: src}
-	s.ws()
-	if s.i >= len(src) || src[s.i] != '{' {
-		return nil, ErrNotObject
-	}
-	o := &Object{src: src, open: s.i}
+	o := &Object{src: src, open: open}
 	o.members = o.small[:0]
-	s.i++
-	for {
-		s.ws()
-		if src[s.i] == '}' {
-			o.close = s.i
-			return o, nil
-		}
-		if src[s.i] == ',' {
-			s.i++
-			s.ws()
-		}
-		start := s.i
-		keyEnd := s.skipString()
-		key, err := decodeKey(src[start:keyEnd])
+	m := memberScan{s: scanner{b: src, i: open + 1}}
+	for m.next() {
+		key, err := decodeKey(src[m.start:m.keyEnd])
 		if err != nil {
 			return nil, err
 		}
-		s.ws()
-		s.i++ // ':'
-		s.ws()
-		vs := s.i
-		s.skipValue()
-		o.members = append(o.members, Member{Key: key, Value: src[vs:s.i], start: start, end: s.i})
+		o.members = append(o.members, Member{Key: key, Value: src[m.value:m.end], start: m.start, end: m.end})
 	}
+	o.close = m.s.i
+	return o, nil
+}
+
+// IsObject reports whether src is one valid JSON object: Parse's check,
+// without building the Object.
+func IsObject(src []byte) bool {
+	_, err := objectStart(src)
+	return err == nil
+}
+
+// Lookup returns the raw value of the object src's top-level member key
+// (the last one, as Object.Get), nil when there is none: Parse and Get
+// without the Object, so nothing is allocated for a key without escapes.
+// Its errors are Parse's.
+func Lookup(src []byte, key string) ([]byte, error) {
+	open, err := objectStart(src)
+	if err != nil {
+		return nil, err
+	}
+	var v []byte
+	m := memberScan{s: scanner{b: src, i: open + 1}}
+	for m.next() {
+		raw := src[m.start+1 : m.keyEnd-1]
+		if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) { // decodeKey's string(raw)
+			if string(raw) == key {
+				v = src[m.value:m.end]
+			}
+			continue
+		}
+		k, err := decodeKey(src[m.start:m.keyEnd])
+		if err != nil {
+			return nil, err
+		}
+		if k == key {
+			v = src[m.value:m.end]
+		}
+	}
+	return v, nil
+}
+
+// objectStart validates src and returns the offset of its '{'.
+func objectStart(src []byte) (int, error) {
+	if !Valid(src) {
+		return 0, syntaxError(src)
+	}
+	i := skipWS(src, 0)
+	if src[i] != '{' {
+		return 0, ErrNotObject
+	}
+	return i, nil
+}
+
+// memberScan walks the members of a valid JSON object: after each next
+// that reports true, the member's quoted key is b[start:keyEnd] and its
+// value b[value:end]; after the last, s.i is at the closing '}'.
+type memberScan struct {
+	s                         scanner
+	start, keyEnd, value, end int
+}
+
+func (m *memberScan) next() bool {
+	s := &m.s
+	s.ws()
+	if s.b[s.i] == '}' {
+		return false
+	}
+	if s.b[s.i] == ',' {
+		s.i++
+		s.ws()
+	}
+	m.start = s.i
+	m.keyEnd = s.skipString()
+	s.ws()
+	s.i++ // ':'
+	s.ws()
+	m.value = s.i
+	s.skipValue()
+	m.end = s.i
+	return true
 }
 
 // decodeKey decodes a quoted JSON key; keys without escapes (nearly all)

@@ -1,6 +1,7 @@
 package rawjson
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -169,4 +170,37 @@ func TestCommonKeysReturnThemselves(t *testing.T) {
 	if _, ok := commonKey([]byte("not_a_common_key")); ok {
 		t.Error("an unknown key came back as common")
 	}
+}
+
+// FuzzLookup holds IsObject and Lookup to Parse and Get: the same verdict,
+// the same error, the same value (nil when absent).
+func FuzzLookup(f *testing.F) {
+	for _, tc := range []struct{ src, key string }{
+		{`{"a":1,"b":[1,{"c":"d"}],"e":"\"}"}`, "b"},
+		{`{"a":1,"a":2}`, "a"},
+		{` {"k\u0065y" : {"x":null} } `, "key"},
+		{`{"kv_transfer_params":null}`, "kv_transfer_params"},
+		{`{"\xff":1}`, "\ufffd"},
+		{`[1]`, "a"},
+		{`{"a":`, "a"},
+		{``, ""},
+	} {
+		f.Add([]byte(tc.src), tc.key)
+	}
+	f.Fuzz(func(t *testing.T, src []byte, key string) {
+		o, perr := Parse(src)
+		v, lerr := Lookup(src, key)
+		if (perr == nil) != (lerr == nil) || (perr != nil && perr.Error() != lerr.Error()) {
+			t.Fatalf("Lookup(%q) error %v, Parse's %v", src, lerr, perr)
+		}
+		if IsObject(src) != (perr == nil) {
+			t.Fatalf("IsObject(%q) = %v, Parse's error %v", src, !(perr == nil), perr)
+		}
+		if perr != nil {
+			return
+		}
+		if want := o.Get(key); (v == nil) != (want == nil) || !bytes.Equal(v, want) {
+			t.Fatalf("Lookup(%q, %q) = %q, Get %q", src, key, v, want)
+		}
+	})
 }
