@@ -52,9 +52,9 @@ type buffered struct {
 	body   []byte
 }
 
-// firstReadSize bounds D's first read, held while the KV is awaited (at
-// thousands of waiting streams, a buffer each): one SSE event of vLLM's
-// fits; the relay reads the rest.
+// firstReadSize bounds D's first read, taken once D sent something and
+// sized to what arrived (proxy.AwaitBody): one SSE event of vLLM's fits;
+// the relay reads the rest.
 const firstReadSize = 1 << 10
 
 // The causes with which the attempt interrupts the decode's wait for its
@@ -449,8 +449,12 @@ func (a *attemptRun) waitFirstByte() *failure {
 		return f
 	}
 	a.dResp = resp
-	proxy.AwaitBody(resp.Body) // the buffer below is taken once D sent something
-	buf := make([]byte, firstReadSize)
+	// The buffer is taken once D sent something, sized to what arrived.
+	size := firstReadSize
+	if n := proxy.AwaitBody(resp.Body); n > 0 && n < size {
+		size = n
+	}
+	buf := make([]byte, size)
 	var n int
 	for n == 0 && err == nil {
 		n, err = resp.Body.Read(buf)

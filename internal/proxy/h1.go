@@ -629,12 +629,22 @@ var errBodyClosed = errors.New("http: read on closed response body")
 // an error (the Read that follows returns it), when body is one of
 // H1Transport's and was not read yet: the caller can then allocate its
 // read buffer once there is something to read (a decode's first token may
-// be seconds away). Other bodies return at once.
-func AwaitBody(body io.Reader) {
-	if b, ok := body.(*h1Body); ok && !b.started && !b.done.Load() {
+// be seconds away). It returns how many bytes have arrived, its framing
+// included (what the next Read can return at most without waiting), or -1
+// for other bodies, which return at once.
+func AwaitBody(body io.Reader) int {
+	b, ok := body.(*h1Body)
+	if !ok {
+		return -1
+	}
+	if !b.started && !b.done.Load() {
 		b.started = true
 		b.c.waitReadable()
 	}
+	if b.done.Load() || !b.c.attached {
+		return -1
+	}
+	return b.c.br.Buffered()
 }
 
 // Close closes the connection unless the body was read to its end; it may

@@ -615,3 +615,46 @@ func TestH1WaitReadableKeepsReadErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestAwaitBodyReportsArrived: AwaitBody returns once the body's first
+// bytes arrived, with how many are there (its framing included), and -1
+// for a body that is not H1Transport's.
+func TestAwaitBodyReportsArrived(t *testing.T) {
+	release := make(chan struct{})
+	s := newH1Server(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "5")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		<-release
+		io.WriteString(w, "hello")
+	})
+	tr := newH1(t, TransportOptions{})
+	req, _ := http.NewRequest(http.MethodPost, s.URL+"/", strings.NewReader("{}"))
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got := make(chan int, 1)
+	go func() { got <- AwaitBody(resp.Body) }()
+	select {
+	case n := <-got:
+		t.Fatalf("AwaitBody returned %d before the body was sent", n)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case n := <-got:
+		if n != 5 {
+			t.Fatalf("AwaitBody = %d, want 5 (the body arrived)", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("AwaitBody did not return within 10 s of the body")
+	}
+	if b, err := io.ReadAll(resp.Body); err != nil || string(b) != "hello" {
+		t.Fatalf("body %q %v", b, err)
+	}
+	if n := AwaitBody(strings.NewReader("x")); n != -1 {
+		t.Fatalf("AwaitBody of another body = %d, want -1", n)
+	}
+}
