@@ -474,30 +474,8 @@ func BenchmarkH1RoundTrip(b *testing.B) {
 // close) without one and attaches it; detach gives it back only when
 // nothing is buffered.
 func TestH1ReadBufferOnlyWhileReading(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			accepted <- c
-		}
-		close(accepted)
-	}()
-	nc, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer := <-accepted
-	if peer == nil {
-		t.Fatal("accept failed")
-	}
-	defer peer.Close()
-	c := newH1Conn(nc, ln.Addr().String())
-	defer nc.Close()
+	nc, peer := tcpPair(t)
+	c := newH1Conn(nc, nc.RemoteAddr().String())
 	if c.attached || c.rc == nil {
 		t.Fatalf("new connection: attached %v, raw conn %v; want no buffer yet", c.attached, c.rc != nil)
 	}
@@ -568,25 +546,7 @@ func TestH1WaitReadableKeepsReadErrors(t *testing.T) {
 		{"close", func(peer *net.TCPConn) { peer.Close() }, func(err error) bool { return err == io.EOF }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			accepted := make(chan net.Conn, 1)
-			go func() {
-				c, _ := ln.Accept()
-				accepted <- c
-			}()
-			nc, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer nc.Close()
-			peer, _ := (<-accepted).(*net.TCPConn)
-			if peer == nil {
-				t.Fatal("accept failed")
-			}
+			nc, peer := tcpPair(t)
 			// The peer reads the request before it ends the connection, so
 			// that a close is a FIN and not a reset.
 			if _, err := nc.Write([]byte("x")); err != nil {
@@ -595,7 +555,7 @@ func TestH1WaitReadableKeepsReadErrors(t *testing.T) {
 			if _, err := io.ReadFull(peer, make([]byte, 1)); err != nil {
 				t.Fatal(err)
 			}
-			c := newH1Conn(nc, ln.Addr().String())
+			c := newH1Conn(nc, nc.RemoteAddr().String())
 			done := make(chan struct{})
 			go func() { c.waitReadable(); close(done) }()
 			time.Sleep(20 * time.Millisecond) // parked: nothing has arrived
@@ -605,7 +565,7 @@ func TestH1WaitReadableKeepsReadErrors(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("waitReadable did not return within 10 s")
 			}
-			_, err = c.br.ReadByte()
+			_, err := c.br.ReadByte()
 			if !tc.check(err) {
 				t.Fatalf("read after the %s: %#v (%v)", tc.name, err, err)
 			}
@@ -657,4 +617,31 @@ func TestAwaitBodyReportsArrived(t *testing.T) {
 	if n := AwaitBody(strings.NewReader("x")); n != -1 {
 		t.Fatalf("AwaitBody of another body = %d, want -1", n)
 	}
+}
+
+// tcpPair returns both ends of a loopback TCP connection, closed when the
+// test ends.
+func tcpPair(t *testing.T) (client net.Conn, peer *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept() // nil on failure
+		accepted <- c
+	}()
+	client, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	peer, _ = (<-accepted).(*net.TCPConn)
+	if peer == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { peer.Close() })
+	return client, peer
 }
