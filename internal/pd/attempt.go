@@ -368,13 +368,10 @@ func (a *attemptRun) launchPrefill() {
 }
 
 // asyncTransport is the client's transport when it can await a response
-// without a parked goroutine (and the client adds nothing to it).
+// without a parked goroutine and legs go to it directly (the client adds
+// nothing to it: no timeout, cookie jar or redirect policy).
 func (e *Engine) asyncTransport() proxy.AsyncRoundTripper {
-	c := e.o.Client
-	if c.Jar != nil || c.Timeout != 0 {
-		return nil
-	}
-	at, _ := c.Transport.(proxy.AsyncRoundTripper)
+	at, _ := e.directTransport().(proxy.AsyncRoundTripper)
 	return at
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/cookiejar"
 	"reflect"
 	"strconv"
 	"testing"
@@ -171,6 +172,34 @@ func TestLegHeadersShared(t *testing.T) {
 				if !reflect.DeepEqual(got, want) {
 					t.Fatalf("leg header %v, want %v", got, want)
 				}
+			}
+		})
+	}
+}
+
+// A concurrent prefill is handed to an async transport only where a leg
+// would go to the transport directly: a client with a timeout, a cookie
+// jar or a redirect policy sends it through http.Client.Do.
+func TestAsyncTransportOnlyDirect(t *testing.T) {
+	h1 := proxy.NewH1Transport(proxy.TransportOptions{})
+	defer h1.CloseIdleConnections()
+	jar, _ := cookiejar.New(nil)
+	for _, tc := range []struct {
+		name   string
+		client *http.Client
+		async  bool
+	}{
+		{"H1Transport", &http.Client{Transport: h1}, true},
+		{"timeout", &http.Client{Transport: h1, Timeout: time.Minute}, false},
+		{"cookie jar", &http.Client{Transport: h1, Jar: jar}, false},
+		{"redirect policy", &http.Client{Transport: h1, CheckRedirect: func(*http.Request, []*http.Request) error { return nil }}, false},
+		{"net/http Transport", &http.Client{Transport: &http.Transport{}}, false},
+		{"default transport", &http.Client{}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := &Engine{o: Options{Client: tc.client}}
+			if got := e.asyncTransport() != nil; got != tc.async {
+				t.Fatalf("async transport = %v, want %v", got, tc.async)
 			}
 		})
 	}
