@@ -361,107 +361,50 @@ func (p *Regular) serve(parent context.Context, w http.ResponseWriter, rs *reqSp
 	if rs.start.IsZero() {
 		rs.start = time.Now()
 	}
-	ctx, cancel := parent, context.CancelFunc(nil)
+	ctx := parent
 	if p.o.RequestTimeout > 0 {
+		var cancel context.CancelFunc
 		ctx, cancel = WithRequestDeadline(parent, rs.start.Add(p.o.RequestTimeout))
 		defer cancel()
 	}
-	rec := rs.receipt
-	if rec == nil {
-		rec = &Receipt{}
+	run := regularRun{p: p, w: w, rs: rs, ctx: ctx, rec: rs.receipt}
+	if run.rec == nil {
+		run.rec = &Receipt{}
 	}
-	rec.Mode, rec.Policy = "regular", p.o.Policy.Name()
+	run.rec.Mode, run.rec.Policy = "regular", p.o.Policy.Name()
 	p.budget.request()
 
-	choice, err := p.pick(&rs.preq)
-	if err != nil {
-		p.fail(w, rs, rec, err)
+	var err error
+	if run.choice, err = p.pick(&rs.preq); err != nil {
+		p.fail(w, rs, run.rec, err)
 		return
 	}
-	var last *failure
-	refused := 0
 	for attempt := 1; ; attempt++ {
-		wk := choice.Worker
-		ticket, ok := wk.Breaker().Begin()
-		var panicDone func(bool)
-		if !ok && choice.Reason == panicReason { // panic routing overrides the breaker
-			po := wk.PanicOutcome()
-			panicDone, ok = func(success bool) {
-				if success {
-					po(worker.OutcomeSuccess)
-				} else {
-					po(worker.OutcomeFailure)
-				}
-			}, true
-		}
+		ticket, panicDone, ok := run.begin()
 		if !ok { // lost a race with the breaker: not an attempt
-			p.exclude(&rs.preq, wk)
 			attempt--
-			if refused++; refused > maxRefusals {
-				err = policy.ErrNoWorker
-			} else {
-				choice, err = p.pick(&rs.preq)
-			}
-			if err != nil {
-				p.finishFailed(w, rs, rec, last, err)
+			if run.repick() == stepDone {
 				return
 			}
 			continue
 		}
-		rec.Worker, rec.Reason, rec.Attempts = wk.Key(), choice.Reason, attempt
+		wk := run.choice.Worker
+		run.rec.Worker, run.rec.Reason, run.rec.Attempts = wk.Key(), run.choice.Reason, attempt
 		slot := p.startSlot(wk, ticket, panicDone, rs)
-
 		resp, actx, acancel, err := p.roundTrip(ctx, wk, rs, attempt)
 		if err != nil {
 			acancel()
 			slot.release()
-			if ctx.Err() != nil { // client gone or request deadline
-				err = ctx.Err()
-				slot.outcome(!errors.Is(err, context.DeadlineExceeded))
-				p.fail(w, rs, rec, err)
+			if run.afterError(wk, slot, attempt, err) == stepDone {
 				return
 			}
-			slot.outcome(false)
-			if IsDialError(err) {
-				p.markDown(wk, err)
-			}
-			f := &failure{err: err}
-			if !(IsDialError(err) || errors.Is(err, ErrHeaderTimeout)) || !rs.replayable() {
-				if next, ok := p.retryWhole(ctx, rs, wk, err); ok {
-					rec.Failovers = append(rec.Failovers, wk.Key())
-					choice = next
-					continue
-				}
-				p.fail(w, rs, rec, err)
-				return
-			}
-			next, delay, ok := p.nextAttempt(ctx, rs, wk, attempt)
-			rec.Failovers = append(rec.Failovers, wk.Key())
-			if !ok {
-				p.fail(w, rs, rec, err)
-				return
-			}
-			last = f
-			if err := p.sleep(ctx, rs, attempt, delay); err != nil {
-				p.fail(w, rs, rec, err)
-				return
-			}
-			choice = next
 			continue
 		}
 		if retryableStatus(resp.StatusCode) && rs.stream == nil {
-			if next, delay, ok := p.nextAttempt(ctx, rs, wk, attempt); ok {
-				f := p.drain(resp)
-				acancel()
-				slot.outcome(resp.StatusCode < 500)
-				slot.release()
-				rec.Failovers = append(rec.Failovers, wk.Key())
-				last = f
-				if err := p.sleep(ctx, rs, attempt, delay); err != nil {
-					p.fail(w, rs, rec, err)
-					return
-				}
-				choice = next
+			switch run.afterStatus(wk, slot, attempt, resp, acancel) {
+			case stepDone:
+				return
+			case stepRetry:
 				continue
 			}
 		}
@@ -469,6 +412,124 @@ func (p *Regular) serve(parent context.Context, w http.ResponseWriter, rs *reqSp
 		acancel()
 		return
 	}
+}
+
+// regularRun is one request on its way through serve's attempts.
+type regularRun struct {
+	p       *Regular
+	w       http.ResponseWriter
+	rs      *reqSpec
+	rec     *Receipt
+	ctx     context.Context
+	choice  policy.Choice // the worker of the next attempt
+	last    *failure      // the last failed attempt, answered when no worker is left
+	refused int           // picks the breaker refused
+}
+
+// step is what serve does after a step of an attempt.
+type step int
+
+const (
+	stepRetry step = iota // another attempt, on run.choice
+	stepDone              // the request has been answered
+	stepRelay             // relay the response in hand
+)
+
+// begin asks the chosen worker's breaker for an attempt: ok false when it
+// refuses. A panic pick is let through; panicDone then reports its outcome.
+func (r *regularRun) begin() (ticket worker.Ticket, panicDone func(bool), ok bool) {
+	wk := r.choice.Worker
+	ticket, ok = wk.Breaker().Begin()
+	if ok || r.choice.Reason != panicReason {
+		return ticket, nil, ok
+	}
+	po := wk.PanicOutcome() // panic routing overrides the breaker
+	return ticket, func(success bool) {
+		if success {
+			po(worker.OutcomeSuccess)
+		} else {
+			po(worker.OutcomeFailure)
+		}
+	}, true
+}
+
+// repick replaces a worker whose breaker refused the attempt (at most
+// maxRefusals times), answering with the last failure when none is left.
+func (r *regularRun) repick() step {
+	r.p.exclude(&r.rs.preq, r.choice.Worker)
+	var err error
+	if r.refused++; r.refused > maxRefusals {
+		err = policy.ErrNoWorker
+	} else {
+		r.choice, err = r.p.pick(&r.rs.preq)
+	}
+	if err != nil {
+		r.p.finishFailed(r.w, r.rs, r.rec, r.last, err)
+		return stepDone
+	}
+	return stepRetry
+}
+
+// afterError settles an attempt that got no response: the client's end or
+// the request deadline answers at once; a failure before the worker took
+// the request is retried elsewhere; any other may continue elsewhere as a
+// whole (retryWhole).
+func (r *regularRun) afterError(wk *worker.Worker, slot *attemptSlot, attempt int, err error) step {
+	p := r.p
+	if r.ctx.Err() != nil { // client gone or request deadline
+		err = r.ctx.Err()
+		slot.outcome(!errors.Is(err, context.DeadlineExceeded))
+		p.fail(r.w, r.rs, r.rec, err)
+		return stepDone
+	}
+	slot.outcome(false)
+	if IsDialError(err) {
+		p.markDown(wk, err)
+	}
+	if !(IsDialError(err) || errors.Is(err, ErrHeaderTimeout)) || !r.rs.replayable() {
+		next, ok := p.retryWhole(r.ctx, r.rs, wk, err)
+		if !ok {
+			p.fail(r.w, r.rs, r.rec, err)
+			return stepDone
+		}
+		r.rec.Failovers = append(r.rec.Failovers, wk.Key())
+		r.choice = next
+		return stepRetry
+	}
+	next, delay, ok := p.nextAttempt(r.ctx, r.rs, wk, attempt)
+	r.rec.Failovers = append(r.rec.Failovers, wk.Key())
+	if !ok {
+		p.fail(r.w, r.rs, r.rec, err)
+		return stepDone
+	}
+	return r.retry(next, delay, attempt, &failure{err: err})
+}
+
+// afterStatus settles an attempt answered with a retryable status: retried
+// elsewhere when another attempt may follow (its body kept as the answer of
+// last resort), relayed to the client otherwise.
+func (r *regularRun) afterStatus(wk *worker.Worker, slot *attemptSlot, attempt int, resp *http.Response, acancel context.CancelFunc) step {
+	next, delay, ok := r.p.nextAttempt(r.ctx, r.rs, wk, attempt)
+	if !ok {
+		return stepRelay
+	}
+	f := r.p.drain(resp)
+	acancel()
+	slot.outcome(resp.StatusCode < 500)
+	slot.release()
+	r.rec.Failovers = append(r.rec.Failovers, wk.Key())
+	return r.retry(next, delay, attempt, f)
+}
+
+// retry waits out the backoff before the attempt on next.
+func (r *regularRun) retry(next policy.Choice, delay time.Duration, attempt int, f *failure) step {
+	r.last = f
+	if err := r.p.sleep(r.ctx, r.rs, attempt, delay); err != nil {
+		r.p.fail(r.w, r.rs, r.rec, err)
+		return stepDone
+	}
+	r.choice = next
+	return stepRetry
 }
 
 // roundTrip sends one attempt. The returned context governs the response
@@ -710,22 +771,9 @@ var tailPool = sync.Pool{New: func() any { return new(usageTail) }}
 func (p *Regular) relay(ctx context.Context, w http.ResponseWriter, rs *reqSpec, wk *worker.Worker, resp *http.Response, slot *attemptSlot) {
 	defer slot.release()
 	defer resp.Body.Close()
-	h := w.Header()
-	CopyResponseHeaders(h, resp.Header)
-	sse := isSSE(resp.Header)
-	streaming := sse || (rs.sse && resp.ContentLength < 0)
-	if !streaming && resp.ContentLength >= 0 && bodyAllowed(resp.StatusCode) {
-		rs.clv[0] = strconv.FormatInt(resp.ContentLength, 10)
-		h["Content-Length"] = rs.clv[:1:1]
-	}
-	if p.m != nil && rs.gen {
-		p.m.GenerateDur.Observe(time.Since(rs.start).Seconds())
-	}
-	w.WriteHeader(resp.StatusCode)
-	if streaming {
-		_ = http.NewResponseController(w).Flush() // headers out before the first token
-	}
-
+	sse, streaming := p.respondHead(w, rs, resp)
+	// The options are made here, not in a helper: their closures stay on
+	// this frame (a helper returning them would allocate both).
 	var ro RelayOptions
 	var tail *usageTail
 	if rs.gen && p.m != nil {
@@ -765,7 +813,6 @@ func (p *Regular) relay(ctx context.Context, w http.ResponseWriter, rs *reqSpec,
 			return
 		}
 	}
-
 	switch {
 	case res.UpstreamErr == nil:
 		slot.outcome(resp.StatusCode < 500)
@@ -783,24 +830,53 @@ func (p *Regular) relay(ctx context.Context, w http.ResponseWriter, rs *reqSpec,
 		p.log.Debug("client closed request mid-response", "route", rs.route, "worker", wk.Key(), "bytes", res.Bytes)
 	default: // the upstream broke after the headers were sent
 		slot.outcome(false)
-		err := res.UpstreamErr
-		if p.m != nil {
-			p.m.RequestErrors.WithLabelValues(rs.route, "stream_broken").Inc()
-		}
-		p.log.Warn("upstream response broke mid-way", "route", rs.route, "worker", wk.Key(), "bytes", res.Bytes, "err", err)
-		status := StatusFor(err)
-		if status == StatusClientClosed {
-			status = http.StatusBadGateway
-		}
-		if sse {
-			_ = WriteSSEError(w, res, status, "upstream stream broken: "+err.Error())
-			return
-		}
-		if !streaming && resp.ContentLength >= 0 {
-			return // short of the declared Content-Length: the server drops the connection
-		}
-		abortConn(w)
+		p.brokeMidway(w, rs, wk, resp, res, sse, streaming)
 	}
+}
+
+// respondHead writes the response's status and header to the client (a
+// stream's at once, before its first token) and says whether the body is
+// an event stream and whether it is relayed as it comes.
+func (p *Regular) respondHead(w http.ResponseWriter, rs *reqSpec, resp *http.Response) (sse, streaming bool) {
+	h := w.Header()
+	CopyResponseHeaders(h, resp.Header)
+	sse = isSSE(resp.Header)
+	streaming = sse || (rs.sse && resp.ContentLength < 0)
+	if !streaming && resp.ContentLength >= 0 && bodyAllowed(resp.StatusCode) {
+		rs.clv[0] = strconv.FormatInt(resp.ContentLength, 10)
+		h["Content-Length"] = rs.clv[:1:1]
+	}
+	if p.m != nil && rs.gen {
+		p.m.GenerateDur.Observe(time.Since(rs.start).Seconds())
+	}
+	w.WriteHeader(resp.StatusCode)
+	if streaming {
+		_ = http.NewResponseController(w).Flush() // headers out before the first token
+	}
+	return sse, streaming
+}
+
+// brokeMidway ends a response whose upstream broke after its head went to
+// the client: an SSE error event for a stream, a cut connection for a
+// chunked body (a short Content-Length body is cut by the server).
+func (p *Regular) brokeMidway(w http.ResponseWriter, rs *reqSpec, wk *worker.Worker, resp *http.Response, res RelayResult, sse, streaming bool) {
+	err := res.UpstreamErr
+	if p.m != nil {
+		p.m.RequestErrors.WithLabelValues(rs.route, "stream_broken").Inc()
+	}
+	p.log.Warn("upstream response broke mid-way", "route", rs.route, "worker", wk.Key(), "bytes", res.Bytes, "err", err)
+	status := StatusFor(err)
+	if status == StatusClientClosed {
+		status = http.StatusBadGateway
+	}
+	if sse {
+		_ = WriteSSEError(w, res, status, "upstream stream broken: "+err.Error())
+		return
+	}
+	if !streaming && resp.ContentLength >= 0 {
+		return // short of the declared Content-Length: the server drops the connection
+	}
+	abortConn(w)
 }
 
 // bodyAllowed reports whether a response with this status may carry a
