@@ -146,6 +146,9 @@ func Decode(payload []byte) (Any, error) {
 		m.Bare = string(payload)
 		return m, nil
 	}
+	if err := checkBounds(payload); err != nil {
+		return m, fmt.Errorf("decode msgpack: %w", err)
+	}
 	if err := msgpack.Unmarshal(payload, &m); err != nil {
 		return m, fmt.Errorf("decode msgpack: %w", err)
 	}
@@ -169,6 +172,9 @@ func ParseDigest(s string) (uint64, bool) {
 }
 
 func decodeMeta(b []byte, m *AgentMetadata) error {
+	if err := checkBounds(b); err != nil {
+		return fmt.Errorf("decode handshake metadata: %w", err)
+	}
 	if err := msgpack.Unmarshal(b, m); err != nil {
 		return fmt.Errorf("decode handshake metadata: %w", err)
 	}
