@@ -89,47 +89,83 @@ func (e *Engine) pickPrefill(r *http.Request, c *proxy.Call, st *reqState, exclu
 // ("prefill", or "decode" for a prefill bypass), and relays the answer. It
 // returns nil when a response was written to the client.
 func (e *Engine) plainAttempt(ctx context.Context, w http.ResponseWriter, st *reqState, pr *Pair, legName string, body []byte) *failure {
-	who := legName + " worker " + pr.P.Key()
+	pl := plainLeg{e: e, st: st, pr: pr, name: legName, who: legName + " worker " + pr.P.Key()}
 	l, ok := e.startLeg(ctx, legName, pr.P, st, pr)
 	if !ok {
 		return &failure{leg: legName, reason: "breaker_open", w: pr.P, status: http.StatusServiceUnavailable, retry: true,
-			errType: "server_selection", msg: who + " circuit breaker is open"}
+			errType: "server_selection", msg: pl.who + " circuit breaker is open"}
 	}
-	prof := e.newProfiler(pr)
-	defer prof.stopAll()
-	req, err := e.newLegRequest(ctx, st, pr, l, pr.PRank, body, nil)
-	if err != nil {
-		e.legFailed(l, "error", err)
-		return &failure{leg: legName, reason: "error", w: pr.P, status: http.StatusBadGateway, retry: true, errType: legName, msg: who + ": " + err.Error()}
-	}
-	prof.start(pr.P)
-	resp, err := e.o.Client.Do(req)
-	prof.stop(pr.P)
-	if err != nil {
-		if ctx.Err() != nil {
-			l.finish(true)
-			return e.ctxFailure(ctx, st, nil)
-		}
-		reason := "error"
-		if proxy.IsDialError(err) {
-			reason = "connect"
-		}
-		e.legFailed(l, reason, err)
-		return &failure{leg: legName, reason: reason, w: pr.P, status: http.StatusBadGateway, retry: true,
-			errType: legName, msg: fmt.Sprintf("%s failed before answering: %v", who, unwrapURL(err))}
+	pl.l = l
+	resp, f := pl.send(ctx, body)
+	if f != nil {
+		return f
 	}
 	defer resp.Body.Close()
 	tracing.SetStatus(l.span, resp.StatusCode)
 	if s := resp.StatusCode; s >= 500 || s == http.StatusTooManyRequests || s == http.StatusRequestTimeout {
-		data, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-		e.legFailed(l, "status", nil)
-		return &failure{leg: legName, reason: "status", w: pr.P, status: s, retry: true, errType: legName,
-			msg:   fmt.Sprintf("%s returned HTTP %d: %s", who, s, snippet(data)),
-			relay: &buffered{status: s, header: resp.Header, body: data}}
+		return pl.retryable(resp)
 	}
-
 	// Commit: 2xx, or a client error relayed as is.
-	sse := strings.HasPrefix(strings.ToLower(resp.Header.Get("Content-Type")), "text/event-stream")
+	res, sse := pl.relay(ctx, w, resp)
+	pl.settle(ctx, w, res, sse)
+	return nil
+}
+
+// plainLeg is the one leg of an unsplit request (plainAttempt).
+type plainLeg struct {
+	e    *Engine
+	st   *reqState
+	pr   *Pair
+	l    *leg
+	name string // "prefill" or "decode"
+	who  string // "<name> worker <url>", for messages
+}
+
+// send sends the request; a failure before an answer is retryable.
+func (pl *plainLeg) send(ctx context.Context, body []byte) (*http.Response, *failure) {
+	e, pr := pl.e, pl.pr
+	prof := e.newProfiler(pr)
+	defer prof.stopAll()
+	req, err := e.newLegRequest(ctx, pl.st, pr, pl.l, pr.PRank, body, nil)
+	if err != nil {
+		e.legFailed(pl.l, "error", err)
+		return nil, &failure{leg: pl.name, reason: "error", w: pr.P, status: http.StatusBadGateway, retry: true, errType: pl.name, msg: pl.who + ": " + err.Error()}
+	}
+	prof.start(pr.P)
+	resp, err := e.o.Client.Do(req)
+	prof.stop(pr.P)
+	if err == nil {
+		return resp, nil
+	}
+	if ctx.Err() != nil {
+		pl.l.finish(true)
+		return nil, e.ctxFailure(ctx, pl.st, nil)
+	}
+	reason := "error"
+	if proxy.IsDialError(err) {
+		reason = "connect"
+	}
+	e.legFailed(pl.l, reason, err)
+	return nil, &failure{leg: pl.name, reason: reason, w: pr.P, status: http.StatusBadGateway, retry: true,
+		errType: pl.name, msg: fmt.Sprintf("%s failed before answering: %v", pl.who, unwrapURL(err))}
+}
+
+// retryable turns a 5xx, 429 or 408 answer into a retryable failure that
+// keeps the answer, relayed if no other worker takes the request.
+func (pl *plainLeg) retryable(resp *http.Response) *failure {
+	s := resp.StatusCode
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	pl.e.legFailed(pl.l, "status", nil)
+	return &failure{leg: pl.name, reason: "status", w: pl.pr.P, status: s, retry: true, errType: pl.name,
+		msg:   fmt.Sprintf("%s returned HTTP %d: %s", pl.who, s, snippet(data)),
+		relay: &buffered{status: s, header: resp.Header, body: data}}
+}
+
+// relay writes the answer to the client, its usage counted as the whole
+// generation's (nothing was split).
+func (pl *plainLeg) relay(ctx context.Context, w http.ResponseWriter, resp *http.Response) (res proxy.RelayResult, sse bool) {
+	e, st := pl.e, pl.st
+	sse = strings.HasPrefix(strings.ToLower(resp.Header.Get("Content-Type")), "text/event-stream")
 	if e.m != nil {
 		e.m.PDRequestDur.WithLabelValues(st.route).Observe(e.o.Now().Sub(st.start).Seconds())
 	}
@@ -140,9 +176,8 @@ func (e *Engine) plainAttempt(ctx context.Context, w http.ResponseWriter, st *re
 	}
 	w.WriteHeader(resp.StatusCode)
 	_ = http.NewResponseController(w).Flush()
-	// token usage: this unsplit response is the whole generation
 	observeUsage, finishUsage := proxy.NewUsageObserver(e.m)
-	res := proxy.Relay(ctx, w, resp.Body, proxy.RelayOptions{
+	res = proxy.Relay(ctx, w, resp.Body, proxy.RelayOptions{
 		IdleTimeout: e.o.StreamIdleTimeout,
 		Stream:      sse,
 		Observe:     observeUsage,
@@ -153,37 +188,42 @@ func (e *Engine) plainAttempt(ctx context.Context, w http.ResponseWriter, st *re
 		},
 	})
 	finishUsage(res.UpstreamErr == nil && res.DownstreamOK && resp.StatusCode < 300)
+	return res, sse
+}
+
+// settle ends the leg after its answer was relayed, and a stream that
+// broke after the commit with an SSE error event (a body short of its
+// Content-Length makes the server close the connection instead).
+func (pl *plainLeg) settle(ctx context.Context, w http.ResponseWriter, res proxy.RelayResult, sse bool) {
+	e, l := pl.e, pl.l
 	var reason, msg string
 	status := http.StatusBadGateway
 	switch {
 	case res.UpstreamErr == nil && res.DownstreamOK:
 		l.finish(true)
-		return nil
-	case st.cli.Err() != nil:
+		return
+	case pl.st.cli.Err() != nil:
 		l.finish(true)
 		e.countErr("client_disconnect")
-		return nil
+		return
 	case ctx.Err() == context.DeadlineExceeded:
 		reason, status = "request_timeout", http.StatusGatewayTimeout
-		msg = fmt.Sprintf("request timed out after %s while %s was answering", e.o.RequestTimeout, who)
+		msg = fmt.Sprintf("request timed out after %s while %s was answering", e.o.RequestTimeout, pl.who)
 		l.finish(true)
 	case errors.Is(res.UpstreamErr, proxy.ErrIdleTimeout):
 		reason, status = "idle_timeout", http.StatusGatewayTimeout
-		msg = fmt.Sprintf("%s stream was idle for more than %s", who, e.o.StreamIdleTimeout)
+		msg = fmt.Sprintf("%s stream was idle for more than %s", pl.who, e.o.StreamIdleTimeout)
 		e.legFailed(l, reason, nil)
 	default:
 		reason = "stream"
-		msg = fmt.Sprintf("%s response failed: %v", who, res.UpstreamErr)
+		msg = fmt.Sprintf("%s response failed: %v", pl.who, res.UpstreamErr)
 		e.legFailed(l, reason, res.UpstreamErr)
 	}
-	e.log.Warn("pd unsplit response failed after commit", legName, pr.P.Key(), "reason", reason, "err", res.UpstreamErr)
+	e.log.Warn("pd unsplit response failed after commit", pl.name, pl.pr.P.Key(), "reason", reason, "err", res.UpstreamErr)
 	e.countErr(reason)
 	if sse {
 		_ = proxy.WriteSSEError(w, res, status, msg)
 	}
-	// non-streaming: the declared Content-Length is not met, so the server
-	// closes the connection and the client sees the truncation.
-	return nil
 }
 
 // writePrefillAnswer answers a non-streaming request with P's own response
