@@ -149,6 +149,63 @@ func testHandler() http.Handler {
 		w.(http.Flusher).Flush()
 		io.WriteString(w, strings.Repeat("t", 5000))
 	})
+	// The head decided at WriteHeader (Content-Type and Content-Length
+	// set): later header changes, a panic, a flush, ReadFrom, an unread
+	// body and trailers must come out as net/http's.
+	decided := func(w http.ResponseWriter, n int) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(n))
+	}
+	mux.HandleFunc("/decided", func(w http.ResponseWriter, r *http.Request) {
+		decided(w, 7)
+		w.WriteHeader(201)
+		w.Header().Set("X-After", "1")
+		w.Header().Del("Content-Type")
+		io.WriteString(w, `{"a":1}`)
+	})
+	mux.HandleFunc("/decidedpanic", func(w http.ResponseWriter, r *http.Request) {
+		decided(w, 7)
+		w.WriteHeader(200)
+		panic(http.ErrAbortHandler)
+	})
+	mux.HandleFunc("/decidedpanicbody", func(w http.ResponseWriter, r *http.Request) {
+		decided(w, 7)
+		w.WriteHeader(200)
+		io.WriteString(w, `{"a"`)
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	})
+	mux.HandleFunc("/decidedflush", func(w http.ResponseWriter, r *http.Request) {
+		decided(w, 7)
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		io.WriteString(w, `{"a"`)
+		w.(http.Flusher).Flush()
+		io.WriteString(w, `:1}`)
+	})
+	mux.HandleFunc("/decidedreadfrom", func(w http.ResponseWriter, r *http.Request) {
+		decided(w, 3000)
+		w.WriteHeader(200)
+		w.(io.ReaderFrom).ReadFrom(strings.NewReader(strings.Repeat("r", 3000)))
+	})
+	mux.HandleFunc("/decidedtrailer", func(w http.ResponseWriter, r *http.Request) {
+		decided(w, 7)
+		w.Header().Set(http.TrailerPrefix+"X-T", "t")
+		w.WriteHeader(200)
+		io.WriteString(w, `{"a":1}`)
+	})
+	mux.HandleFunc("/decidedunread", func(w http.ResponseWriter, r *http.Request) {
+		decided(w, 7)
+		w.WriteHeader(200)
+		b, err := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%3d%4v", len(b), err != nil)
+	})
+	mux.HandleFunc("/decidedread", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		decided(w, len(b))
+		w.WriteHeader(200)
+		w.Write(b)
+	})
 	return mux
 }
 
@@ -236,6 +293,18 @@ func TestDifferential(t *testing.T) {
 		{"trailers head", []string{"HEAD /trailers HTTP/1.1\r\nHost: a\r\n\r\n"}},
 		{"unread body small", []string{post("/ignore", strings.Repeat("u", 100<<10)), get("/hello", "")}},
 		{"unread body large", []string{post("/ignore", strings.Repeat("u", 300<<10))}},
+		{"decided head", []string{get("/decided", ""), get("/hello", "")}},
+		{"decided head, panic", []string{get("/decidedpanic", "")}},
+		{"decided head, panic after a flush", []string{get("/decidedpanicbody", "")}},
+		{"decided head, flushes", []string{get("/decidedflush", ""), get("/decided", "")}},
+		{"decided head, ReadFrom", []string{get("/decidedreadfrom", "")}},
+		{"decided head, trailer", []string{get("/decidedtrailer", "")}},
+		{"decided head, body read after", []string{post("/decidedunread", "0123456789"), get("/hello", "")}},
+		{"decided head, body read before", []string{post("/decidedread", "0123456789"), post("/decidedread", "ab")}},
+		{"decided head, client closes", []string{get("/decided", "Connection: close\r\n"), get("/hello", "")}},
+		{"decided head, http10", []string{"GET /decided HTTP/1.0\r\n\r\n"}},
+		{"decided head, http10 keepalive", []string{"GET /decided HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", "GET /decidedflush HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"}},
+		{"decided head, HEAD", []string{"HEAD /decided HTTP/1.1\r\nHost: a\r\n\r\n"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -244,7 +313,7 @@ func TestDifferential(t *testing.T) {
 			if got != want {
 				t.Errorf("h1server and net/http differ\nh1server:\n%s\nnet/http:\n%s", trunc(got), trunc(want))
 			}
-			if want == "" {
+			if want == "" && !strings.Contains(tc.name, "panic") { // a panic before a write sends nothing
 				t.Errorf("net/http sent nothing")
 			}
 		})
@@ -293,3 +362,58 @@ func jsonHandler(w http.ResponseWriter, r *http.Request) {
 }
 
 var jsonAnswer = []byte(`{"id":"cmpl-1","object":"text_completion","model":"m","choices":[{"index":0,"text":"` + strings.Repeat("a", 300-156) + `","finish_reason":"stop"}],"usage":{"prompt_tokens":1,"total_tokens":2}}`)
+
+// A head that nothing to come can change is framed at WriteHeader, from
+// the handler's header itself (no snapshot: net/http clones the header
+// there); any other waits for the body, on a snapshot.
+func TestHeadDecidedAtWriteHeader(t *testing.T) {
+	type seen struct {
+		framed, aliased bool
+	}
+	got := make(chan seen, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		io.Copy(io.Discard, r.Body)
+		if q.Has("ct") {
+			w.Header().Set("Content-Type", "application/json")
+		}
+		if q.Has("cl") {
+			w.Header().Set("Content-Length", "2")
+		}
+		if q.Has("conn") {
+			w.Header().Set("Connection", "keep-alive")
+		}
+		w.WriteHeader(200)
+		rw := w.(*response)
+		got <- seen{framed: rw.headSent, aliased: sameMap(rw.snap, rw.handlerHeader)}
+		io.WriteString(w, "{}")
+	})
+	_, addr := startH1(t, h, nil)
+	for _, tc := range []struct {
+		query  string
+		framed bool
+	}{
+		{"ct&cl", true},
+		{"cl", false},         // Content-Type to sniff from the body
+		{"ct", false},         // chunked, or a Content-Length if the handler ends first
+		{"ct&cl&conn", false}, // a Connection field the head's rules may edit
+	} {
+		exchange(t, addr, []string{get("/?"+tc.query, "")})
+		s := <-got
+		if s.framed != tc.framed || s.aliased != tc.framed {
+			t.Errorf("%s: head framed at WriteHeader %v, header not snapshotted %v; want %v", tc.query, s.framed, s.aliased, tc.framed)
+		}
+	}
+}
+
+// sameMap reports whether a and b are one map.
+func sameMap(a, b http.Header) bool {
+	if a == nil || b == nil {
+		return false
+	}
+	const probe = "X-H1server-Probe"
+	a[probe] = nil
+	_, ok := b[probe]
+	delete(a, probe)
+	return ok
+}

@@ -171,6 +171,13 @@ func (b *body) Arrived() bool {
 	return b.closed || b.err != nil || b.remaining <= int64(b.c.buffered())
 }
 
+// consumed reports whether the body has been read to its end.
+func (b *body) consumed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.sawEOF || b.remaining == 0
+}
+
 // closedEarly reports whether the body was closed with data left unread.
 func (b *body) closedEarly() bool {
 	b.mu.Lock()

@@ -44,6 +44,7 @@ type response struct {
 	calledHeader  bool
 	wroteHeader   bool // the handler's final status is known
 	headSent      bool // the head is in out (or written)
+	headOnly      bool // the head was framed at WriteHeader and nothing since
 	chunking      bool
 	handlerDone   bool
 	fullDuplex    bool
@@ -131,6 +132,9 @@ func (w *response) panicked(v any) bool {
 		return false
 	}
 	if w.wb != nil {
+		if w.headOnly { // as if framed lazily: nothing was to be sent yet
+			w.wb.out = w.wb.out[:0]
+		}
 		w.flushOut()
 		w.wb.stage = w.wb.stage[:0]
 		w.releaseW()
@@ -201,6 +205,15 @@ func (w *response) WriteHeader(code int) {
 		return
 	}
 	w.wroteHeader, w.status = true, code
+	if w.calledHeader && w.headDecided() {
+		// Nothing to come changes the head: it is framed now, from the
+		// handler's header as it is, which so needs no snapshot.
+		w.snap = w.handlerHeader
+		w.acquireW()
+		w.writeHead(nil)
+		w.headOnly = true
+		return
+	}
 	if w.calledHeader {
 		w.snap = w.handlerHeader.Clone()
 	}
@@ -215,6 +228,36 @@ func (w *response) WriteHeader(code int) {
 			w.handlerHeader.Del("Content-Length")
 		}
 	}
+}
+
+// headDecided reports whether the head can be framed at WriteHeader from
+// the handler's header as it is, which must then be neither read later
+// nor edited by the head's rules: a status with a body, not HEAD, a
+// Content-Type (nothing to sniff) and one valid Content-Length (no
+// automatic one at the handler's end, no chunking), no Transfer-Encoding,
+// Connection or trailers, and the request body read to its end (framing
+// the head settles it). It sets the response's Content-Length when so.
+func (w *response) headDecided() bool {
+	h := w.handlerHeader
+	if w.isHEAD || !bodyAllowed(w.status) || (w.body != nil && !w.body.consumed()) {
+		return false
+	}
+	cl := h["Content-Length"]
+	if _, ok := h["Content-Type"]; !ok || len(cl) != 1 {
+		return false
+	}
+	for k := range h {
+		switch {
+		case k == "Transfer-Encoding", k == "Connection", k == "Trailer", strings.HasPrefix(k, http.TrailerPrefix):
+			return false
+		}
+	}
+	v, err := strconv.ParseInt(cl[0], 10, 64)
+	if err != nil || v < 0 {
+		return false
+	}
+	w.contentLength = v
+	return true
 }
 
 // caller names the handler code that called into the ResponseWriter.
@@ -269,7 +312,7 @@ func (w *response) ReadFrom(src io.Reader) (int64, error) {
 		return io.CopyBuffer(writerOnly{w}, src, *bp)
 	}
 	var n int64
-	if !w.headSent { // as net/http (Go 1.26): whether or not the type is to be sniffed
+	if !w.headSent || w.headOnly { // as net/http (Go 1.26): whether or not the type is to be sniffed
 		n0, err := io.CopyBuffer(writerOnly{w}, io.LimitReader(src, sniffLen), *bp)
 		n += n0
 		if err != nil || n0 < sniffLen {
@@ -354,6 +397,7 @@ func (w *response) emit(p []byte) {
 	if !w.headSent {
 		w.writeHead(p)
 	}
+	w.headOnly = false
 	if w.isHEAD {
 		return
 	}
@@ -383,6 +427,7 @@ func (w *response) FlushError() error {
 	if !w.headSent {
 		w.writeHead(nil)
 	}
+	w.headOnly = false
 	w.flushOut()
 	w.releaseW()
 	return w.err
