@@ -37,17 +37,34 @@ func connectionListed(conn []string, k string) bool {
 // upstream's.
 func CopyResponseHeaders(dst, src http.Header) {
 	conn := src["Connection"]
-	for k, vs := range src {
+	copied := func(k string) bool {
 		if k == "Content-Length" || isHopHeader(k) {
-			continue
+			return false
 		}
 		if _, set := dst[k]; set {
+			return false
+		}
+		return len(conn) == 0 || !connectionListed(conn, k)
+	}
+	n := 0
+	for k, vs := range src {
+		if copied(k) {
+			n += len(vs)
+		}
+	}
+	if n == 0 {
+		return
+	}
+	// Every value in one allocation; each key's slice is capped at its
+	// length, so an append to one never writes into the next.
+	slab := make([]string, n)
+	for k, vs := range src {
+		if !copied(k) {
 			continue
 		}
-		if len(conn) > 0 && connectionListed(conn, k) {
-			continue
-		}
-		dst[k] = append([]string(nil), vs...)
+		m := copy(slab, vs)
+		dst[k] = slab[:m:m]
+		slab = slab[m:]
 	}
 }
 

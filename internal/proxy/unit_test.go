@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -192,6 +193,19 @@ func TestCopyResponseHeaders(t *testing.T) {
 	dst["Set-Cookie"][0] = "changed"
 	if src["Set-Cookie"][0] != "a=1" {
 		t.Fatal("values aliased")
+	}
+	// The copies share one allocation: an append to one key must not
+	// write into another's values.
+	for k := range dst {
+		dst[k] = append(dst[k], "appended")
+	}
+	for k, vs := range dst {
+		if n := len(vs); vs[n-1] != "appended" || slices.Contains(vs[:n-1], "appended") {
+			t.Errorf("%s: %q after one append to every key", k, vs)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { CopyResponseHeaders(http.Header{}, src) }); n > 2 {
+		t.Errorf("%.0f allocations (the map and one for every value)", n)
 	}
 }
 
