@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -415,25 +416,56 @@ func sseData(body string) []string {
 }
 
 // kvGate models the KV handoff of concurrent connectors: a decode streams
-// its tokens only after a prefill answered (one prefill answer per decode),
-// as vLLM's WRITE/Mooncake decodes do.
-type kvGate chan struct{}
+// its tokens only after the prefill of its own request answered, as vLLM's
+// WRITE/Mooncake decodes do. Requests are told apart by the X-Request-Id
+// both legs carry: a decode of a failed attempt that has not yet seen its
+// cancellation must not take the KV of the next attempt's prefill (with one
+// shared token it did, and under load the next attempt's decode waited
+// forever).
+type kvGate struct {
+	mu    sync.Mutex
+	gates map[string]chan struct{} // by X-Request-Id; closed once its prefill answered
+}
 
-func newKVGate() kvGate { return make(kvGate, 64) }
+func newKVGate() *kvGate { return &kvGate{gates: map[string]chan struct{}{}} }
 
-// prefill wraps a prefill handler to open the gate after answering.
-func (g kvGate) prefill(h func(http.ResponseWriter, *http.Request, *recorded)) func(http.ResponseWriter, *http.Request, *recorded) {
-	return func(w http.ResponseWriter, r *http.Request, rec *recorded) {
-		h(w, r, rec)
-		g <- struct{}{}
+func (g *kvGate) of(r *http.Request) chan struct{} {
+	id := r.Header.Get("X-Request-Id")
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	c := g.gates[id]
+	if c == nil {
+		c = make(chan struct{})
+		g.gates[id] = c
+	}
+	return c
+}
+
+// open lets the decode of r's request (a prefill leg) stream.
+func (g *kvGate) open(r *http.Request) {
+	c := g.of(r)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-c:
+	default:
+		close(c)
 	}
 }
 
-// decode sends headers at once, then the events once a prefill answered.
-func (g kvGate) decode(w http.ResponseWriter, r *http.Request, rec *recorded) {
+// prefill wraps a prefill handler to open the gate after answering.
+func (g *kvGate) prefill(h func(http.ResponseWriter, *http.Request, *recorded)) func(http.ResponseWriter, *http.Request, *recorded) {
+	return func(w http.ResponseWriter, r *http.Request, rec *recorded) {
+		h(w, r, rec)
+		g.open(r)
+	}
+}
+
+// decode sends headers at once, then the events once its prefill answered.
+func (g *kvGate) decode(w http.ResponseWriter, r *http.Request, rec *recorded) {
 	startSSE(w)
 	select {
-	case <-g:
+	case <-g.of(r):
 		sendEvents(w)
 	case <-r.Context().Done():
 	}

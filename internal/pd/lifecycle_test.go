@@ -554,7 +554,7 @@ func TestWritePrefillAnswerAfterDecodeKeepsConnection(t *testing.T) {
 				mu.Lock()
 				conns[r.RemoteAddr] = true
 				mu.Unlock()
-				g <- struct{}{} // D streams its answer
+				g.open(r) // D streams its answer
 				select {
 				case <-release: // the client has the whole answer
 				case <-r.Context().Done():
@@ -598,7 +598,7 @@ func TestWritePrefillNeverAnsweringIsCancelled(t *testing.T) {
 	g := newKVGate()
 	cancelled := make(chan time.Time, 1)
 	P := newFake(t, func(w http.ResponseWriter, r *http.Request, rec *recorded) {
-		g <- struct{}{}
+		g.open(r)
 		<-r.Context().Done()
 		cancelled <- time.Now()
 	})
