@@ -52,9 +52,6 @@ func CopyResponseHeaders(dst, src http.Header) {
 			n += len(vs)
 		}
 	}
-	if n == 0 {
-		return
-	}
 	// Every value in one allocation; each key's slice is capped at its
 	// length, so an append to one never writes into the next.
 	slab := make([]string, n)

@@ -204,6 +204,13 @@ func TestCopyResponseHeaders(t *testing.T) {
 			t.Errorf("%s: %q after one append to every key", k, vs)
 		}
 	}
+	// A key without values is copied too (a nil Content-Type is how a
+	// handler turns off sniffing).
+	only := http.Header{}
+	CopyResponseHeaders(only, http.Header{"Content-Type": nil})
+	if vs, ok := only["Content-Type"]; !ok || len(vs) != 0 {
+		t.Errorf("a key without values: %q present %v", vs, ok)
+	}
 	if n := testing.AllocsPerRun(100, func() { CopyResponseHeaders(http.Header{}, src) }); n > 2 {
 		t.Errorf("%.0f allocations (the map and one for every value)", n)
 	}
