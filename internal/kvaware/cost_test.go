@@ -11,6 +11,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/bench"
 	"github.com/switchyard-llm/switchyard/internal/kvevents"
 	"github.com/switchyard-llm/switchyard/internal/policy"
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
 	"github.com/switchyard-llm/switchyard/internal/tokenizer"
 )
 
@@ -52,8 +53,9 @@ func scenarioBodies(tb testing.TB, epoch int) [][]byte {
 // scenario), block keys, the pick, and the index update the engine's
 // BlockStored events for the prompt cause (the prompt's blocks on the
 // chosen worker); for cache_aware the pick, which matches and inserts the
-// text in its tree. Every 256 requests the prompts change (a new epoch) so
-// nothing is served from a previous pass.
+// text in its tree. Both get the request's body parsed, as the router
+// does for every policy (policy.Request.Obj). Every 256 requests the
+// prompts change (a new epoch) so nothing is served from a previous pass.
 //
 //	go test -run='^$' -bench=PolicyCost -benchmem ./internal/kvaware
 func BenchmarkPolicyCost(b *testing.B) {
@@ -63,16 +65,26 @@ func BenchmarkPolicyCost(b *testing.B) {
 	}
 	ws := mkWorkers("http://a:1", "http://b:1", "http://c:1", "http://d:1")
 	c := policy.Candidates{Gen: 1, Workers: ws}
-	// body(i) is the i-th request; a new epoch's bodies are built with
-	// the timer stopped.
+	// request(i) is the i-th request, its body parsed as the router's
+	// server parses every body before any policy sees it; a new epoch's
+	// bodies are built and parsed with the timer stopped.
 	var cur [][]byte
-	body := func(b *testing.B, i int) []byte {
+	var objs []*rawjson.Object
+	request := func(b *testing.B, i int) *policy.Request {
 		if i%256 == 0 {
 			b.StopTimer()
 			cur = scenarioBodies(b, i/256+1)
+			objs = objs[:0]
+			for _, body := range cur {
+				o, err := rawjson.Parse(body)
+				if err != nil {
+					b.Fatal(err)
+				}
+				objs = append(objs, o)
+			}
 			b.StartTimer()
 		}
-		return cur[i%256]
+		return &policy.Request{Path: "/v1/completions", Body: cur[i%256], Obj: objs[i%256]}
 	}
 
 	b.Run("cache_aware", func(b *testing.B) {
@@ -85,7 +97,7 @@ func BenchmarkPolicyCost(b *testing.B) {
 		defer func() { _ = policy.Close(p) }()
 		b.ReportAllocs()
 		for i := 0; b.Loop(); i++ {
-			req := &policy.Request{Path: "/v1/completions", Body: body(b, i)}
+			req := request(b, i)
 			if _, err := p.Pick(req, c); err != nil {
 				b.Fatal(err)
 			}
@@ -123,7 +135,7 @@ func BenchmarkPolicyCost(b *testing.B) {
 				}
 				clear(held)
 			}
-			req := &policy.Request{Path: "/v1/completions", Body: body(b, i)}
+			req := request(b, i)
 			policy.Prepare(b.Context(), p, req, c)
 			ch, err := p.Pick(req, c)
 			if err != nil {

@@ -135,7 +135,11 @@ func (p *Policy) Prepare(ctx context.Context, req *policy.Request, c policy.Cand
 	var err error
 	for _, base := range p.tokenizeAt(req, c, 3) {
 		var toks []uint32
-		toks, err = p.o.Tokenizer.Tokens(ctx, base, req.Path, req.Body)
+		if req.Obj != nil {
+			toks, err = p.o.Tokenizer.TokensOf(ctx, base, req.Path, req.Obj)
+		} else {
+			toks, err = p.o.Tokenizer.Tokens(ctx, base, req.Path, req.Body)
+		}
 		if err == nil {
 			req.Tokens = toks
 			req.Prepared = &prepared{keys: p.o.Index.BlockKeys(toks, "")}

@@ -316,6 +316,11 @@ func (t *Tokenizer) Tokens(ctx context.Context, baseURL, path string, body []byt
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNotTokenizable, err)
 	}
+	return t.TokensOf(ctx, baseURL, path, o)
+}
+
+// TokensOf is Tokens for a body the caller has already parsed.
+func (t *Tokenizer) TokensOf(ctx context.Context, baseURL, path string, o *rawjson.Object) ([]uint32, error) {
 	if o.Has("cache_salt") {
 		// vLLM keys salted blocks apart (extra_keys) where the router's
 		// chain cannot: predicting a hit would be a guess.
@@ -360,7 +365,7 @@ func (t *Tokenizer) Tokens(ctx context.Context, baseURL, path string, body []byt
 		t.S.CacheHits.Add(1)
 		return e.tokens, nil
 	}
-	req, err = rawjson.Patch(req, edits...)
+	req, err := rawjson.Patch(req, edits...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNotTokenizable, err)
 	}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
 	"github.com/switchyard-llm/switchyard/internal/tokenizer"
 )
 
@@ -77,14 +78,28 @@ func loadTestTokenizer(t *testing.T) *tokenizer.Tokenizer {
 // TestLocalTokenizer: string completions prompts are tokenized in-process,
 // the first Verify of them also at the engine; chat requests, batches and
 // odd add_special_tokens values go to /tokenize or the fallback as before.
+// TestLocalTokenizer runs its steps on raw bodies (Tokens) and on bodies
+// the router's server has parsed (TokensOf): the two agree step by step.
 func TestLocalTokenizer(t *testing.T) {
+	t.Run("body", func(t *testing.T) { testLocalTokenizer(t, false) })
+	t.Run("parsed", func(t *testing.T) { testLocalTokenizer(t, true) })
+}
+
+func testLocalTokenizer(t *testing.T, parsed bool) {
 	lt := loadTestTokenizer(t)
 	eng := newEngineTokenizer(t, lt.Encode)
 	tok := NewTokenizer(http.DefaultClient, 5*time.Second, 100)
 	tok.SetLocal(LocalOptions{Tokenizer: lt, Verify: 2, Background: -1, SampleEvery: -1})
 	t.Cleanup(tok.Close)
 	get := func(path, body string) ([]uint32, error) {
-		return tok.Tokens(t.Context(), eng.URL, path, []byte(body))
+		if !parsed {
+			return tok.Tokens(t.Context(), eng.URL, path, []byte(body))
+		}
+		o, err := rawjson.Parse([]byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok.TokensOf(t.Context(), eng.URL, path, o)
 	}
 	want := func(text string, add bool) []uint32 { return lt.Encode(text, add) }
 	type step struct {

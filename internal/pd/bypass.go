@@ -33,7 +33,7 @@ func (e *Engine) prepare(ctx context.Context, r *http.Request, c *proxy.Call, st
 		}
 	}
 	snap := e.o.Registry.Snapshot()
-	req := &policy.Request{Path: st.path, Headers: e.policyHeaders(r), Body: c.Body}
+	req := &policy.Request{Path: st.path, Headers: e.policyHeaders(r), Body: c.Body, Obj: c.Obj}
 	policy.Prepare(ctx, e.o.PrefillPolicy, req, policy.Candidates{Gen: snap.Gen, Workers: snap.Prefill})
 	if req.Prepared == nil {
 		policy.Prepare(ctx, e.o.DecodePolicy, req, policy.Candidates{Gen: snap.Gen, Workers: snap.Decode})
@@ -42,8 +42,8 @@ func (e *Engine) prepare(ctx context.Context, r *http.Request, c *proxy.Call, st
 }
 
 // newPolicyRequest is a policy request for this request's picks.
-func (e *Engine) newPolicyRequest(st *reqState, hdr http.Header, body []byte, exclude map[string]bool) *policy.Request {
-	return &policy.Request{Path: st.path, Headers: hdr, Body: body, Exclude: exclude, Tokens: st.tokens, Prepared: st.prepared}
+func (e *Engine) newPolicyRequest(st *reqState, hdr http.Header, c *proxy.Call, exclude map[string]bool) *policy.Request {
+	return &policy.Request{Path: st.path, Headers: hdr, Body: c.Body, Obj: c.Obj, Exclude: exclude, Tokens: st.tokens, Prepared: st.prepared}
 }
 
 // bypass serves the request on a decode worker alone when its prompt is
@@ -60,7 +60,7 @@ func (e *Engine) bypass(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		}
 	}
 	snap := e.o.Registry.Snapshot()
-	req := e.newPolicyRequest(st, e.policyHeaders(r), c.Body, nil)
+	req := e.newPolicyRequest(st, e.policyHeaders(r), c, nil)
 	// What the decodes hold before this request's own pick adds its
 	// speculative entry.
 	held := rep.CachedBlocks(req)

@@ -649,14 +649,14 @@ func (e *Engine) pickPair(r *http.Request, c *proxy.Call, st *reqState, exclude 
 		for k := range avoid {
 			exA[k] = true
 		}
-		req := e.newPolicyRequest(st, hdr, c.Body, exA)
+		req := e.newPolicyRequest(st, hdr, c, exA)
 		if pr, _, _ := e.scanPairs(req, snap, st, exclude, dWhy, false); pr != nil {
 			e.normalPick()
 			return pr, nil
 		}
 	}
 	ex0 := maps.Clone(ex) // scanPairs adds the prefills it passed over
-	req := e.newPolicyRequest(st, hdr, c.Body, ex)
+	req := e.newPolicyRequest(st, hdr, c, ex)
 	pr, fallback, modeMsg := e.scanPairs(req, snap, st, exclude, dWhy, true)
 	if pr != nil {
 		e.normalPick()
@@ -666,7 +666,7 @@ func (e *Engine) pickPair(r *http.Request, c *proxy.Call, st *reqState, exclude 
 		e.normalPick()
 		return fallback, nil
 	}
-	if pr := e.panicPair(e.newPolicyRequest(st, hdr, c.Body, ex0), snap, st); pr != nil {
+	if pr := e.panicPair(e.newPolicyRequest(st, hdr, c, ex0), snap, st); pr != nil {
 		st.panicked = true
 		return pr, nil
 	}

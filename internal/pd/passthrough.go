@@ -77,7 +77,7 @@ func (e *Engine) pickPrefill(r *http.Request, c *proxy.Call, st *reqState, exclu
 	if len(snap.Prefill) == 0 {
 		return nil, "", sel("no prefill workers available (none registered)")
 	}
-	req := e.newPolicyRequest(st, e.policyHeaders(r), c.Body, exclude)
+	req := e.newPolicyRequest(st, e.policyHeaders(r), c, exclude)
 	ch, err := e.o.PrefillPolicy.Pick(req, policy.Candidates{Gen: snap.Gen, Workers: snap.Prefill})
 	if err != nil || ch.Worker == nil || !req.Usable(ch.Worker) || ch.Worker.Role != worker.RolePrefill {
 		return nil, "", sel(describe("prefill", snap.Prefill, exclude, ""))

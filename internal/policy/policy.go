@@ -11,6 +11,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
@@ -41,6 +42,10 @@ type Request struct {
 	// about 70 µs for a 32 KiB body). Leave it false when unsure; a wrong
 	// true never panics but may yield a meaningless routing text.
 	ValidJSON bool
+	// Obj, when not nil, is Body already parsed (rawjson.Parse): it
+	// implies ValidJSON, and a Preparer reads the fields it needs from it
+	// instead of parsing Body again.
+	Obj *rawjson.Object
 
 	// Tokens are the prompt's token ids as the engine computes them, set
 	// by a Preparer before Pick (nil: not tokenized). TokenErr says why

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf16"
@@ -131,7 +132,13 @@ func firstNonEmpty(vs []string) string {
 // key) and, when needText or no body key exists, r.text.
 func (r *Request) analyze(needText bool) {
 	var f topFields
-	valid := len(r.Body) > 0 && (r.ValidJSON || rawjson.Valid(r.Body)) && f.parse(r.Body)
+	var valid bool
+	if r.Obj != nil {
+		f.fromObject(r.Obj)
+		valid = true
+	} else {
+		valid = len(r.Body) > 0 && (r.ValidJSON || rawjson.Valid(r.Body)) && f.parse(r.Body)
+	}
 	if r.hashKey == nil && valid {
 		if k := f.bodyKey(); k != "" {
 			r.hashKey = &k
@@ -164,6 +171,14 @@ type topFields struct {
 	user, sessionID, userID, sessionParams         []byte
 }
 
+// topNames are the members topFields holds, in the order of slots.
+var topNames = [...]string{"messages", "prompt", "input", "text", "query", "input_ids", "user", "session_id", "user_id", "session_params"}
+
+// slots are f's fields in topNames' order.
+func (f *topFields) slots() [len(topNames)]*[]byte {
+	return [...]*[]byte{&f.messages, &f.prompt, &f.input, &f.text, &f.query, &f.inputIDs, &f.user, &f.sessionID, &f.userID, &f.sessionParams}
+}
+
 // parse fills f from a valid JSON document; it reports false when the
 // document is not an object.
 func (f *topFields) parse(b []byte) bool {
@@ -171,31 +186,45 @@ func (f *topFields) parse(b []byte) bool {
 	if i >= len(b) || b[i] != '{' {
 		return false
 	}
+	slots := f.slots()
 	eachMember(b[i:], func(key, val []byte) {
-		switch {
-		case keyIs(key, "messages"):
-			f.messages = val
-		case keyIs(key, "prompt"):
-			f.prompt = val
-		case keyIs(key, "input"):
-			f.input = val
-		case keyIs(key, "text"):
-			f.text = val
-		case keyIs(key, "query"):
-			f.query = val
-		case keyIs(key, "input_ids"):
-			f.inputIDs = val
-		case keyIs(key, "user"):
-			f.user = val
-		case keyIs(key, "session_id"):
-			f.sessionID = val
-		case keyIs(key, "user_id"):
-			f.userID = val
-		case keyIs(key, "session_params"):
-			f.sessionParams = val
+		if j := topIndex(key); j >= 0 {
+			*slots[j] = val
 		}
 	})
 	return true
+}
+
+// fromObject fills f from a parsed object, as parse does from its source.
+func (f *topFields) fromObject(o *rawjson.Object) {
+	slots := f.slots()
+	for _, m := range o.Members() {
+		if j := slices.Index(topNames[:], m.Key); j >= 0 {
+			*slots[j] = m.Value
+		}
+	}
+}
+
+// topIndex is the index in topNames of a raw (quoted) member key, -1 for
+// none; an escaped key is decoded once.
+func topIndex(key []byte) int {
+	if len(key) < 2 {
+		return -1
+	}
+	inner := key[1 : len(key)-1]
+	if bytes.IndexByte(inner, '\\') >= 0 {
+		var s string
+		if json.Unmarshal(key, &s) != nil {
+			return -1
+		}
+		return slices.Index(topNames[:], s)
+	}
+	for j, name := range topNames {
+		if string(inner) == name {
+			return j
+		}
+	}
+	return -1
 }
 
 func (f *topFields) bodyKey() string {

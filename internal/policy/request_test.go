@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
 )
 
 func textKey(s string) string { return "text:" + hex16(xxhash.Sum64String(s)) }
@@ -98,6 +100,8 @@ func TestRoutingText(t *testing.T) {
 		{"generate text", `{"text":"gen"}`, "gen"},
 		{"generate input ids", `{"input_ids":[7,8]}`, "7 8"},
 		{"empty prompt falls through", `{"prompt":"","text":"t"}`, "t"},
+		{"escaped key", `{"pro\u006dpt":"esc"}`, "esc"},
+		{"repeated key keeps the last", `{"prompt":"a","prompt":"b"}`, "b"},
 		{"invalid", `{"prompt":"x"`, ""},
 		{"non-object", `["prompt"]`, ""},
 		{"empty", ``, ""},
@@ -107,6 +111,13 @@ func TestRoutingText(t *testing.T) {
 			r := &Request{Body: []byte(tt.body)}
 			if got := r.RoutingText(); got != tt.want {
 				t.Fatalf("RoutingText() = %q, want %q", got, tt.want)
+			}
+			// The same from the parsed object a caller passes.
+			if o, err := rawjson.Parse([]byte(tt.body)); err == nil {
+				r := &Request{Body: []byte(tt.body), Obj: o}
+				if got := r.RoutingText(); got != tt.want {
+					t.Fatalf("with Obj: RoutingText() = %q, want %q", got, tt.want)
+				}
 			}
 		})
 	}
@@ -175,6 +186,12 @@ func FuzzHashKey(f *testing.F) {
 			r4 := &Request{Body: body, Headers: h, ValidJSON: true}
 			if r4.HashKey() != k1 || r4.RoutingText() != text {
 				t.Fatal("ValidJSON changed the result for a valid body")
+			}
+		}
+		if o, err := rawjson.Parse(body); err == nil {
+			r5 := &Request{Body: body, Headers: h, Obj: o}
+			if k5, t5 := r5.HashKey(), r5.RoutingText(); k5 != k1 || t5 != text {
+				t.Fatalf("Obj changed the result: key %q vs %q, text %q vs %q", k5, k1, t5, text)
 			}
 		}
 	})

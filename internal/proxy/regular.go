@@ -183,7 +183,7 @@ func (p *Regular) Dispatch(w http.ResponseWriter, r *http.Request, c *Call) {
 	if _, ok := rs.header["Content-Type"]; !ok {
 		rs.header["Content-Type"] = []string{"application/json"}
 	}
-	rs.preq = policy.Request{Path: c.Path, Headers: p.policyHeaders(r.Header), Body: c.Body, Top: c.Top}
+	rs.preq = policy.Request{Path: c.Path, Headers: p.policyHeaders(r.Header), Body: c.Body, Obj: c.Obj, Top: c.Top}
 	if pp, ok := p.o.Policy.(policy.Preparer); ok {
 		snap := p.o.Registry.Snapshot()
 		pp.Prepare(r.Context(), &rs.preq, policy.Candidates{Gen: snap.Gen, Workers: snap.ByRole(p.o.Role)})
