@@ -90,6 +90,9 @@ type Limiter struct {
 	enginePriority bool
 	// markTop: a prefill rule is on (Admit reports the highest band)
 	markTop bool
+	// free is releaseSlot as a func value, made once: a Slot holds it
+	// without an allocation per request.
+	free func()
 }
 
 type waiter struct {
@@ -101,6 +104,7 @@ type waiter struct {
 // New builds a Limiter.
 func New(c Config) *Limiter {
 	l := &Limiter{max: c.MaxConcurrent, qsize: max(c.QueueSize, 0), timeout: c.QueueTimeout, m: c.Metrics}
+	l.free = l.releaseSlot
 	if c.RateLimitPerSecond > 0 {
 		burst := c.Burst
 		if burst <= 0 {
@@ -151,21 +155,37 @@ func (l *Limiter) FlowControl() bool { return l.flow != nil }
 // the Scheduler; without, it is Acquire. An invalid flow-control header
 // fails with an error wrapping ErrBadFlowRequest. top reports a request of
 // the highest band when a prefill rule needs to know it (proxy.Call.Top).
-func (l *Limiter) Admit(ctx context.Context, h http.Header, obj *rawjson.Object) (release func(), top bool, err error) {
+func (l *Limiter) Admit(ctx context.Context, h http.Header, obj *rawjson.Object) (slot Slot, top bool, err error) {
 	if l.flow == nil {
-		release, err = l.Acquire(ctx)
-		return release, false, err
+		slot.free, err = l.acquire(ctx)
+		return slot, false, err
 	}
 	r, err := l.cls.classify(h, obj, time.Now())
 	if err != nil {
-		return nil, false, err
+		return Slot{}, false, err
 	}
 	if l.bucket != nil && !l.bucket.take() {
 		l.reject("rate_limited")
-		return nil, false, ErrRateLimited
+		return Slot{}, false, ErrRateLimited
 	}
-	release, err = l.flow.Acquire(ctx, r)
-	return release, l.markTop && l.flow.Top(r.Band), err
+	slot.free, err = l.flow.acquire(ctx, r)
+	return slot, l.markTop && l.flow.Top(r.Band), err
+}
+
+// Slot is an admitted request's hold on the limiter, as Admit grants it.
+// It belongs to the request's handler: one goroutine uses it.
+type Slot struct {
+	free func()
+	done bool
+}
+
+// Release frees the slot once the response has been completely written;
+// later calls do nothing, and so does the zero Slot's.
+func (s *Slot) Release() {
+	if !s.done && s.free != nil {
+		s.done = true
+		s.free()
+	}
 }
 
 // EnginePriority returns the vLLM "priority" value that carries the
@@ -215,6 +235,26 @@ func (l *Limiter) FlowQueued() map[string]int {
 // failure it returns one of the package errors, or ctx.Err() when the
 // caller's context ended while it was queued.
 func (l *Limiter) Acquire(ctx context.Context) (release func(), err error) {
+	free, err := l.acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return once(free), nil
+}
+
+// once wraps a release to be called exactly once into one that may be
+// called any number of times, from any goroutine.
+func once(free func()) func() {
+	var done atomic.Bool
+	return func() {
+		if done.CompareAndSwap(false, true) {
+			free()
+		}
+	}
+}
+
+// acquire is Acquire with a release to call exactly once (l.free).
+func (l *Limiter) acquire(ctx context.Context) (free func(), err error) {
 	if l.bucket != nil && !l.bucket.take() {
 		l.reject("rate_limited")
 		return nil, ErrRateLimited
@@ -228,12 +268,12 @@ func (l *Limiter) Acquire(ctx context.Context) (release func(), err error) {
 	if l.max <= 0 {
 		l.inUse++
 		l.mu.Unlock()
-		return l.releaser(), nil
+		return l.free, nil
 	}
 	if l.inUse < l.max && l.queue.Len() == 0 {
 		l.inUse++
 		l.mu.Unlock()
-		return l.releaser(), nil
+		return l.free, nil
 	}
 	if l.queue.Len() >= l.qsize {
 		l.mu.Unlock()
@@ -276,7 +316,7 @@ func (l *Limiter) Acquire(ctx context.Context) (release func(), err error) {
 
 	switch {
 	case err == nil && werr == nil:
-		return l.releaser(), nil
+		return l.free, nil
 	case err == nil:
 		l.reject("shutting_down")
 		return nil, werr
@@ -288,16 +328,6 @@ func (l *Limiter) Acquire(ctx context.Context) (release func(), err error) {
 		l.reject("queue_timeout")
 	}
 	return nil, err
-}
-
-// releaser returns the idempotent release func of one granted slot.
-func (l *Limiter) releaser() func() {
-	var done atomic.Bool
-	return func() {
-		if done.CompareAndSwap(false, true) {
-			l.releaseSlot()
-		}
-	}
 }
 
 // releaseSlot frees one slot, handing it straight to the oldest waiter.

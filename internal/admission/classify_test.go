@@ -165,7 +165,7 @@ func TestLimiterAdmit(t *testing.T) {
 	if err != nil || l.InUse() != 1 {
 		t.Fatalf("first: %v in use %d", err, l.InUse())
 	}
-	rel()
+	rel.Release()
 	_, _, _ = l.Admit(t.Context(), http.Header{}, nil) // second token (burst 2), slot taken
 	if _, _, err := l.Admit(t.Context(), http.Header{}, nil); !errors.Is(err, ErrRateLimited) {
 		t.Fatalf("over the rate: %v", err)
@@ -181,7 +181,51 @@ func TestLimiterAdmit(t *testing.T) {
 	if err != nil || off.InUse() != 1 {
 		t.Fatalf("flow off Admit: %v", err)
 	}
-	rel()
+	rel.Release()
+}
+
+// TestSlotReleasesOnce: a Slot frees its limiter slot at the first
+// Release and never again, with or without flow control; the zero Slot's
+// Release does nothing. Without flow control, admitting and releasing
+// allocates nothing.
+func TestSlotReleasesOnce(t *testing.T) {
+	bands := []Band{{Name: "high", Priority: 1}, {Name: "low"}}
+	withFlow, err := NewWithFlow(Config{MaxConcurrent: 2, Flow: &FlowConfig{Bands: bands}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer withFlow.Close()
+	for name, l := range map[string]*Limiter{"plain": New(Config{MaxConcurrent: 2}), "flow": withFlow} {
+		a, _, err := l.Admit(t.Context(), http.Header{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _, err := l.Admit(t.Context(), http.Header{}, nil)
+		if err != nil || l.InUse() != 2 {
+			t.Fatalf("%s: %v, in use %d", name, err, l.InUse())
+		}
+		a.Release()
+		a.Release()
+		if l.InUse() != 1 {
+			t.Fatalf("%s: in use %d after releasing one slot twice, want 1", name, l.InUse())
+		}
+		b.Release()
+		var zero Slot
+		zero.Release()
+		if l.InUse() != 0 {
+			t.Fatalf("%s: in use %d, want 0", name, l.InUse())
+		}
+	}
+	l := New(Config{MaxConcurrent: 4})
+	if n := testing.AllocsPerRun(100, func() {
+		s, _, err := l.Admit(t.Context(), nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Release()
+	}); n != 0 {
+		t.Errorf("Admit and Release allocate %v times, want 0", n)
+	}
 }
 
 // TestEnginePriority: with FlowConfig.EnginePriority a request's band is

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -108,6 +107,9 @@ type Scheduler struct {
 	bands  []*band // by priority, highest first
 	byIdx  []*band // by SchedulerConfig.Bands index
 	labels flowLabels
+	// free is releaseSlot as a func value, made once (no allocation per
+	// admitted request).
+	free func()
 
 	mu     sync.Mutex
 	inUse  int
@@ -156,6 +158,7 @@ func NewScheduler(c SchedulerConfig) (*Scheduler, error) {
 		c.MaxFlowLabels = 32
 	}
 	s := &Scheduler{c: c, labels: flowLabels{max: c.MaxFlowLabels, m: c.Metrics, seen: map[string]*flowSeries{}}}
+	s.free = s.releaseSlot
 	names := map[string]bool{}
 	for _, b := range c.Bands {
 		if b.Name == "" || names[b.Name] {
@@ -187,6 +190,15 @@ func NewScheduler(c SchedulerConfig) (*Scheduler, error) {
 
 // Acquire admits one request as the FIFO's Acquire does, in flow order.
 func (s *Scheduler) Acquire(ctx context.Context, r FlowRequest) (release func(), err error) {
+	free, err := s.acquire(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	return once(free), nil
+}
+
+// acquire is Acquire with a release to call exactly once (s.free).
+func (s *Scheduler) acquire(ctx context.Context, r FlowRequest) (free func(), err error) {
 	if r.Band < 0 || r.Band >= len(s.byIdx) {
 		return nil, fmt.Errorf("flow control: band index %d out of range", r.Band)
 	}
@@ -206,7 +218,7 @@ func (s *Scheduler) Acquire(ctx context.Context, r FlowRequest) (release func(),
 		s.inUse++
 		s.mu.Unlock()
 		s.observeWait(b, r.Flow, 0, false)
-		return s.releaser(), nil
+		return s.free, nil
 	}
 	if s.queued >= s.c.QueueSize {
 		victim, why := s.victimFor(b, r.Flow)
@@ -431,7 +443,7 @@ func (s *Scheduler) wait(ctx context.Context, it *item, r FlowRequest) (func(), 
 
 	switch {
 	case err == nil && werr == nil:
-		return s.releaser(), nil
+		return s.free, nil
 	case err == nil:
 		s.reject(it.band, reasonOf(werr))
 		return nil, werr
@@ -457,15 +469,6 @@ func reasonOf(err error) string {
 		return "shutting_down"
 	}
 	return "client_gone"
-}
-
-func (s *Scheduler) releaser() func() {
-	var done atomic.Bool
-	return func() {
-		if done.CompareAndSwap(false, true) {
-			s.releaseSlot()
-		}
-	}
 }
 
 func (s *Scheduler) releaseSlot() {

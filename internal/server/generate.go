@@ -24,11 +24,11 @@ var pdPassthroughRoutes = map[string]bool{"/v1/embeddings": true, "/v1/rerank": 
 // and a goroutine whose stack doubled once keeps the larger stack:
 // docs/BENCHMARKS.md, section 3).
 func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
-	c, release, passthrough := s.admitGenerate(w, r)
+	c, slot, passthrough := s.admitGenerate(w, r)
 	if c == nil {
 		return
 	}
-	defer release()
+	defer slot.Release()
 	// r's context yields c (proxy.CallFrom): admitGenerate set st.call.
 	if passthrough {
 		// The Call in the context gives the passthrough its route label and
@@ -44,18 +44,18 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request) {
 }
 
 // admitGenerate reads and checks the body and takes the admission slot:
-// it returns the request's Call, the slot's release and whether the route
+// it returns the request's Call, its admission slot and whether the route
 // is passed through, or a nil Call when it answered the request.
-func (s *Server) admitGenerate(w http.ResponseWriter, r *http.Request) (*proxy.Call, func(), bool) {
+func (s *Server) admitGenerate(w http.ResponseWriter, r *http.Request) (*proxy.Call, admission.Slot, bool) {
 	st := stateFrom(r.Context())
 	route := st.route.label
 	body, ok := s.readBody(w, r)
 	if !ok {
-		return nil, nil, false
+		return nil, admission.Slot{}, false
 	}
 	if len(body) == 0 {
 		s.writeError(w, r, http.StatusBadRequest, "invalid_json", "Request body is empty: expected a JSON object")
-		return nil, nil, false
+		return nil, admission.Slot{}, false
 	}
 	obj, err := rawjson.Parse(body)
 	if err != nil {
@@ -64,29 +64,29 @@ func (s *Server) admitGenerate(w http.ResponseWriter, r *http.Request) (*proxy.C
 			msg = "Invalid request body: expected a JSON object"
 		}
 		s.writeError(w, r, http.StatusBadRequest, "invalid_json", msg)
-		return nil, nil, false
+		return nil, admission.Slot{}, false
 	}
 
-	release, top, err := s.limiter.Admit(r.Context(), r.Header, obj)
+	slot, top, err := s.limiter.Admit(r.Context(), r.Header, obj)
 	if err != nil {
 		s.rejectAdmission(w, r, err)
-		return nil, nil, false
+		return nil, slot, false
 	}
 	if p, ok := s.limiter.EnginePriority(r.Header, obj); ok {
 		// --flow-engine-priority: the band travels to vLLM's scheduler.
 		body = obj.Apply(rawjson.Set("priority", strconv.AppendInt(nil, p, 10)))
 		if obj, err = rawjson.Parse(body); err != nil {
 			s.writeError(w, r, http.StatusInternalServerError, "internal", "patching priority: "+err.Error())
-			release()
-			return nil, nil, false
+			slot.Release()
+			return nil, slot, false
 		}
 	}
 
 	passthrough := s.o.Mode == ModePD && pdPassthroughRoutes[route]
 	if passthrough && s.o.Passthrough == nil {
 		s.writeError(w, r, http.StatusNotImplemented, "not_implemented", route+" is not available in PD mode")
-		release()
-		return nil, nil, false
+		slot.Release()
+		return nil, slot, false
 	}
 
 	stream, _ := obj.Bool("stream")
@@ -108,7 +108,7 @@ func (s *Server) admitGenerate(w http.ResponseWriter, r *http.Request) (*proxy.C
 		Top:       top,
 	}
 	st.call = c
-	return c, release, passthrough
+	return c, slot, passthrough
 }
 
 func (s *Server) rejectAdmission(w http.ResponseWriter, r *http.Request, err error) {
