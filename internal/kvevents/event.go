@@ -22,6 +22,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+
+	"github.com/switchyard-llm/switchyard/internal/mpread"
 )
 
 // Hash is an engine block hash, kept opaque: "i" + decimal for integer
@@ -68,10 +70,12 @@ type Batch struct {
 }
 
 // Limits on what one batch may carry, beyond the input-size bound every
-// length already has.
+// length already has (mpread checks each against the bytes left), and on
+// the nesting of a value the decoder skips.
 const (
 	maxEventsPerBatch = 1 << 16
 	maxBlockSize      = 1 << 16
+	maxDepth          = 16
 )
 
 // ErrUnknownEvent marks an event whose tag this decoder does not know; the
@@ -82,8 +86,8 @@ var ErrUnknownEvent = errors.New("kvevents: unknown event type")
 // are skipped (counted by the caller through the returned skipped count);
 // any malformed structure is an error and the whole batch is dropped.
 func DecodeBatch(payload []byte) (b Batch, skipped int, err error) {
-	r := &reader{b: payload}
-	n, err := r.arrayLen()
+	r := mpread.NewReader(payload)
+	n, err := r.ArrayLen()
 	if err != nil {
 		return Batch{}, 0, fmt.Errorf("kvevents: batch: %w", err)
 	}
@@ -91,10 +95,10 @@ func DecodeBatch(payload []byte) (b Batch, skipped int, err error) {
 		return Batch{}, 0, fmt.Errorf("kvevents: batch has %d fields, want at least 2", n)
 	}
 	b.DPRank = -1
-	if b.TS, err = r.float(); err != nil {
+	if b.TS, err = float(r); err != nil {
 		return Batch{}, 0, fmt.Errorf("kvevents: batch ts: %w", err)
 	}
-	ne, err := r.arrayLen()
+	ne, err := r.ArrayLen()
 	if err != nil {
 		return Batch{}, 0, fmt.Errorf("kvevents: batch events: %w", err)
 	}
@@ -114,32 +118,32 @@ func DecodeBatch(payload []byte) (b Batch, skipped int, err error) {
 		b.Events = append(b.Events, e)
 	}
 	if n >= 3 {
-		if !r.isNil() {
-			rank, err := r.int64v()
+		if !r.Nil() {
+			rank, err := r.Int64()
 			if err != nil || rank < 0 || rank > 1<<16 {
 				return Batch{}, 0, fmt.Errorf("kvevents: batch data_parallel_rank: bad value (%v)", err)
 			}
 			b.DPRank = int(rank)
 		}
 		for range n - 3 {
-			if err := r.skip(1); err != nil {
+			if err := r.Skip(maxDepth); err != nil {
 				return Batch{}, 0, fmt.Errorf("kvevents: batch: %w", err)
 			}
 		}
 	}
-	if r.remaining() != 0 {
-		return Batch{}, 0, fmt.Errorf("kvevents: %d trailing bytes after the batch", r.remaining())
+	if r.Remaining() != 0 {
+		return Batch{}, 0, fmt.Errorf("kvevents: %d trailing bytes after the batch", r.Remaining())
 	}
 	return b, skipped, nil
 }
 
 // decodeEvent reads one event in either encoding.
-func decodeEvent(r *reader) (Event, error) {
-	c, err := r.peek()
+func decodeEvent(r *mpread.Reader) (Event, error) {
+	c, err := r.Peek()
 	if err != nil {
 		return nil, err
 	}
-	if c&0xf0 == 0x80 || c == 0xde || c == 0xdf {
+	if mpread.FamilyOf(c) == mpread.Map {
 		return decodeNamed(r)
 	}
 	return decodePositional(r)
@@ -156,7 +160,7 @@ type fieldSet struct {
 	medium    string
 }
 
-func (f *fieldSet) read(r *reader, name string) error {
+func (f *fieldSet) read(r *mpread.Reader, name string) error {
 	var err error
 	switch name {
 	case "block_hashes":
@@ -167,22 +171,22 @@ func (f *fieldSet) read(r *reader, name string) error {
 		f.tokens, err = readTokens(r)
 	case "block_size":
 		var v int64
-		v, err = r.int64v()
+		v, err = r.Int64()
 		if err == nil && (v <= 0 || v > maxBlockSize) {
 			err = fmt.Errorf("block_size %d out of range", v)
 		}
 		f.blockSize = int(v)
 	case "lora_id":
 		f.loraID = -1
-		if !r.isNil() {
-			f.loraID, err = r.int64v()
+		if !r.Nil() {
+			f.loraID, err = r.Int64()
 		}
 	case "lora_name":
 		f.loraName, err = readOptStr(r)
 	case "medium":
 		f.medium, err = readOptStr(r)
 	default:
-		err = r.skip(1)
+		err = r.Skip(maxDepth)
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", name, err)
@@ -196,15 +200,15 @@ var (
 	removedFields = []string{"block_hashes", "medium"}
 )
 
-func decodePositional(r *reader) (Event, error) {
-	n, err := r.arrayLen()
+func decodePositional(r *mpread.Reader) (Event, error) {
+	n, err := r.ArrayLen()
 	if err != nil {
 		return nil, err
 	}
 	if n < 1 {
 		return nil, errors.New("empty event array")
 	}
-	tag, err := r.str()
+	tag, err := str(r)
 	if err != nil {
 		return nil, fmt.Errorf("event tag: %w", err)
 	}
@@ -218,7 +222,7 @@ func decodePositional(r *reader) (Event, error) {
 	case "AllBlocksCleared":
 	default:
 		for range n - 1 {
-			if err := r.skip(1); err != nil {
+			if err := r.Skip(maxDepth); err != nil {
 				return nil, err
 			}
 		}
@@ -236,8 +240,8 @@ func decodePositional(r *reader) (Event, error) {
 	return f.event(tag, n-1)
 }
 
-func decodeNamed(r *reader) (Event, error) {
-	n, err := r.mapLen()
+func decodeNamed(r *mpread.Reader) (Event, error) {
+	n, err := r.MapLen()
 	if err != nil {
 		return nil, err
 	}
@@ -245,12 +249,12 @@ func decodeNamed(r *reader) (Event, error) {
 	tag := ""
 	seen := 0
 	for range n {
-		k, err := r.str()
+		k, err := str(r)
 		if err != nil {
 			return nil, fmt.Errorf("event key: %w", err)
 		}
 		if k == "type" {
-			if tag, err = r.str(); err != nil {
+			if tag, err = str(r); err != nil {
 				return nil, fmt.Errorf("event type: %w", err)
 			}
 			continue
@@ -298,13 +302,13 @@ func (f *fieldSet) event(tag string, nfields int) (Event, error) {
 	return AllBlocksCleared{}, nil
 }
 
-func readHash(r *reader) (Hash, error) {
-	c, err := r.peek()
+func readHash(r *mpread.Reader) (Hash, error) {
+	c, err := r.Peek()
 	if err != nil {
 		return "", err
 	}
-	if c <= 0x7f || c >= 0xe0 || (c >= 0xcc && c <= 0xd3) {
-		u, neg, err := r.integer()
+	if f := mpread.FamilyOf(c); f == mpread.Int || f == mpread.Uint {
+		u, neg, err := r.Integer()
 		if err != nil {
 			return "", err
 		}
@@ -313,7 +317,7 @@ func readHash(r *reader) (Hash, error) {
 		}
 		return Hash("i" + strconv.FormatUint(u, 10)), nil
 	}
-	s, _, err := r.strOrBin()
+	s, _, err := r.StrOrBin()
 	if err != nil {
 		return "", err
 	}
@@ -323,15 +327,15 @@ func readHash(r *reader) (Hash, error) {
 	return Hash("b" + string(s)), nil
 }
 
-func readOptHash(r *reader) (Hash, error) {
-	if r.isNil() {
+func readOptHash(r *mpread.Reader) (Hash, error) {
+	if r.Nil() {
 		return "", nil
 	}
 	return readHash(r)
 }
 
-func readHashes(r *reader) ([]Hash, error) {
-	n, err := r.arrayLen()
+func readHashes(r *mpread.Reader) ([]Hash, error) {
+	n, err := r.ArrayLen()
 	if err != nil {
 		return nil, err
 	}
@@ -344,14 +348,14 @@ func readHashes(r *reader) ([]Hash, error) {
 	return hs, nil
 }
 
-func readTokens(r *reader) ([]uint32, error) {
-	n, err := r.arrayLen()
+func readTokens(r *mpread.Reader) ([]uint32, error) {
+	n, err := r.ArrayLen()
 	if err != nil {
 		return nil, err
 	}
 	ts := make([]uint32, n)
 	for i := range ts {
-		u, neg, err := r.integer()
+		u, neg, err := r.Integer()
 		if err != nil {
 			return nil, err
 		}
@@ -363,9 +367,24 @@ func readTokens(r *reader) ([]uint32, error) {
 	return ts, nil
 }
 
-func readOptStr(r *reader) (string, error) {
-	if r.isNil() {
+func readOptStr(r *mpread.Reader) (string, error) {
+	if r.Nil() {
 		return "", nil
 	}
-	return r.str()
+	return str(r)
+}
+
+func str(r *mpread.Reader) (string, error) {
+	s, err := r.Str()
+	return string(s), err
+}
+
+// float reads a float, or an integer as one: msgspec writes integral
+// floats as floats, but be lenient.
+func float(r *mpread.Reader) (float64, error) {
+	if c, err := r.Peek(); err == nil && mpread.FamilyOf(c) == mpread.Float {
+		return r.Float()
+	}
+	v, err := r.Int64()
+	return float64(v), err
 }

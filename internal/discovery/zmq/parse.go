@@ -1,7 +1,6 @@
 package zmq
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -11,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/switchyard-llm/switchyard/internal/mpread"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
@@ -357,65 +357,39 @@ var wanted = map[string]bool{
 // decodeMap decodes a top-level msgpack map with string (str or bin) keys.
 //
 // Payloads come from anyone who can reach the discovery port, so decoding
-// never trusts a declared length: every str/bin/ext length and every
-// array/map count is checked against the bytes actually remaining before
-// anything is read or allocated (see mpReader). Allocation is bounded by
-// the payload size (strings of the wanted keys and the small fields map).
+// goes through mpread, which checks every declared length and count
+// against the bytes remaining before anything is read or allocated (the
+// msgpack.Decoder it replaces grew its pooled buffer towards a declared
+// size: a 5-byte "4 GiB string" cost hundreds of MiB). Allocation is
+// bounded by the payload size (strings of the wanted keys and the small
+// fields map); skipped values may nest to any depth.
 func decodeMap(b []byte) (map[string]value, error) {
 	if len(b) == 0 {
 		return nil, dropf(ReasonDecode, "empty payload")
 	}
-	r := mpReader{b: b}
-	t, err := r.next()
-	if err != nil {
-		return nil, dropf(ReasonDecode, "%v", err)
-	}
-	if t.kind != mpMap {
-		if err := r.skipChildren(t); err != nil {
+	r := mpread.NewReader(b)
+	if mpread.FamilyOf(b[0]) != mpread.Map {
+		if err := r.Skip(mpread.NoDepthLimit); err != nil {
 			return nil, dropf(ReasonDecode, "%v", err)
 		}
-		if r.remaining() != 0 {
+		if r.Remaining() != 0 {
 			return nil, dropf(ReasonDecode, "not one msgpack value")
 		}
 		return nil, dropf(ReasonNotMap, "top-level code 0x%02x", b[0])
 	}
-	n := t.n // <= remaining/2, checked by next
+	n, err := r.MapLen() // <= remaining/2
+	if err != nil {
+		return nil, dropf(ReasonDecode, "%v", err)
+	}
 	fields := make(map[string]value, min(n, len(wanted)))
 	var typeErr error
 	for range n {
-		kc := r.peek()
-		k, err := r.next()
-		if err != nil {
-			return nil, dropf(ReasonDecode, "map key: %v", err)
+		if err := readEntry(r, fields, &typeErr); err != nil {
+			return nil, err
 		}
-		if k.kind != mpStr {
-			// A non-string key: skip it and its value; remember the type
-			// error, but only report it once the whole payload decoded.
-			if err := r.skipChildren(k); err != nil {
-				return nil, dropf(ReasonDecode, "map key: %v", err)
-			}
-			if err := r.skip(); err != nil {
-				return nil, dropf(ReasonDecode, "map value: %v", err)
-			}
-			if typeErr == nil {
-				typeErr = dropf(ReasonBadType, "map key of code 0x%02x is not a string", kc)
-			}
-			continue
-		}
-		if !wanted[string(k.data)] { // no allocation for the lookup
-			if err := r.skip(); err != nil {
-				return nil, dropf(ReasonDecode, "map value: %v", err)
-			}
-			continue
-		}
-		v, err := r.value()
-		if err != nil {
-			return nil, dropf(ReasonDecode, "map value: %v", err)
-		}
-		fields[string(k.data)] = v
 	}
-	if r.remaining() != 0 {
-		return nil, dropf(ReasonDecode, "%d trailing bytes after the map", r.remaining())
+	if r.Remaining() != 0 {
+		return nil, dropf(ReasonDecode, "%d trailing bytes after the map", r.Remaining())
 	}
 	if typeErr != nil {
 		return nil, typeErr
@@ -423,269 +397,78 @@ func decodeMap(b []byte) (map[string]value, error) {
 	return fields, nil
 }
 
-// mpReader is a minimal bounds-checked msgpack reader over one payload. It
-// replaces msgpack.Decoder here because the latter reads a declared str,
-// bin or ext length before it knows the payload holds it, growing its
-// (pooled) buffer towards the declared size: a 5-byte "4 GiB string"
-// (db ff ff ff ff) costs hundreds of MiB. mpReader never allocates: str,
-// bin and ext data are sub-slices of the payload, and every declared
-// length is checked against the remaining bytes first.
-type mpReader struct {
-	b   []byte
-	off int
-}
-
-// mpKind is the kind of one msgpack token.
-type mpKind uint8
-
-const (
-	mpNil mpKind = iota
-	mpBool
-	mpInt   // int family and positive/negative fixint; value in i
-	mpUint  // uint family; value in u
-	mpFloat // float32 and float64; value in f
-	mpStr   // str and bin; bytes in data
-	mpExt   // ext and fixext; bytes in data (type byte excluded)
-	mpArray // n elements follow
-	mpMap   // n key/value pairs follow
-)
-
-// mpToken is one msgpack header with its scalar payload.
-type mpToken struct {
-	kind mpKind
-	n    int // array/map element count
-	i    int64
-	u    uint64
-	f    float64
-	data []byte // sub-slice of the payload: never copied
-}
-
-var (
-	errTruncated = errors.New("truncated msgpack value")
-	errBadLength = errors.New("declared length exceeds the payload")
-	errBadCode   = errors.New("invalid msgpack code 0xc1")
-)
-
-func (r *mpReader) remaining() int { return len(r.b) - r.off }
-
-// peek returns the next code byte (0xc1, never valid, at the end).
-func (r *mpReader) peek() byte {
-	if r.off < len(r.b) {
-		return r.b[r.off]
-	}
-	return 0xc1
-}
-
-// take returns the next n bytes; n must be <= remaining (checked by the
-// callers through uintN and length).
-func (r *mpReader) take(n int) []byte {
-	p := r.b[r.off : r.off+n : r.off+n]
-	r.off += n
-	return p
-}
-
-// uintN reads a big-endian unsigned integer of size bytes (1, 2, 4, 8).
-func (r *mpReader) uintN(size int) (uint64, error) {
-	if r.remaining() < size {
-		return 0, errTruncated
-	}
-	p := r.take(size)
-	switch size {
-	case 1:
-		return uint64(p[0]), nil
-	case 2:
-		return uint64(binary.BigEndian.Uint16(p)), nil
-	case 4:
-		return uint64(binary.BigEndian.Uint32(p)), nil
-	}
-	return binary.BigEndian.Uint64(p), nil
-}
-
-// length reads a size-byte length and checks that at least min(length) *
-// per bytes remain (per = 1 for str/bin/array, 2 for maps: every element
-// takes at least one byte), so no count or length can exceed the payload.
-func (r *mpReader) length(size int, per uint64) (int, error) {
-	l, err := r.uintN(size)
+// readEntry reads one key/value pair into fields if the key is wanted. A
+// non-string key is skipped with its value; the type error is kept in
+// *typeErr (the first one only), reported once the whole payload decoded.
+func readEntry(r *mpread.Reader, fields map[string]value, typeErr *error) error {
+	kc, err := r.Peek()
 	if err != nil {
-		return 0, err
+		return dropf(ReasonDecode, "map key: %v", err)
 	}
-	if l > uint64(r.remaining())/per {
-		return 0, errBadLength
+	if f := mpread.FamilyOf(kc); f != mpread.Str && f != mpread.Bin {
+		if err := r.Skip(mpread.NoDepthLimit); err != nil {
+			return dropf(ReasonDecode, "map key: %v", err)
+		}
+		if err := r.Skip(mpread.NoDepthLimit); err != nil {
+			return dropf(ReasonDecode, "map value: %v", err)
+		}
+		if *typeErr == nil {
+			*typeErr = dropf(ReasonBadType, "map key of code 0x%02x is not a string", kc)
+		}
+		return nil
 	}
-	return int(l), nil
-}
-
-// data reads a size-byte length and then that many bytes.
-func (r *mpReader) data(size int) ([]byte, error) {
-	l, err := r.length(size, 1)
+	k, _, err := r.StrOrBin()
 	if err != nil {
-		return nil, err
+		return dropf(ReasonDecode, "map key: %v", err)
 	}
-	return r.take(l), nil
-}
-
-// ext reads an ext body: the type byte then l data bytes.
-func (r *mpReader) ext(l int) ([]byte, error) {
-	if r.remaining() < 1 || l > r.remaining()-1 {
-		return nil, errBadLength
+	if !wanted[string(k)] { // no allocation for the lookup
+		if err := r.Skip(mpread.NoDepthLimit); err != nil {
+			return dropf(ReasonDecode, "map value: %v", err)
+		}
+		return nil
 	}
-	r.off++ // ext type
-	return r.take(l), nil
-}
-
-// next reads one token. For containers only the header is read; their
-// elements are the following tokens.
-func (r *mpReader) next() (mpToken, error) {
-	if r.remaining() < 1 {
-		return mpToken{}, errTruncated
-	}
-	c := r.b[r.off]
-	r.off++
-	var t mpToken
-	var err error
-	var u uint64
-	switch {
-	case c <= 0x7f: // positive fixint
-		t.kind, t.i = mpInt, int64(c)
-	case c >= 0xe0: // negative fixint
-		t.kind, t.i = mpInt, int64(int8(c))
-	case c <= 0x8f: // fixmap
-		t.kind, t.n = mpMap, int(c&0x0f)
-		if uint64(t.n)*2 > uint64(r.remaining()) {
-			err = errBadLength
-		}
-	case c <= 0x9f: // fixarray
-		t.kind, t.n = mpArray, int(c&0x0f)
-		if t.n > r.remaining() {
-			err = errBadLength
-		}
-	case c <= 0xbf: // fixstr
-		t.kind = mpStr
-		if n := int(c & 0x1f); n > r.remaining() {
-			err = errBadLength
-		} else {
-			t.data = r.take(n)
-		}
-	default:
-		switch c {
-		case 0xc0:
-			t.kind = mpNil
-		case 0xc1:
-			err = errBadCode
-		case 0xc2, 0xc3:
-			t.kind, t.i = mpBool, int64(c-0xc2)
-		case 0xc4, 0xc5, 0xc6: // bin 8/16/32
-			t.kind = mpStr
-			t.data, err = r.data(1 << (c - 0xc4))
-		case 0xc7, 0xc8, 0xc9: // ext 8/16/32
-			t.kind = mpExt
-			var l int
-			if l, err = r.length(1<<(c-0xc7), 1); err == nil {
-				t.data, err = r.ext(l)
-			}
-		case 0xca: // float32
-			t.kind = mpFloat
-			if u, err = r.uintN(4); err == nil {
-				t.f = float64(math.Float32frombits(uint32(u)))
-			}
-		case 0xcb: // float64
-			t.kind = mpFloat
-			if u, err = r.uintN(8); err == nil {
-				t.f = math.Float64frombits(u)
-			}
-		case 0xcc, 0xcd, 0xce, 0xcf: // uint 8/16/32/64
-			t.kind = mpUint
-			t.u, err = r.uintN(1 << (c - 0xcc))
-		case 0xd0, 0xd1, 0xd2, 0xd3: // int 8/16/32/64
-			t.kind = mpInt
-			size := 1 << (c - 0xd0)
-			if u, err = r.uintN(size); err == nil {
-				shift := 64 - 8*size // sign-extend
-				t.i = int64(u<<shift) >> shift
-			}
-		case 0xd4, 0xd5, 0xd6, 0xd7, 0xd8: // fixext 1/2/4/8/16
-			t.kind = mpExt
-			t.data, err = r.ext(1 << (c - 0xd4))
-		case 0xd9, 0xda, 0xdb: // str 8/16/32
-			t.kind = mpStr
-			t.data, err = r.data(1 << (c - 0xd9))
-		case 0xdc, 0xdd: // array 16/32
-			t.kind = mpArray
-			t.n, err = r.length(2<<(c-0xdc), 1)
-		case 0xde, 0xdf: // map 16/32
-			t.kind = mpMap
-			t.n, err = r.length(2<<(c-0xde), 2)
-		}
-	}
+	v, err := readValue(r)
 	if err != nil {
-		return mpToken{}, err
+		return dropf(ReasonDecode, "map value: %v", err)
 	}
-	return t, nil
+	fields[string(k)] = v
+	return nil
 }
 
-// skip skips one msgpack value.
-func (r *mpReader) skip() error {
-	t, err := r.next()
-	if err != nil {
-		return err
-	}
-	return r.skipChildren(t)
-}
-
-// skipChildren skips the elements of container t (nothing for a scalar),
-// iteratively: nesting depth cannot exhaust the stack.
-func (r *mpReader) skipChildren(t mpToken) error {
-	pending := 0 // elements still to skip; never more than the bytes left
-	for {
-		switch t.kind {
-		case mpArray:
-			pending += t.n
-		case mpMap:
-			pending += 2 * t.n
-		}
-		// Every element takes at least one byte.
-		if pending > r.remaining() {
-			return errBadLength
-		}
-		if pending == 0 {
-			return nil
-		}
-		pending--
-		var err error
-		if t, err = r.next(); err != nil {
-			return err
-		}
-	}
-}
-
-// value decodes one wanted map value: str/bin as a string, int/uint as an
-// integer (uint64 clamped to MaxInt64), an integral float (|f| < 2^53) as a
-// number; anything else (bool, float with a fraction, containers, ext) is
-// skipped and reported as kindOther.
-func (r *mpReader) value() (value, error) {
-	t, err := r.next()
+// readValue decodes one wanted map value: str/bin as a string, int/uint as
+// an integer (uint64 clamped to MaxInt64), an integral float (|f| < 2^53)
+// as a number; anything else (bool, float with a fraction, containers,
+// ext) is skipped and reported as kindOther.
+func readValue(r *mpread.Reader) (value, error) {
+	c, err := r.Peek()
 	if err != nil {
 		return value{}, err
 	}
 	var v value
-	switch t.kind {
-	case mpNil:
-	case mpStr:
-		v.kind, v.s = kindString, string(t.data)
-	case mpInt:
-		v.kind, v.n = kindInt, t.i
-	case mpUint:
-		v.kind, v.n = kindInt, int64(min(t.u, math.MaxInt64))
-	case mpFloat:
-		v.kind = kindOther
-		if t.f == math.Trunc(t.f) && math.Abs(t.f) < 1<<53 {
-			v.kind, v.n = kindFloat, int64(t.f)
+	switch mpread.FamilyOf(c) {
+	case mpread.Nil:
+		r.Nil()
+	case mpread.Str, mpread.Bin:
+		s, _, err := r.StrOrBin()
+		v.kind, v.s = kindString, string(s)
+		return v, err
+	case mpread.Int, mpread.Uint:
+		u, neg, err := r.Integer()
+		v.kind, v.n = kindInt, int64(min(u, math.MaxInt64))
+		if neg {
+			v.n = int64(u)
 		}
+		return v, err
+	case mpread.Float:
+		f, err := r.Float()
+		v.kind = kindOther
+		if f == math.Trunc(f) && math.Abs(f) < 1<<53 {
+			v.kind, v.n = kindFloat, int64(f)
+		}
+		return v, err
 	default:
 		v.kind = kindOther
-		if err := r.skipChildren(t); err != nil {
-			return value{}, err
-		}
+		return v, r.Skip(mpread.NoDepthLimit)
 	}
 	return v, nil
 }

@@ -16,6 +16,8 @@ import (
 	"strconv"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/switchyard-llm/switchyard/internal/mpread"
 )
 
 // Message types.
@@ -142,7 +144,7 @@ func Decode(payload []byte) (Any, error) {
 	if len(payload) == 0 {
 		return m, fmt.Errorf("empty payload")
 	}
-	if !isMsgpackMap(payload[0]) {
+	if mpread.FamilyOf(payload[0]) != mpread.Map {
 		m.Bare = string(payload)
 		return m, nil
 	}
@@ -153,10 +155,6 @@ func Decode(payload []byte) (Any, error) {
 		return m, fmt.Errorf("decode msgpack: %w", err)
 	}
 	return m, nil
-}
-
-func isMsgpackMap(b byte) bool {
-	return (b >= 0x80 && b <= 0x8f) || b == 0xde || b == 0xdf
 }
 
 // FormatDigest renders a digest for the sim_digest field.
