@@ -1,6 +1,7 @@
 package app
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchyard-llm/switchyard/internal/chattmpl"
 	"github.com/switchyard-llm/switchyard/internal/config"
 	"github.com/switchyard-llm/switchyard/internal/kvaware"
 	"github.com/switchyard-llm/switchyard/internal/kvevents"
@@ -46,7 +48,11 @@ func (a *app) kv() (*kvState, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--tokenizer-path: %w", err)
 		}
-		st.tok.SetLocal(kvaware.LocalOptions{Tokenizer: lt, Logger: a.log})
+		chat, err := a.chatTemplate()
+		if err != nil {
+			return nil, err
+		}
+		st.tok.SetLocal(kvaware.LocalOptions{Tokenizer: lt, Chat: chat, Logger: a.log})
 		a.closers = append(a.closers, st.tok.Close)
 		a.log.Info("kv_aware: completions prompts tokenized in-process", "tokenizer", lt.Path,
 			"verified_first", kvaware.DefaultVerify, "then_in_background", kvaware.DefaultBackground, "then_one_in", kvaware.DefaultSampleEvery)
@@ -65,6 +71,24 @@ func (a *app) kv() (*kvState, error) {
 	a.closers = append(a.closers, st.unsubReg)
 	a.registerKVMetrics(st)
 	return st, nil
+}
+
+// chatTemplate loads the chat template kv_aware renders plain chat
+// requests with: --chat-template, else the one beside --tokenizer-path.
+// Without one, or one the router does not render, chat requests go to the
+// engines' /tokenize (logged); a --chat-template that cannot be read or
+// compiled is an error at startup.
+func (a *app) chatTemplate() (*chattmpl.Template, error) {
+	t, err := chattmpl.Load(a.cfg.TokenizerPath, a.cfg.ChatTemplate)
+	switch {
+	case err == nil:
+		a.log.Info("kv_aware: plain chat requests rendered and tokenized in-process", "chat_template", t.Path)
+		return t, nil
+	case a.cfg.ChatTemplate != "" && !errors.Is(err, chattmpl.ErrContentParts) && !errors.Is(err, chattmpl.ErrUnsupported):
+		return nil, fmt.Errorf("--chat-template: %w", err)
+	}
+	a.log.Info("kv_aware: chat requests tokenized by the engines' /tokenize", "reason", err.Error())
+	return nil, nil
 }
 
 // newKVAware builds a kv_aware policy over the shared state.
@@ -191,6 +215,8 @@ func (a *app) kvStatus() any {
 			"verify_mismatches": ts.VerifyMismatches.Load(),
 			"verify_background": ts.VerifyBackground.Load(),
 			"verify_dropped":    ts.VerifyDropped.Load(),
+			"chat_in_process":   st.tok.ChatLocal(),
+			"chat_encodes":      ts.ChatLocal.Load(),
 		}
 	}
 	return out
@@ -255,6 +281,14 @@ func (a *app) registerKVMetrics(st *kvState) {
 					return 0
 				}
 				return 1
+			}),
+		counter("tokenize_local_chat_total", "Of the in-process encodes, chat requests rendered with the chat template", ld(&st.tok.S.ChatLocal)),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "vllm_router_kv_tokenize_local_chat_enabled", Help: "1 while plain chat requests are rendered and tokenized in-process"},
+			func() float64 {
+				if st.tok.ChatLocal() {
+					return 1
+				}
+				return 0
 			}),
 		counter("pd_bypass_total", "PD requests sent to the decode alone (prompt cached there)", sum(func(p *kvaware.Policy) uint64 { return p.S.Bypass.Load() })),
 	}

@@ -221,6 +221,7 @@ type Config struct {
 	KVLoadWeight             float64  `json:"kv_load_weight"`
 	KVFallbackPolicy         string   `json:"kv_fallback_policy"`
 	TokenizerPath            string   `json:"tokenizer_path"`
+	ChatTemplate             string   `json:"chat_template"`
 	PDUncachedTokenThreshold int      `json:"pd_uncached_token_threshold"`
 
 	// Flow control (off unless FlowControl).

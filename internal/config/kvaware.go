@@ -26,7 +26,8 @@ func kvFlagDefs(c *Config) []flagDef {
 		{extra: true, name: "kv-overlap-score-weight", meta: "W", usage: "kv_aware: weight of the prompt tokens a worker must compute", value: floatValue{&c.KVOverlapScoreWeight}},
 		{extra: true, name: "kv-load-weight", meta: "W", usage: "kv_aware: weight of a worker's requests in flight, in prompts", value: floatValue{&c.KVLoadWeight}},
 		{extra: true, name: "kv-fallback-policy", meta: "POLICY", usage: "kv_aware: policy for prompts it cannot tokenize and fleets without events", value: enumValue{&c.KVFallbackPolicy, fallbackPolicyNames}},
-		{extra: true, name: "tokenizer-path", meta: "PATH", usage: "kv_aware: tokenizer.json (or a model directory holding one) to tokenize string completions prompts in-process; checked against the engines' /tokenize", value: stringValue{&c.TokenizerPath}},
+		{extra: true, name: "tokenizer-path", meta: "PATH", usage: "kv_aware: tokenizer.json (or a model directory holding one) to tokenize string completions prompts, and plain chat requests with the directory's chat template, in-process; checked against the engines' /tokenize", value: stringValue{&c.TokenizerPath}},
+		{extra: true, name: "chat-template", meta: "FILE", usage: "kv_aware with --tokenizer-path: the chat template the engines serve (their --chat-template), instead of the model directory's", value: stringValue{&c.ChatTemplate}},
 		{extra: true, name: "pd-uncached-token-threshold", meta: "N", usage: "PD with kv_aware: send a request to the decode alone when fewer than N of its prompt tokens are uncached there (0 = always split)", value: intValue{&c.PDUncachedTokenThreshold}},
 	}
 }
@@ -83,7 +84,13 @@ func (c *Config) validateKV(add func(*Error)) {
 		if c.TokenizerPath != "" {
 			add(invalid("--tokenizer-path", c.TokenizerPath, "needs --policy (or --prefill-policy) kv_aware"))
 		}
+		if c.ChatTemplate != "" {
+			add(invalid("--chat-template", c.ChatTemplate, "needs --policy (or --prefill-policy) kv_aware"))
+		}
 		return
+	}
+	if c.ChatTemplate != "" && c.TokenizerPath == "" {
+		add(invalid("--chat-template", c.ChatTemplate, "needs --tokenizer-path"))
 	}
 	if c.KVBlockSize <= 0 || c.KVBlockSize > 1<<16 {
 		add(invalid("--kv-block-size", strconv.Itoa(c.KVBlockSize), "Must be between 1 and 65536"))

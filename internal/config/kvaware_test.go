@@ -28,6 +28,11 @@ func TestValidateKVAware(t *testing.T) {
 		{"tokenizer with kv_aware", with(w, "--tokenizer-path", "/m"), nil},
 		{"tokenizer without kv_aware", []string{"--worker-urls", "http://w", "--tokenizer-path", "/m"},
 			[]string{"invalid value for --tokenizer-path: /m - needs --policy (or --prefill-policy) kv_aware"}},
+		{"chat template with a tokenizer", with(w, "--tokenizer-path", "/m", "--chat-template", "/m/t.jinja"), nil},
+		{"chat template without a tokenizer", with(w, "--chat-template", "/m/t.jinja"),
+			[]string{"invalid value for --chat-template: /m/t.jinja - needs --tokenizer-path"}},
+		{"chat template without kv_aware", []string{"--worker-urls", "http://w", "--chat-template", "/t.jinja"},
+			[]string{"invalid value for --chat-template: /t.jinja - needs --policy (or --prefill-policy) kv_aware"}},
 		{"bad values", with(w, "--kv-block-size", "0", "--kv-index-max-entries", "0", "--kv-events-port", "0", "--kv-load-weight", "-1"),
 			[]string{
 				"invalid value for --kv-block-size: 0 - Must be between 1 and 65536",

@@ -251,6 +251,7 @@ var flagCases = []struct {
 	{"kv-load-weight", "0", func(c *Config) any { return c.KVLoadWeight }, 0.0},
 	{"kv-fallback-policy", "round_robin", func(c *Config) any { return c.KVFallbackPolicy }, "round_robin"},
 	{"tokenizer-path", "/m/tokenizer.json", func(c *Config) any { return c.TokenizerPath }, "/m/tokenizer.json"},
+	{"chat-template", "/m/t.jinja", func(c *Config) any { return c.ChatTemplate }, "/m/t.jinja"},
 	{"pd-uncached-token-threshold", "128", func(c *Config) any { return c.PDUncachedTokenThreshold }, 128},
 	{"flow-control", "", func(c *Config) any { return c.FlowControl }, true},
 	{"flow-bands", "gold=5", func(c *Config) any { return c.FlowBands }, []string{"gold=5"}},

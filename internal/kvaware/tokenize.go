@@ -18,6 +18,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/switchyard-llm/switchyard/internal/chattmpl"
 	"github.com/switchyard-llm/switchyard/internal/rawjson"
 	"github.com/switchyard-llm/switchyard/internal/tokenizer"
 )
@@ -38,9 +39,12 @@ import (
 // first prompts tokenized so are also asked of the engine before their ids
 // are used; once those agree, more are checked in the background (the
 // next ones, then a sample), off the request's path. One difference
-// switches the local tokenizer off for the life of the process. Chat
-// requests keep going to /tokenize: their ids depend on the chat template
-// as vLLM renders it.
+// switches the local tokenizer off for the life of the process. With the
+// model's chat template (internal/chattmpl), plain chat requests (string
+// contents, no tools, no template arguments) are rendered and tokenized
+// in-process the same way, their first ones checked against /tokenize on
+// their own; a difference switches in-process chat off. Other chat
+// requests keep going to /tokenize.
 
 // ErrNotTokenizable marks a request the router does not tokenize exactly
 // (a batch of prompts, an unknown route, media inputs): it is routed by the
@@ -73,16 +77,78 @@ type Tokenizer struct {
 	checks  chan check    // background comparisons (nil: none)
 	stop    context.CancelFunc
 	wg      sync.WaitGroup
+
+	// encodes and inline for chat requests rendered in-process: the
+	// template is checked on its own.
+	chatEncodes, chatInline atomic.Uint64
 }
 
 // check is one local result to compare with the engine's, off the path,
 // or (probe) the probe corpus to run there.
 type check struct {
-	base, text string
-	model      []byte
-	add        bool
-	local      []uint32
-	probe      bool
+	base  string
+	req   localReq
+	local []uint32
+	probe bool
+}
+
+// localReq is a prompt tokenized in-process, and what asks the engine's
+// /tokenize for the same ids: the text with or without special tokens
+// (a completions prompt), or the chat request's fields (chat: its
+// template is checked too).
+type localReq struct {
+	text   string
+	add    bool
+	model  []byte
+	isChat bool
+	chat   *rawjson.Object // the chat request, until detached
+	body   []byte          // the /tokenize body, once built
+}
+
+// tokenizeBody is the /tokenize request for r.
+func (r *localReq) tokenizeBody() ([]byte, error) {
+	if r.body != nil {
+		return r.body, nil
+	}
+	var edits []rawjson.Edit
+	if r.isChat {
+		edits = fieldEdits(r.chat, chatFields)
+	} else {
+		q, _ := json.Marshal(r.text)
+		edits = []rawjson.Edit{rawjson.Set("prompt", q)}
+		if r.model != nil {
+			edits = append(edits, rawjson.Set("model", r.model))
+		}
+		if !r.add {
+			edits = append(edits, rawjson.Set("add_special_tokens", []byte("false")))
+		}
+	}
+	body, err := rawjson.Patch([]byte("{}"), edits...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNotTokenizable, err)
+	}
+	r.body = body
+	return body, nil
+}
+
+// detach makes r independent of its request's body, which a background
+// check outlives.
+func (r localReq) detach() (localReq, error) {
+	if _, err := r.tokenizeBody(); err != nil {
+		return r, err
+	}
+	r.model, r.chat = bytes.Clone(r.model), nil
+	return r, nil
+}
+
+func fieldEdits(o *rawjson.Object, fields []string) []rawjson.Edit {
+	edits := make([]rawjson.Edit, 0, len(fields))
+	for _, f := range fields {
+		if v := o.Get(f); v != nil {
+			edits = append(edits, rawjson.Set(f, v))
+		}
+	}
+	return edits
 }
 
 // probeTexts are what Probe compares, each with and without special
@@ -112,6 +178,8 @@ type TokenizeStats struct {
 	VerifyBackground atomic.Uint64 // of the checks, those made off the request's path
 	VerifyDropped    atomic.Uint64 // background checks not made: the queue was full
 	LocalOff         atomic.Bool   // a mismatch switched the local tokenizer off
+	ChatLocal        atomic.Uint64 // of LocalEncodes, chat requests rendered in-process
+	ChatOff          atomic.Bool   // a chat mismatch switched the chat template off
 }
 
 // Defaults of LocalOptions.
@@ -138,7 +206,11 @@ type LocalOptions struct {
 	// an earlier one's text is encoded from where they part
 	// (tokenizer.PrefixCache; 0: 32 MiB).
 	PrefixCacheBytes int
-	Logger           *slog.Logger
+	// Chat, when set, renders chat requests the router can render
+	// exactly (chattmpl: string contents, no tools) for the local
+	// tokenizer; nil: chat requests go to /tokenize.
+	Chat   *chattmpl.Template
+	Logger *slog.Logger
 }
 
 // PrefixStats are the local tokenizer's prefix reuse totals (zero without
@@ -195,7 +267,7 @@ func (t *Tokenizer) checkLoop(ctx context.Context) {
 			case c.probe:
 				t.runProbe(ctx, c.base)
 			default:
-				if _, err := t.verify(ctx, c.base, c.model, c.text, c.add, c.local); err == nil {
+				if _, err := t.verify(ctx, c.base, &c.req, c.local); err == nil {
 					t.S.VerifyBackground.Add(1)
 				}
 			}
@@ -252,7 +324,7 @@ const probeTries = 30
 func (t *Tokenizer) probeOnce(ctx context.Context, base string) error {
 	for _, text := range probeTexts {
 		for _, add := range []bool{true, false} {
-			if _, err := t.verify(ctx, base, nil, text, add, t.local.Tokenizer.Encode(text, add)); err != nil {
+			if _, err := t.verify(ctx, base, &localReq{text: text, add: add}, t.local.Tokenizer.Encode(text, add)); err != nil {
 				return err
 			}
 			t.S.VerifyBackground.Add(1)
@@ -269,16 +341,18 @@ func (t *Tokenizer) probeOnce(ctx context.Context, base string) error {
 	}
 }
 
-// queueCheck hands the n-th distinct local result to the background
-// checker when it is due; a full queue drops it (counted).
-func (t *Tokenizer) queueCheck(n uint64, c check) {
+// checkDue reports whether the n-th distinct local result is to be
+// compared with the engine's in the background.
+func (t *Tokenizer) checkDue(n uint64) bool {
 	o := t.local
 	v := uint64(o.Verify)
-	due := (o.Background > 0 && n <= v+uint64(o.Background)) ||
+	return (o.Background > 0 && n <= v+uint64(o.Background)) ||
 		(o.SampleEvery > 0 && n%uint64(o.SampleEvery) == 0)
-	if !due {
-		return
-	}
+}
+
+// queueCheck hands a local result to the background checker; a full
+// queue drops it (counted).
+func (t *Tokenizer) queueCheck(c check) {
 	select {
 	case t.checks <- c:
 	default:
@@ -333,6 +407,16 @@ func (t *Tokenizer) TokensOf(ctx context.Context, baseURL, path string, o *rawjs
 		if hasMedia(o.Get("messages")) {
 			return nil, fmt.Errorf("%w: messages carry media", ErrNotTokenizable)
 		}
+		if t.chatLocal() && t.sameModel(o.Get("model")) {
+			key := t.key(path, o, fields)
+			if e := t.lookup(key); e != nil {
+				t.S.CacheHits.Add(1)
+				return e.tokens, nil
+			}
+			if text, ok := t.renderChat(o); ok {
+				return t.tokensLocal(ctx, baseURL, key, localReq{text: text, model: o.Get("model"), isChat: true, chat: o})
+			}
+		}
 	case strings.HasSuffix(path, "/completions"):
 		fields = completionFields
 		p := bytes.TrimSpace(o.Get("prompt"))
@@ -341,7 +425,7 @@ func (t *Tokenizer) TokensOf(ctx context.Context, baseURL, path string, o *rawjs
 		}
 		if t.local != nil && !t.S.LocalOff.Load() {
 			if text, add, ok := localPrompt(p, o.Get("add_special_tokens")); ok && t.sameModel(o.Get("model")) {
-				return t.tokensLocal(ctx, baseURL, t.key(path, o, fields), o.Get("model"), text, add)
+				return t.tokensLocal(ctx, baseURL, t.key(path, o, fields), localReq{text: text, add: add, model: o.Get("model")})
 			}
 		}
 		if p[0] == '[' {
@@ -353,19 +437,12 @@ func (t *Tokenizer) TokensOf(ctx context.Context, baseURL, path string, o *rawjs
 	default:
 		return nil, fmt.Errorf("%w: route %s", ErrNotTokenizable, path)
 	}
-	req := []byte("{}")
-	edits := make([]rawjson.Edit, 0, len(fields))
-	for _, f := range fields {
-		if v := o.Get(f); v != nil {
-			edits = append(edits, rawjson.Set(f, v))
-		}
-	}
 	key := t.key(path, o, fields)
 	if e := t.lookup(key); e != nil {
 		t.S.CacheHits.Add(1)
 		return e.tokens, nil
 	}
-	req, err := rawjson.Patch(req, edits...)
+	req, err := rawjson.Patch([]byte("{}"), fieldEdits(o, fields)...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNotTokenizable, err)
 	}
@@ -462,44 +539,47 @@ func (t *Tokenizer) sameModel(model []byte) bool {
 // are used at once, and some are checked in the background
 // (queueCheck): a difference found there switches the tokenizer off for
 // the requests that follow.
-func (t *Tokenizer) tokensLocal(ctx context.Context, baseURL string, key uint64, model []byte, text string, add bool) ([]uint32, error) {
+func (t *Tokenizer) tokensLocal(ctx context.Context, baseURL string, key uint64, r localReq) ([]uint32, error) {
 	if e := t.lookup(key); e != nil {
 		t.S.CacheHits.Add(1)
 		return e.tokens, nil
 	}
 	start := time.Now()
-	toks := t.prefix.Encode(text, add)
+	toks := t.prefix.Encode(r.text, r.add)
 	t.S.LocalEncodes.Add(1)
 	t.S.LocalNanos.Add(uint64(time.Since(start)))
-	n := t.encodes.Add(1)
-	if t.inline.Load() < uint64(t.local.Verify) {
+	encodes, inline := &t.encodes, &t.inline
+	if r.isChat {
+		// The template is checked on its own: a probe of the tokenizer
+		// says nothing of it.
+		encodes, inline = &t.chatEncodes, &t.chatInline
+		t.S.ChatLocal.Add(1)
+	}
+	n := encodes.Add(1)
+	if inline.Load() < uint64(t.local.Verify) {
 		var err error
-		if toks, err = t.verify(ctx, baseURL, model, text, add, toks); err != nil {
+		if toks, err = t.verify(ctx, baseURL, &r, toks); err != nil {
 			return nil, err
 		}
-		t.inline.Add(1)
-	} else {
-		// model is a slice of the request's body: the check outlives it.
-		t.queueCheck(n, check{base: baseURL, text: text, model: bytes.Clone(model), add: add, local: toks})
+		inline.Add(1)
+	} else if t.checkDue(n) {
+		// r refers to the request's body: the check outlives it.
+		if d, err := r.detach(); err == nil {
+			t.queueCheck(check{base: baseURL, req: d, local: toks})
+		}
 	}
 	t.store(key, toks)
 	return toks, nil
 }
 
 // verify asks the engine for the prompt's ids and compares them with the
-// local ones; it returns the ids to use.
-func (t *Tokenizer) verify(ctx context.Context, baseURL string, model []byte, text string, add bool, local []uint32) ([]uint32, error) {
-	q, _ := json.Marshal(text)
-	edits := []rawjson.Edit{rawjson.Set("prompt", q)}
-	if model != nil {
-		edits = append(edits, rawjson.Set("model", model))
-	}
-	if !add {
-		edits = append(edits, rawjson.Set("add_special_tokens", []byte("false")))
-	}
-	body, err := rawjson.Patch([]byte("{}"), edits...)
+// local ones; it returns the ids to use. A difference switches off what
+// produced it: the chat template (chat requests go to /tokenize), or the
+// tokenizer (every prompt does).
+func (t *Tokenizer) verify(ctx context.Context, baseURL string, r *localReq, local []uint32) ([]uint32, error) {
+	body, err := r.tokenizeBody()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrNotTokenizable, err)
+		return nil, err
 	}
 	start := time.Now()
 	remote, err := t.ask(ctx, baseURL, body)
@@ -510,19 +590,23 @@ func (t *Tokenizer) verify(ctx context.Context, baseURL string, model []byte, te
 	}
 	t.S.VerifyChecks.Add(1)
 	if slices.Equal(local, remote) {
-		if model != nil { // a probe names no model
+		if r.model != nil { // a probe names no model
 			t.mu.Lock()
 			if !t.modelSet {
-				t.localModel, t.modelSet = bytes.Clone(model), true
+				t.localModel, t.modelSet = bytes.Clone(r.model), true
 			}
 			t.mu.Unlock()
 		}
 		return local, nil
 	}
 	t.S.VerifyMismatches.Add(1)
-	if t.S.LocalOff.CompareAndSwap(false, true) {
-		t.local.Logger.Error("local tokenizer differs from the engine's /tokenize; switched off, every prompt now goes to /tokenize",
-			"tokenizer", t.local.Tokenizer.Path, "engine", baseURL, "add_special_tokens", add,
+	off, what := &t.S.LocalOff, "local tokenizer differs from the engine's /tokenize; switched off, every prompt now goes to /tokenize"
+	if r.isChat {
+		off, what = &t.S.ChatOff, "chat template rendered by the router differs from the engine's /tokenize; switched off, chat requests now go to /tokenize"
+	}
+	if off.CompareAndSwap(false, true) {
+		t.local.Logger.Error(what,
+			"tokenizer", t.local.Tokenizer.Path, "engine", baseURL, "add_special_tokens", r.add,
 			"local_ids", prefix(local, 16), "engine_ids", prefix(remote, 16), "local_len", len(local), "engine_len", len(remote))
 		t.mu.Lock()
 		clear(t.cache) // may hold unverified local results
@@ -620,4 +704,92 @@ func (t *Tokenizer) store(key uint64, toks []uint32) {
 	}
 	t.cache[key] = &cacheEntry{tokens: toks}
 	t.order = append(t.order, key)
+}
+
+// ChatLocal reports whether plain chat requests are rendered and
+// tokenized in-process (a chat template was set and no difference with
+// the engine switched it off).
+func (t *Tokenizer) ChatLocal() bool { return t.chatLocal() }
+
+func (t *Tokenizer) chatLocal() bool {
+	return t.local != nil && t.local.Chat != nil && !t.S.LocalOff.Load() && !t.S.ChatOff.Load()
+}
+
+// renderChat renders a chat request the router renders exactly (plainChat)
+// with the model's template; ok is false for any other request, and when
+// the template fails (the engine will say why).
+func (t *Tokenizer) renderChat(o *rawjson.Object) (string, bool) {
+	msgs, gen, ok := plainChat(o)
+	if !ok {
+		return "", false
+	}
+	text, err := t.local.Chat.Render(msgs, gen)
+	return text, err == nil
+}
+
+// chatFieldsRendered are request fields that change what vLLM gives the
+// template (beyond messages and add_generation_prompt): a request with
+// any of them (not null) goes to /tokenize.
+var chatFieldsRendered = []string{"tools", "documents", "chat_template", "chat_template_kwargs", "reasoning_effort"}
+
+// plainChat reads a chat request vLLM renders from its messages and
+// add_generation_prompt alone: every message has a role the router
+// renders and a string content and nothing else, continue_final_message
+// and add_special_tokens are false (or absent), and none of
+// chatFieldsRendered is set. It returns the messages and
+// add_generation_prompt (default true).
+func plainChat(o *rawjson.Object) (msgs []chattmpl.Message, addGen, ok bool) {
+	for _, f := range chatFieldsRendered {
+		if v := bytes.TrimSpace(o.Get(f)); v != nil && string(v) != "null" {
+			return nil, false, false
+		}
+	}
+	if v, ok := jsonBool(o.Get("continue_final_message"), false); !ok || v {
+		return nil, false, false
+	}
+	if v, ok := jsonBool(o.Get("add_special_tokens"), false); !ok || v {
+		return nil, false, false
+	}
+	addGen, ok = jsonBool(o.Get("add_generation_prompt"), true)
+	if !ok {
+		return nil, false, false
+	}
+	var raw []map[string]json.RawMessage
+	if json.Unmarshal(o.Get("messages"), &raw) != nil || len(raw) == 0 {
+		return nil, false, false
+	}
+	msgs = make([]chattmpl.Message, len(raw))
+	for i, m := range raw {
+		if len(m) != 2 || json.Unmarshal(m["role"], &msgs[i].Role) != nil || !chattmpl.Roles[msgs[i].Role] ||
+			!isJSONString(m["content"]) || json.Unmarshal(m["content"], &msgs[i].Content) != nil {
+			return nil, false, false
+		}
+		if msgs[i].Role == "system" && strings.HasPrefix(msgs[i].Content, claudeBillingHeader) {
+			return nil, false, false // vLLM drops that line first
+		}
+	}
+	return msgs, addGen, true
+}
+
+// claudeBillingHeader starts a system line vLLM strips before rendering
+// (renderers/chat_utils.py, _strip_claude_code_billing_header).
+const claudeBillingHeader = "x-anthropic-billing-header"
+
+// jsonBool reads an optional JSON bool: def when absent, ok false when it
+// is anything but true or false.
+func jsonBool(v []byte, def bool) (val, ok bool) {
+	switch string(bytes.TrimSpace(v)) {
+	case "":
+		return def, v == nil
+	case "true":
+		return true, true
+	case "false":
+		return false, true
+	}
+	return false, false
+}
+
+func isJSONString(v json.RawMessage) bool {
+	v = bytes.TrimSpace(v)
+	return len(v) >= 2 && v[0] == '"'
 }

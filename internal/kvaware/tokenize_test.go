@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/chattmpl"
 	"github.com/switchyard-llm/switchyard/internal/rawjson"
 	"github.com/switchyard-llm/switchyard/internal/tokenizer"
 )
@@ -76,10 +77,11 @@ func loadTestTokenizer(t *testing.T) *tokenizer.Tokenizer {
 }
 
 // TestLocalTokenizer: string completions prompts are tokenized in-process,
-// the first Verify of them also at the engine; chat requests, batches and
-// odd add_special_tokens values go to /tokenize or the fallback as before.
-// TestLocalTokenizer runs its steps on raw bodies (Tokens) and on bodies
-// the router's server has parsed (TokensOf): the two agree step by step.
+// the first Verify of them also at the engine; chat requests (no chat
+// template set), batches and odd add_special_tokens values go to
+// /tokenize or the fallback as before. The steps run on raw bodies
+// (Tokens) and on bodies the router's server has parsed (TokensOf): the
+// two agree step by step.
 func TestLocalTokenizer(t *testing.T) {
 	t.Run("body", func(t *testing.T) { testLocalTokenizer(t, false) })
 	t.Run("parsed", func(t *testing.T) { testLocalTokenizer(t, true) })
@@ -361,5 +363,196 @@ func TestPlainString(t *testing.T) {
 				t.Errorf("plainString(%q) = %q, json.Unmarshal %q (%v)", tc.in, got, want, err)
 			}
 		}
+	}
+}
+
+// tinyChat is scripts/make-tiny-model.py's chat template (the real-engine
+// tier's model), and renderTiny the same rendering written out by hand:
+// the fake engine below renders with it, so the router's Jinja rendering
+// is compared with an independent one.
+const tinyChat = "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] + '</s>\\n' }}{% endfor %}" +
+	"{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+
+func renderTiny(msgs []chattmpl.Message, gen bool) string {
+	var b strings.Builder
+	for _, m := range msgs {
+		b.WriteString("<|" + m.Role + "|>\n" + m.Content + "</s>\n")
+	}
+	if gen {
+		b.WriteString("<|assistant|>\n")
+	}
+	return b.String()
+}
+
+// newChatEngine is an engine whose /tokenize renders chat requests with
+// render and encodes the text without special tokens (vLLM's chat
+// default), and encodes completions prompts as lt does.
+func newChatEngine(t testing.TB, lt *tokenizer.Tokenizer, render func([]chattmpl.Message, bool) string) *engineTokenizer {
+	e := &engineTokenizer{}
+	e.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.calls.Add(1)
+		var req struct {
+			Prompt     string          `json:"prompt"`
+			AddSpecial *bool           `json:"add_special_tokens"`
+			Messages   json.RawMessage `json:"messages"`
+			Gen        *bool           `json:"add_generation_prompt"`
+		}
+		if json.NewDecoder(r.Body).Decode(&req) != nil {
+			http.Error(w, `{"error":{"message":"bad"}}`, 400)
+			return
+		}
+		ids := lt.Encode(req.Prompt, req.AddSpecial == nil || *req.AddSpecial)
+		if req.Messages != nil {
+			var msgs []chattmpl.Message
+			text := string(req.Messages) // contents the fake does not render: any ids
+			if json.Unmarshal(req.Messages, &msgs) == nil {
+				text = render(msgs, req.Gen == nil || *req.Gen)
+			}
+			ids = lt.Encode(text, req.AddSpecial != nil && *req.AddSpecial)
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": ids})
+	}))
+	t.Cleanup(e.Close)
+	return e
+}
+
+func chatBody(gen string, msgs ...string) string {
+	var ms []string
+	for i := 0; i+1 < len(msgs); i += 2 {
+		ms = append(ms, fmt.Sprintf(`{"role":%q,"content":%q}`, msgs[i], msgs[i+1]))
+	}
+	return `{"model":"m"` + gen + `,"messages":[` + strings.Join(ms, ",") + `]}`
+}
+
+// TestLocalChat: with a chat template, plain chat requests are rendered
+// and tokenized in-process, the first Verify of them also asked of the
+// engine (whose rendering is written independently); requests the router
+// does not render exactly go to /tokenize.
+func TestLocalChat(t *testing.T) {
+	lt := loadTestTokenizer(t)
+	tmpl, err := chattmpl.Parse(tinyChat, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := newChatEngine(t, lt, renderTiny)
+	tok := NewTokenizer(http.DefaultClient, 5*time.Second, 100)
+	tok.SetLocal(LocalOptions{Tokenizer: lt, Chat: tmpl, Verify: 2, Background: -1, SampleEvery: -1})
+	t.Cleanup(tok.Close)
+	want := func(gen bool, msgs ...string) []uint32 {
+		var ms []chattmpl.Message
+		for i := 0; i+1 < len(msgs); i += 2 {
+			ms = append(ms, chattmpl.Message{Role: msgs[i], Content: msgs[i+1]})
+		}
+		return lt.Encode(renderTiny(ms, gen), false)
+	}
+	const chat = "/v1/chat/completions"
+	steps := []struct {
+		name, path, body string
+		ids              []uint32 // nil: not checked
+		calls, chatLocal uint64   // running totals after the step
+	}{
+		{"verified 1", chat, chatBody("", "system", "Be brief.", "user", "Hello world"), want(true, "system", "Be brief.", "user", "Hello world"), 1, 1},
+		{"verified 2, no generation prompt", chat, chatBody(`,"add_generation_prompt":false`, "user", "It's 2026"), want(false, "user", "It's 2026"), 2, 2},
+		{"local only", chat, chatBody("", "user", "hi", "assistant", "Ünïcödé\n😀", "user", "again?"), want(true, "user", "hi", "assistant", "Ünïcödé\n😀", "user", "again?"), 2, 3},
+		{"repeat: cache", chat, chatBody("", "system", "Be brief.", "user", "Hello world"), want(true, "system", "Be brief.", "user", "Hello world"), 2, 3},
+		{"tools: /tokenize", chat, `{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"x"}]}`, nil, 3, 3},
+		{"a message name: /tokenize", chat, `{"model":"m","messages":[{"role":"user","name":"bob","content":"x"}]}`, nil, 4, 3},
+		{"developer role: /tokenize", chat, chatBody("", "developer", "rules", "user", "x"), nil, 5, 3},
+		{"content parts: /tokenize", chat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`, nil, 6, 3},
+		{"add_special_tokens: /tokenize", chat, chatBody(`,"add_special_tokens":true`, "user", "x"), nil, 7, 3},
+		{"continue_final_message: /tokenize", chat, chatBody(`,"continue_final_message":true,"add_generation_prompt":false`, "user", "x", "assistant", "y"), nil, 8, 3},
+		{"template kwargs: /tokenize", chat, `{"model":"m","chat_template_kwargs":{"enable_thinking":false},"messages":[{"role":"user","content":"x"}]}`, nil, 9, 3},
+		{"completions still local", "/v1/completions", `{"model":"m","prompt":"a completions prompt"}`, lt.Encode("a completions prompt", true), 10, 3},
+	}
+	for _, s := range steps {
+		ids, err := tok.Tokens(t.Context(), eng.URL, s.path, []byte(s.body))
+		if err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		if s.ids != nil && !slices.Equal(ids, s.ids) {
+			t.Errorf("%s: ids %v, want %v", s.name, ids, s.ids)
+		}
+		if c, l := uint64(eng.calls.Load()), tok.S.ChatLocal.Load(); c != s.calls || l != s.chatLocal {
+			t.Errorf("%s: engine calls %d, chat rendered locally %d; want %d, %d", s.name, c, l, s.calls, s.chatLocal)
+		}
+	}
+	if tok.S.VerifyMismatches.Load() != 0 || tok.S.ChatOff.Load() || tok.S.LocalOff.Load() {
+		t.Errorf("mismatches %d, chat off %v, local off %v", tok.S.VerifyMismatches.Load(), tok.S.ChatOff.Load(), tok.S.LocalOff.Load())
+	}
+}
+
+// TestLocalChatMismatch: an engine rendering the template differently
+// switches in-process chat off at the first check (its ids are used, and
+// every later chat request goes to /tokenize), and leaves completions
+// prompts local.
+func TestLocalChatMismatch(t *testing.T) {
+	lt := loadTestTokenizer(t)
+	tmpl, err := chattmpl.Parse(tinyChat, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := func(msgs []chattmpl.Message, gen bool) string { return "<s>" + renderTiny(msgs, gen) }
+	eng := newChatEngine(t, lt, other)
+	tok := NewTokenizer(http.DefaultClient, 5*time.Second, 100)
+	tok.SetLocal(LocalOptions{Tokenizer: lt, Chat: tmpl, Verify: 1, Background: -1, SampleEvery: -1})
+	t.Cleanup(tok.Close)
+	msgs := []chattmpl.Message{{Role: "user", Content: "hello"}}
+	ids, err := tok.Tokens(t.Context(), eng.URL, "/v1/chat/completions", []byte(chatBody("", "user", "hello")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := lt.Encode(other(msgs, true), false); !slices.Equal(ids, want) {
+		t.Errorf("ids %v, want the engine's %v", ids, want)
+	}
+	if !tok.S.ChatOff.Load() || tok.S.LocalOff.Load() || tok.S.VerifyMismatches.Load() != 1 {
+		t.Fatalf("chat off %v, local off %v, mismatches %d", tok.S.ChatOff.Load(), tok.S.LocalOff.Load(), tok.S.VerifyMismatches.Load())
+	}
+	if _, err := tok.Tokens(t.Context(), eng.URL, "/v1/chat/completions", []byte(chatBody("", "user", "next"))); err != nil {
+		t.Fatal(err)
+	}
+	if tok.S.ChatLocal.Load() != 1 || eng.calls.Load() != 2 {
+		t.Errorf("after the mismatch: chat rendered locally %d, engine calls %d; want 1, 2", tok.S.ChatLocal.Load(), eng.calls.Load())
+	}
+	for _, p := range []string{"first completions prompt", "second completions prompt"} {
+		if _, err := tok.Tokens(t.Context(), eng.URL, "/v1/completions", []byte(fmt.Sprintf(`{"model":"m","prompt":%q}`, p))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if tok.S.LocalOff.Load() || tok.S.LocalEncodes.Load() != 3 {
+		t.Errorf("completions: local off %v, local encodes %d (want 3: one chat, two prompts)", tok.S.LocalOff.Load(), tok.S.LocalEncodes.Load())
+	}
+}
+
+// BenchmarkTokenizeLocalChat is BenchmarkTokenizeLocal for a chat request
+// (a system prompt of n words and a question) rendered with the tiny
+// model's chat template before the encode.
+func BenchmarkTokenizeLocalChat(b *testing.B) {
+	lt, err := tokenizer.Load("../tokenizer/testdata/tiny-llama.json")
+	if err != nil {
+		b.Fatal(err)
+	}
+	tmpl, err := chattmpl.Parse(tinyChat, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	eng := newChatEngine(b, lt, renderTiny)
+	for _, n := range []int{1000, 8000} {
+		prompt := words(n, "w")
+		b.Run(fmt.Sprintf("words=%d", n), func(b *testing.B) {
+			tok := NewTokenizer(eng.Client(), 5*time.Second, 1)
+			tok.SetLocal(LocalOptions{Tokenizer: lt, Chat: tmpl, Verify: 1, Background: -1, SampleEvery: -1})
+			defer tok.Close()
+			bodies := [][]byte{[]byte(chatBody("", "system", prompt, "user", "a question?")), []byte(chatBody("", "system", "x "+prompt, "user", "a question?"))}
+			i := 0
+			for b.Loop() {
+				i++
+				if _, err := tok.Tokens(b.Context(), eng.URL, "/v1/chat/completions", bodies[i%2]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if tok.S.VerifyChecks.Load() != 1 || tok.S.ChatOff.Load() || tok.S.ChatLocal.Load() == 0 {
+				b.Fatalf("verification: %d checks, chat off %v, rendered %d", tok.S.VerifyChecks.Load(), tok.S.ChatOff.Load(), tok.S.ChatLocal.Load())
+			}
+		})
 	}
 }

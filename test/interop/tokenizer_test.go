@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-llm/switchyard/internal/chattmpl"
 	"github.com/switchyard-llm/switchyard/internal/kvaware"
 	"github.com/switchyard-llm/switchyard/internal/tokenizer"
 	"github.com/switchyard-llm/switchyard/test/internal/harness"
@@ -43,7 +44,9 @@ func tokenizerPrompts() []string {
 // --tokenizer-path, in front of the same engine, tokenizes the completions
 // prompts in-process after probing the engine with its own corpus, checks
 // the first 32 prompts against the engine in the background, with no
-// mismatch, and keeps chat requests on /tokenize.
+// mismatch, renders a plain chat request with the model directory's chat
+// template (checked at the engine, agreeing), and keeps a chat request it
+// does not render exactly on /tokenize.
 func TestLocalTokenizerMatchesEngine(t *testing.T) {
 	needEnv(t)
 	lt, err := tokenizer.Load(modelDir)
@@ -92,24 +95,40 @@ func TestLocalTokenizerMatchesEngine(t *testing.T) {
 		t.Errorf("verify checks %v + dropped %v (want %v; %v of them in the background, want all but at most %d), mismatches %v (want 0), local encodes %v (want %d), enabled %v (want 1)",
 			checks, dropped, want, background, kvaware.DefaultVerify, mismatches, local, len(prompts), enabled)
 	}
-	asksBefore := metric(t, r.Metrics, "vllm_router_kv_tokenize_requests_total")
-	if code, _, b := post(t, ctxT(t, 60*time.Second), r.Base+"/v1/chat/completions", genBody(true, false, "a chat message", 1)); code != 200 {
-		t.Fatalf("chat: %d %s", code, b)
-	}
-	if asks := m("requests_total"); asks != asksBefore+1 || m("local_total") != local {
-		t.Errorf("chat: /tokenize calls %v -> %v, local encodes %v -> %v; want one more /tokenize call, no local encode",
-			asksBefore, asks, local, m("local_total"))
-	}
 	var ws struct {
 		KV struct {
 			Tokenizer struct {
 				Enabled      bool   `json:"enabled"`
 				VerifyChecks uint64 `json:"verify_checks"`
+				Chat         bool   `json:"chat_in_process"`
 			} `json:"tokenizer"`
 		} `json:"kv_aware"`
 	}
-	if harness.GetJSON(t, http.DefaultClient, r.Base+"/workers", &ws) != 200 || !ws.KV.Tokenizer.Enabled || ws.KV.Tokenizer.VerifyChecks != uint64(checks) {
-		t.Errorf("/workers kv_aware.tokenizer %+v, want enabled with %v checks", ws.KV.Tokenizer, checks)
+	if harness.GetJSON(t, http.DefaultClient, r.Base+"/workers", &ws) != 200 || !ws.KV.Tokenizer.Enabled ||
+		ws.KV.Tokenizer.VerifyChecks != uint64(checks) || !ws.KV.Tokenizer.Chat {
+		t.Errorf("/workers kv_aware.tokenizer %+v, want enabled with %v checks, chat in-process", ws.KV.Tokenizer, checks)
+	}
+
+	// A plain chat request is rendered with the model directory's chat
+	// template and tokenized in-process (the first ones also asked of
+	// the engine on their path, and agreeing); one whose message has a
+	// name goes to /tokenize.
+	chatBefore := m("local_chat_total")
+	if code, _, b := post(t, ctxT(t, 60*time.Second), r.Base+"/v1/chat/completions", genBody(true, false, "a chat message", 1)); code != 200 {
+		t.Fatalf("chat: %d %s", code, b)
+	}
+	if c, mm, on := m("local_chat_total"), m("verify_mismatches_total"), m("local_chat_enabled"); c != chatBefore+1 || mm != 0 || on != 1 {
+		t.Errorf("plain chat: rendered in-process %v -> %v, mismatches %v, chat enabled %v; want one more, 0, 1", chatBefore, c, mm, on)
+	}
+	asksBefore, localBefore := m("requests_total"), m("local_total")
+	named, _ := json.Marshal(map[string]any{"model": modelDir, "max_tokens": 1,
+		"messages": []map[string]string{{"role": "user", "name": "bob", "content": "a named message"}}})
+	if code, _, b := post(t, ctxT(t, 60*time.Second), r.Base+"/v1/chat/completions", string(named)); code != 200 {
+		t.Fatalf("named chat: %d %s", code, b)
+	}
+	if asks, local := m("requests_total"), m("local_total"); asks != asksBefore+1 || local != localBefore {
+		t.Errorf("chat with a name: /tokenize calls %v -> %v, local encodes %v -> %v; want one more /tokenize call, no local encode",
+			asksBefore, asks, localBefore, local)
 	}
 	t.Logf("%d prompts: local ids equal the engine's; the router encoded them in-process (%v verified, %v of them in the background, %v dropped, %v mismatches)", len(prompts), checks, background, dropped, mismatches)
 }
@@ -154,4 +173,58 @@ func measureLocalVsEngine(t *testing.T, lt *tokenizer.Tokenizer) {
 	}
 	t.Logf("1k-word prompt (%d tokens), median of 20 distinct prompts: engine /tokenize %v, in-process encode %v",
 		ntoks, med(remote), med(local))
+}
+
+// TestLocalChatTemplateMatchesEngine: the model directory's chat template
+// rendered by internal/chattmpl and tokenized in-process gives vLLM's
+// /tokenize ids for chat requests: system and multi-turn conversations,
+// unicode, newlines, tabs, empty and whitespace contents, with and without
+// the generation prompt.
+func TestLocalChatTemplateMatchesEngine(t *testing.T) {
+	needEnv(t)
+	lt, err := tokenizer.Load(modelDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := chattmpl.Load(modelDir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompts := tokenizerPrompts()
+	var convs [][]chattmpl.Message
+	for i := 0; i+2 < len(prompts); i += 3 {
+		convs = append(convs,
+			[]chattmpl.Message{{Role: "user", Content: prompts[i]}},
+			[]chattmpl.Message{{Role: "system", Content: prompts[i]}, {Role: "user", Content: prompts[i+1]},
+				{Role: "assistant", Content: prompts[i+2]}, {Role: "user", Content: prompts[(i+3)%len(prompts)]}})
+	}
+	convs = append(convs, []chattmpl.Message{{Role: "user", Content: ""}, {Role: "assistant", Content: "  "}, {Role: "user", Content: "\n"}})
+	var remote, local []time.Duration
+	for i, conv := range convs {
+		for _, gen := range []bool{true, false} {
+			body, _ := json.Marshal(map[string]any{"model": modelDir, "messages": conv, "add_generation_prompt": gen})
+			start := time.Now()
+			code, _, b := post(t, ctxT(t, 30*time.Second), unified.URL()+"/tokenize", string(body))
+			remote = append(remote, time.Since(start))
+			var out struct{ Tokens []uint32 }
+			if code != 200 || json.Unmarshal(b, &out) != nil {
+				t.Fatalf("/tokenize chat %d: %d %s", i, code, b)
+			}
+			start = time.Now()
+			text, err := tmpl.Render(conv, gen)
+			if err != nil {
+				t.Fatalf("chat %d: %v", i, err)
+			}
+			ids := lt.Encode(text, false)
+			local = append(local, time.Since(start))
+			if !slices.Equal(ids, out.Tokens) {
+				t.Errorf("chat %d (generation prompt %v): local %v, engine %v", i, gen, ids, out.Tokens)
+			}
+		}
+	}
+	med := func(d []time.Duration) time.Duration {
+		sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+		return d[len(d)/2]
+	}
+	t.Logf("%d chat requests agree; median engine /tokenize %v, in-process render and encode %v", len(remote), med(remote), med(local))
 }
