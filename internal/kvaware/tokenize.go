@@ -734,7 +734,7 @@ var chatFieldsRendered = []string{"tools", "documents", "chat_template", "chat_t
 
 // plainChat reads a chat request vLLM renders from its messages and
 // add_generation_prompt alone: every message has a role the router
-// renders and a string content and nothing else, continue_final_message
+// renders and a text content (textContent) and nothing else, continue_final_message
 // and add_special_tokens are false (or absent), and none of
 // chatFieldsRendered is set. It returns the messages and
 // add_generation_prompt (default true).
@@ -760,8 +760,11 @@ func plainChat(o *rawjson.Object) (msgs []chattmpl.Message, addGen, ok bool) {
 	}
 	msgs = make([]chattmpl.Message, len(raw))
 	for i, m := range raw {
-		if len(m) != 2 || json.Unmarshal(m["role"], &msgs[i].Role) != nil || !chattmpl.Roles[msgs[i].Role] ||
-			!isJSONString(m["content"]) || json.Unmarshal(m["content"], &msgs[i].Content) != nil {
+		var content bool
+		if len(m) == 2 && json.Unmarshal(m["role"], &msgs[i].Role) == nil && chattmpl.Roles[msgs[i].Role] {
+			msgs[i].Content, content = textContent(m["content"])
+		}
+		if !content {
 			return nil, false, false
 		}
 		if msgs[i].Role == "system" && strings.HasPrefix(msgs[i].Content, claudeBillingHeader) {
@@ -787,6 +790,38 @@ func jsonBool(v []byte, def bool) (val, ok bool) {
 		return false, true
 	}
 	return false, false
+}
+
+// textContent reads a message's content as vLLM gives it to a template
+// taking string content: a string, or a list of text parts whose non-empty
+// texts are joined with newlines (renderers/chat_utils.py,
+// _parse_chat_message_content_parts). ok is false for anything else
+// (null, other part types, parts with more fields).
+func textContent(v json.RawMessage) (string, bool) {
+	v = bytes.TrimSpace(v)
+	if len(v) == 0 {
+		return "", false
+	}
+	var s string
+	if v[0] == '"' {
+		return s, json.Unmarshal(v, &s) == nil
+	}
+	var parts []map[string]json.RawMessage
+	if v[0] != '[' || json.Unmarshal(v, &parts) != nil {
+		return "", false
+	}
+	texts := make([]string, 0, len(parts))
+	for _, p := range parts {
+		var typ, text string
+		if len(p) != 2 || json.Unmarshal(p["type"], &typ) != nil || typ != "text" ||
+			!isJSONString(p["text"]) || json.Unmarshal(p["text"], &text) != nil {
+			return "", false
+		}
+		if text != "" {
+			texts = append(texts, text)
+		}
+	}
+	return strings.Join(texts, "\n"), true
 }
 
 func isJSONString(v json.RawMessage) bool {

@@ -458,11 +458,12 @@ func TestLocalChat(t *testing.T) {
 		{"tools: /tokenize", chat, `{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"x"}]}`, nil, 3, 3},
 		{"a message name: /tokenize", chat, `{"model":"m","messages":[{"role":"user","name":"bob","content":"x"}]}`, nil, 4, 3},
 		{"developer role: /tokenize", chat, chatBody("", "developer", "rules", "user", "x"), nil, 5, 3},
-		{"content parts: /tokenize", chat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`, nil, 6, 3},
-		{"add_special_tokens: /tokenize", chat, chatBody(`,"add_special_tokens":true`, "user", "x"), nil, 7, 3},
-		{"continue_final_message: /tokenize", chat, chatBody(`,"continue_final_message":true,"add_generation_prompt":false`, "user", "x", "assistant", "y"), nil, 8, 3},
-		{"template kwargs: /tokenize", chat, `{"model":"m","chat_template_kwargs":{"enable_thinking":false},"messages":[{"role":"user","content":"x"}]}`, nil, 9, 3},
-		{"completions still local", "/v1/completions", `{"model":"m","prompt":"a completions prompt"}`, lt.Encode("a completions prompt", true), 10, 3},
+		{"text parts: local, joined as vLLM joins them", chat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":""},{"type":"text","text":"b"}]}]}`, want(true, "user", "a\nb"), 5, 4},
+		{"a part with more fields: /tokenize", chat, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x","cache_control":{}}]}]}`, nil, 6, 4},
+		{"add_special_tokens: /tokenize", chat, chatBody(`,"add_special_tokens":true`, "user", "x"), nil, 7, 4},
+		{"continue_final_message: /tokenize", chat, chatBody(`,"continue_final_message":true,"add_generation_prompt":false`, "user", "x", "assistant", "y"), nil, 8, 4},
+		{"template kwargs: /tokenize", chat, `{"model":"m","chat_template_kwargs":{"enable_thinking":false},"messages":[{"role":"user","content":"x"}]}`, nil, 9, 4},
+		{"completions still local", "/v1/completions", `{"model":"m","prompt":"a completions prompt"}`, lt.Encode("a completions prompt", true), 10, 4},
 	}
 	for _, s := range steps {
 		ids, err := tok.Tokens(t.Context(), eng.URL, s.path, []byte(s.body))

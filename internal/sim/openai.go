@@ -386,7 +386,9 @@ func parsePrompts(raw json.RawMessage, tokenize func(string) []uint32) ([][]uint
 }
 
 // parseMessages flattens chat messages; content may be a string, null, or a
-// list of parts whose "text" parts are joined with spaces.
+// list of parts whose non-empty "text" parts are joined with newlines, as
+// vLLM joins them for a template taking string content
+// (renderers/chat_utils.py, _parse_chat_message_content_parts).
 func parseMessages(raw json.RawMessage) ([]oracle.Message, error) {
 	var msgs []struct {
 		Role    *string         `json:"role"`
@@ -417,9 +419,9 @@ func parseMessages(raw json.RawMessage) ([]oracle.Message, error) {
 				}
 				var b strings.Builder
 				for _, p := range parts {
-					if p.Type == "text" || p.Type == "" {
+					if (p.Type == "text" || p.Type == "") && p.Text != "" {
 						if b.Len() > 0 {
-							b.WriteByte(' ')
+							b.WriteByte('\n')
 						}
 						b.WriteString(p.Text)
 					}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -222,9 +223,25 @@ func TestLocalChatTemplateMatchesEngine(t *testing.T) {
 			}
 		}
 	}
+	// Content given as text parts: vLLM joins the non-empty texts with
+	// newlines before the template sees them.
+	parts := `{"model":` + strconv.Quote(modelDir) + `,"messages":[{"role":"user","content":[{"type":"text","text":"first part"},` +
+		`{"type":"text","text":""},{"type":"text","text":"second part"}]}]}`
+	code, _, b := post(t, ctxT(t, 30*time.Second), unified.URL()+"/tokenize", parts)
+	var out struct{ Tokens []uint32 }
+	if code != 200 || json.Unmarshal(b, &out) != nil {
+		t.Fatalf("/tokenize text parts: %d %s", code, b)
+	}
+	text, err := tmpl.Render([]chattmpl.Message{{Role: "user", Content: "first part\nsecond part"}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids := lt.Encode(text, false); !slices.Equal(ids, out.Tokens) {
+		t.Errorf("text parts: local %v, engine %v", ids, out.Tokens)
+	}
 	med := func(d []time.Duration) time.Duration {
 		sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
 		return d[len(d)/2]
 	}
-	t.Logf("%d chat requests agree; median engine /tokenize %v, in-process render and encode %v", len(remote), med(remote), med(local))
+	t.Logf("%d chat requests agree; median engine /tokenize %v, in-process render and encode %v", len(remote)+1, med(remote), med(local))
 }

@@ -46,6 +46,11 @@ type KVConfig struct {
 	// tokens; a kv_aware run given the same file (--tokenizer-path)
 	// tokenizes in the router. "" = the sims' word tokenizer.
 	Tokenizer string
+	// Chat sends the workload as /v1/chat/completions requests (sybench
+	// --backend openai-chat: one user message, the prompt as a text
+	// part), which the sims render with their chat format
+	// (internal/sim/chat_template.jinja for a router's --chat-template).
+	Chat bool
 	// PointTimeout bounds one measured run.
 	PointTimeout time.Duration
 }
@@ -120,7 +125,7 @@ func (c KVConfig) Bound() (KVBound, error) {
 	prompts := make([][]uint32, len(samples))
 	blocks := map[string]bool{}
 	for i, sm := range samples {
-		w := tokenize(sm.Prompt())
+		w := tokenize(c.simPrompt(sm.Prompt()))
 		prompts[i] = w
 		b.Queries += uint64(len(w))
 		b.MaxPrompt = max(b.MaxPrompt, len(w))
@@ -141,8 +146,18 @@ func (c KVConfig) Bound() (KVBound, error) {
 	return b, nil
 }
 
-// tokenizeFunc is how the sims tokenize a prompt: Tokenizer's ids, or one
-// id per white-space word.
+// simPrompt is the text a sim tokenizes for a sample's prompt: the prompt,
+// or with Chat the one-message conversation the sims render.
+func (c KVConfig) simPrompt(p string) string {
+	if c.Chat {
+		return oracle.ChatPrompt([]oracle.Message{{Role: "user", Content: p}})
+	}
+	return p
+}
+
+// tokenizeFunc is how the sims tokenize a prompt: Tokenizer's ids (with
+// special tokens for a completions prompt, without for a rendered chat, as
+// vLLM), or one id per white-space word.
 func (c KVConfig) tokenizeFunc() (func(string) []uint32, error) {
 	if c.Tokenizer == "" {
 		return oracle.Tokenize, nil
@@ -151,7 +166,7 @@ func (c KVConfig) tokenizeFunc() (func(string) []uint32, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kv: --tokenizer: %w", err)
 	}
-	return func(s string) []uint32 { return tok.Encode(s, true) }, nil
+	return func(s string) []uint32 { return tok.Encode(s, !c.Chat) }, nil
 }
 
 // KVRun is one measured run.
@@ -635,6 +650,9 @@ func (c KVConfig) benchConfig(base string, conc int, d time.Duration) bench.Conf
 	cfg := bench.DefaultConfig()
 	cfg.BaseURL = base
 	cfg.Backend = bench.BackendVLLM
+	if c.Chat {
+		cfg.Backend = bench.BackendOpenAIChat
+	}
 	cfg.Model = simModel
 	cfg.DatasetName = bench.DatasetSharedPrefix
 	cfg.SharedPrefixGroups, cfg.SharedPrefixPromptsPerGroup, cfg.SharedPrefixLen = c.Groups, c.PerGroup, c.PrefixLen
@@ -653,8 +671,12 @@ func (c KVConfig) benchConfig(base string, conc int, d time.Duration) bench.Conf
 
 // flags is the equivalent sybench command line of one run (for docs).
 func (c KVConfig) flags(conc int) string {
-	return fmt.Sprintf("--backend vllm --dataset-name shared-prefix --shared-prefix-groups %d --shared-prefix-prompts-per-group %d --shared-prefix-len %d --random-input-len %d --random-range-ratio 0 --random-output-len %d --shared-prefix-turns %d --num-prompts %d --num-warmups 0 --max-concurrency %d --ignore-eos --seed %d",
-		c.Groups, c.PerGroup, c.PrefixLen, c.QuestionLen, c.OutputLen, c.Turns, c.prompts(), conc, c.Seed)
+	backend := "vllm"
+	if c.Chat {
+		backend = "openai-chat"
+	}
+	return fmt.Sprintf("--backend %s --dataset-name shared-prefix --shared-prefix-groups %d --shared-prefix-prompts-per-group %d --shared-prefix-len %d --random-input-len %d --random-range-ratio 0 --random-output-len %d --shared-prefix-turns %d --num-prompts %d --num-warmups 0 --max-concurrency %d --ignore-eos --seed %d",
+		backend, c.Groups, c.PerGroup, c.PrefixLen, c.QuestionLen, c.OutputLen, c.Turns, c.prompts(), conc, c.Seed)
 }
 
 // simKV is the prefix-cache part of vllm-sim's /sim/stats.

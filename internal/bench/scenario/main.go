@@ -413,6 +413,7 @@ func parseKV(args []string, o *Options, stderr io.Writer) (KVConfig, error) {
 	fs.BoolVar(&c.PD, "pd", c.PD, "also run the 2P2D NIXL fleet")
 	fs.IntVar(&c.Routers, "routers", max(c.Routers, 1), "router replicas with the same flags in front of each fleet; requests alternate over them")
 	unified := fs.Bool("unified", !c.NoUnified, "run the unified fleet (--unified=false --pd: the PD fleet alone)")
+	fs.BoolVar(&c.Chat, "chat", c.Chat, "send the workload as chat completions (one user message); give a kv_aware router +--chat-template=internal/sim/chat_template.jinja to render them in-process")
 	fs.StringVar(&c.Tokenizer, "tokenizer", c.Tokenizer, "tokenizer.json every vllm-sim tokenizes prompts with (vllm-sim --tokenizer); add a policy NAME+--tokenizer-path=FILE to tokenize in the router ('' = the sims' word tokenizer)")
 	fs.Int64Var(&c.Seed, "seed", c.Seed, "dataset seed")
 	fs.DurationVar(&c.PointTimeout, "point-max-duration", c.PointTimeout, "bound on one measured run")
