@@ -275,8 +275,31 @@ func (t *Tokenizer) checkLoop(ctx context.Context) {
 	}
 }
 
-// ProbeChecks is how many comparisons a passing probe makes.
-func ProbeChecks() int { return 2 * len(probeTexts) }
+// chatProbes are the conversations a probe renders when chat requests are
+// rendered in-process (each with and without the generation prompt): one
+// turn, a system prompt, multi-turn, over the probe texts.
+var chatProbes = [][]chattmpl.Message{
+	{{Role: "user", Content: probeTexts[0]}},
+	{{Role: "system", Content: probeTexts[1]}, {Role: "user", Content: probeTexts[2]}, {Role: "assistant", Content: probeTexts[3]}, {Role: "user", Content: probeTexts[4]}},
+	{{Role: "user", Content: probeTexts[5]}, {Role: "assistant", Content: probeTexts[6]}, {Role: "user", Content: probeTexts[7]}},
+	{{Role: "system", Content: probeTexts[8]}, {Role: "user", Content: probeTexts[9]}},
+}
+
+// ProbeChecks is how many comparisons a passing probe makes, with a chat
+// template rendered in-process or without.
+func ProbeChecks(chat bool) int {
+	n := 2 * len(probeTexts)
+	if chat {
+		n += 2 * len(chatProbes)
+	}
+	return n
+}
+
+// probed reports whether nothing is left for a probe to verify.
+func (t *Tokenizer) probed() bool {
+	v := uint64(t.local.Verify)
+	return t.S.LocalOff.Load() || (t.inline.Load() >= v && (!t.chatLocal() || t.chatInline.Load() >= v))
+}
 
 // Probe compares the local tokenizer with the engine at baseURL on a
 // fixed corpus, in the background; when every text agrees, local ids are
@@ -284,8 +307,7 @@ func ProbeChecks() int { return 2 * len(probeTexts) }
 // it when an engine of the model becomes known; it does nothing once a
 // probe passed, while one is under way, or without a local tokenizer.
 func (t *Tokenizer) Probe(baseURL string) {
-	if t.local == nil || t.S.LocalOff.Load() ||
-		t.inline.Load() >= uint64(t.local.Verify) || !t.probing.CompareAndSwap(false, true) {
+	if t.local == nil || t.probed() || !t.probing.CompareAndSwap(false, true) {
 		return
 	}
 	select {
@@ -305,7 +327,7 @@ func (t *Tokenizer) runProbe(ctx context.Context, base string) {
 	defer retry.Stop()
 	for try := 1; ; try++ {
 		err := t.probeOnce(ctx, base)
-		if err == nil || try == probeTries || t.S.LocalOff.Load() || t.inline.Load() >= uint64(t.local.Verify) {
+		if err == nil || try == probeTries || t.probed() {
 			return
 		}
 		retry.Reset(time.Second)
@@ -333,10 +355,51 @@ func (t *Tokenizer) probeOnce(ctx context.Context, base string) error {
 			}
 		}
 	}
+	if t.chatLocal() {
+		ok, err := t.probeChat(ctx, base)
+		if err != nil {
+			return err
+		}
+		if ok {
+			raiseTo(&t.chatInline, uint64(t.local.Verify))
+		}
+	}
+	raiseTo(&t.inline, uint64(t.local.Verify))
+	return nil
+}
+
+// probeChat compares the chat probes rendered and encoded here with the
+// engine's /tokenize of the same messages; ok when at least one was
+// compared and none differed. A probe the template refuses to render (a
+// template raising on a role order) is passed over.
+func (t *Tokenizer) probeChat(ctx context.Context, base string) (ok bool, err error) {
+	for _, conv := range chatProbes {
+		for _, gen := range []bool{true, false} {
+			text, err := t.local.Chat.Render(conv, gen)
+			if err != nil {
+				continue
+			}
+			body, _ := json.Marshal(map[string]any{"messages": conv, "add_generation_prompt": gen})
+			r := &localReq{text: text, isChat: true, body: body}
+			if _, err := t.verify(ctx, base, r, t.local.Tokenizer.Encode(text, false)); err != nil {
+				return false, err
+			}
+			t.S.VerifyBackground.Add(1)
+			if t.S.ChatOff.Load() || t.S.LocalOff.Load() {
+				return false, nil
+			}
+			ok = true
+		}
+	}
+	return ok, nil
+}
+
+// raiseTo sets n to at least v.
+func raiseTo(n *atomic.Uint64, v uint64) {
 	for {
-		n := t.inline.Load()
-		if n >= uint64(t.local.Verify) || t.inline.CompareAndSwap(n, uint64(t.local.Verify)) {
-			return nil
+		cur := n.Load()
+		if cur >= v || n.CompareAndSwap(cur, v) {
+			return
 		}
 	}
 }

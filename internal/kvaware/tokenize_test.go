@@ -557,3 +557,48 @@ func BenchmarkTokenizeLocalChat(b *testing.B) {
 		})
 	}
 }
+
+// TestLocalChatProbe: with a chat template the probe also renders the chat
+// probes and compares them with the engine's /tokenize, so no chat request
+// waits for a check; an engine rendering differently switches in-process
+// chat off before any request, leaving completions prompts local.
+func TestLocalChatProbe(t *testing.T) {
+	lt := loadTestTokenizer(t)
+	tmpl, err := chattmpl.Parse(tinyChat, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("agrees", func(t *testing.T) {
+		eng := newChatEngine(t, lt, renderTiny)
+		tok := NewTokenizer(http.DefaultClient, 5*time.Second, 100)
+		tok.SetLocal(LocalOptions{Tokenizer: lt, Chat: tmpl, Background: -1, SampleEvery: -1})
+		t.Cleanup(tok.Close)
+		tok.Probe(eng.URL)
+		waitFor(t, "probe passed", func() bool { return tok.chatInline.Load() >= uint64(DefaultVerify) && !tok.probing.Load() })
+		if c := tok.S.VerifyChecks.Load(); c != uint64(ProbeChecks(true)) || tok.S.ChatOff.Load() {
+			t.Fatalf("checks %d (want %d), chat off %v", c, ProbeChecks(true), tok.S.ChatOff.Load())
+		}
+		before := eng.calls.Load()
+		ids, err := tok.Tokens(t.Context(), eng.URL, "/v1/chat/completions", []byte(chatBody("", "user", "a live chat")))
+		want := lt.Encode(renderTiny([]chattmpl.Message{{Role: "user", Content: "a live chat"}}, true), false)
+		if err != nil || !slices.Equal(ids, want) {
+			t.Fatalf("ids %v (%v), want %v", ids, err, want)
+		}
+		if eng.calls.Load() != before || tok.S.ChatLocal.Load() != 1 {
+			t.Errorf("the first live chat: %d engine calls, %d rendered locally; want 0, 1", eng.calls.Load()-before, tok.S.ChatLocal.Load())
+		}
+	})
+	t.Run("differs", func(t *testing.T) {
+		eng := newChatEngine(t, lt, func(msgs []chattmpl.Message, gen bool) string { return renderTiny(msgs, !gen) })
+		tok := NewTokenizer(http.DefaultClient, 5*time.Second, 100)
+		tok.SetLocal(LocalOptions{Tokenizer: lt, Chat: tmpl, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		t.Cleanup(tok.Close)
+		tok.Probe(eng.URL)
+		waitFor(t, "chat switched off, completions verified", func() bool {
+			return tok.S.ChatOff.Load() && tok.inline.Load() >= uint64(DefaultVerify) && !tok.probing.Load()
+		})
+		if tok.S.LocalOff.Load() || tok.S.VerifyMismatches.Load() != 1 || tok.ChatLocal() {
+			t.Errorf("local off %v, mismatches %d, chat local %v; want false, 1, false", tok.S.LocalOff.Load(), tok.S.VerifyMismatches.Load(), tok.ChatLocal())
+		}
+	})
+}

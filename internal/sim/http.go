@@ -248,6 +248,8 @@ func (in *Instance) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		Prompt           *string         `json:"prompt"`
 		Messages         json.RawMessage `json:"messages"`
 		AddSpecialTokens *bool           `json:"add_special_tokens"`
+		AddGenPrompt     *bool           `json:"add_generation_prompt"`
+		ContinueFinal    *bool           `json:"continue_final_message"`
 	}
 	if err := json.Unmarshal(body, &req); err != nil {
 		in.writeError(w, badRequest("invalid JSON body: %v", err))
@@ -264,7 +266,11 @@ func (in *Instance) handleTokenize(w http.ResponseWriter, r *http.Request) {
 			in.writeError(w, badRequest("%v", err))
 			return
 		}
-		text = oracle.ChatPrompt(msgs)
+		var aerr *apiError
+		if text, aerr = renderChat(msgs, req.AddGenPrompt, req.ContinueFinal); aerr != nil {
+			in.writeError(w, aerr)
+			return
+		}
 		add = req.AddSpecialTokens != nil && *req.AddSpecialTokens // the template holds them
 	default:
 		in.writeError(w, badRequest("Field required: prompt or messages"))

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/switchyard-llm/switchyard/internal/sim/oracle"
 	"github.com/switchyard-llm/switchyard/internal/tokenizer"
 )
 
@@ -52,6 +53,20 @@ func TestTokenizerFlag(t *testing.T) {
 	}
 	if got := ids(r.body["choices"].([]any)[0].(map[string]any)["prompt_token_ids"]); !slices.Equal(got, want) {
 		t.Fatalf("prompt_token_ids %v, want %v", got, want)
+	}
+
+	// A chat /tokenize renders as the generation does: the generation
+	// prompt unless add_generation_prompt is false, no special tokens.
+	msgs := []map[string]string{{"role": "user", "content": prompt}}
+	for _, gen := range []bool{true, false} {
+		text, aerr := renderChat([]oracle.Message{{Role: "user", Content: prompt}}, &gen, nil)
+		if aerr != nil {
+			t.Fatal(aerr.message)
+		}
+		r = postJSON(t, ctx, in.url("/tokenize"), map[string]any{"messages": msgs, "add_generation_prompt": gen}, nil)
+		if want := tok.Encode(text, false); r.status != 200 || !slices.Equal(ids(r.body["tokens"]), want) {
+			t.Fatalf("/tokenize chat, add_generation_prompt %v: %d %s, want %v", gen, r.status, r.raw, want)
+		}
 	}
 
 	plain := startSim(t, "--role", "unified", "--profile-preset", "zero")

@@ -391,7 +391,7 @@ func metricValue(t *testing.T, r *router, name string) float64 {
 // any request used it.
 func TestKVAwareSimTokenizerProbe(t *testing.T) {
 	const tk = "../../internal/tokenizer/testdata/tiny-llama.json"
-	probes := float64(kvaware.ProbeChecks())
+	probes := float64(kvaware.ProbeChecks(false))
 	for _, tc := range []struct {
 		name    string
 		simArgs []string
