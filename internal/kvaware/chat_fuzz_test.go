@@ -4,7 +4,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/switchyard-llm/switchyard/internal/chattmpl"
 	"github.com/switchyard-llm/switchyard/internal/rawjson"
 	"github.com/switchyard-llm/switchyard/internal/tokenizer"
 )
@@ -27,10 +26,7 @@ func FuzzPlainChat(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	tmpl, err := chattmpl.Parse(tinyChat, nil)
-	if err != nil {
-		f.Fatal(err)
-	}
+	tmpl := tinyTemplate(f)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		o, err := rawjson.Parse(body)
 		if err != nil {

@@ -46,22 +46,33 @@ type engineTokenizer struct {
 }
 
 func newEngineTokenizer(t *testing.T, f func(prompt string, add bool) []uint32) *engineTokenizer {
+	return newFakeEngine(t, func(req tokenizeReq) []uint32 {
+		if req.Messages != nil {
+			return f(string(req.Messages), req.AddSpecial == nil || *req.AddSpecial)
+		}
+		return f(req.Prompt, req.AddSpecial == nil || *req.AddSpecial)
+	})
+}
+
+// tokenizeReq is the part of a /tokenize body the fake engines read.
+type tokenizeReq struct {
+	Prompt     string          `json:"prompt"`
+	AddSpecial *bool           `json:"add_special_tokens"`
+	Messages   json.RawMessage `json:"messages"`
+	Gen        *bool           `json:"add_generation_prompt"`
+}
+
+// newFakeEngine answers POST /tokenize with ids(request), counting calls.
+func newFakeEngine(t testing.TB, ids func(tokenizeReq) []uint32) *engineTokenizer {
 	e := &engineTokenizer{}
 	e.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		e.calls.Add(1)
-		var req struct {
-			Prompt     string `json:"prompt"`
-			AddSpecial *bool  `json:"add_special_tokens"`
-			Messages   []any  `json:"messages"`
-		}
+		var req tokenizeReq
 		if r.URL.Path != "/tokenize" || json.NewDecoder(r.Body).Decode(&req) != nil {
 			http.Error(w, `{"error":{"message":"bad"}}`, 400)
 			return
 		}
-		if req.Messages != nil {
-			req.Prompt = fmt.Sprint(req.Messages)
-		}
-		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": f(req.Prompt, req.AddSpecial == nil || *req.AddSpecial)})
+		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": ids(req)})
 	}))
 	t.Cleanup(e.Close)
 	return e
@@ -373,6 +384,16 @@ func TestPlainString(t *testing.T) {
 const tinyChat = "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] + '</s>\\n' }}{% endfor %}" +
 	"{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 
+// tinyTemplate is tinyChat compiled.
+func tinyTemplate(tb testing.TB) *chattmpl.Template {
+	tb.Helper()
+	tmpl, err := chattmpl.Parse(tinyChat, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return tmpl
+}
+
 func renderTiny(msgs []chattmpl.Message, gen bool) string {
 	var b strings.Builder
 	for _, m := range msgs {
@@ -388,32 +409,17 @@ func renderTiny(msgs []chattmpl.Message, gen bool) string {
 // render and encodes the text without special tokens (vLLM's chat
 // default), and encodes completions prompts as lt does.
 func newChatEngine(t testing.TB, lt *tokenizer.Tokenizer, render func([]chattmpl.Message, bool) string) *engineTokenizer {
-	e := &engineTokenizer{}
-	e.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		e.calls.Add(1)
-		var req struct {
-			Prompt     string          `json:"prompt"`
-			AddSpecial *bool           `json:"add_special_tokens"`
-			Messages   json.RawMessage `json:"messages"`
-			Gen        *bool           `json:"add_generation_prompt"`
+	return newFakeEngine(t, func(req tokenizeReq) []uint32 {
+		if req.Messages == nil {
+			return lt.Encode(req.Prompt, req.AddSpecial == nil || *req.AddSpecial)
 		}
-		if json.NewDecoder(r.Body).Decode(&req) != nil {
-			http.Error(w, `{"error":{"message":"bad"}}`, 400)
-			return
+		var msgs []chattmpl.Message
+		text := string(req.Messages) // contents the fake does not render: any ids
+		if json.Unmarshal(req.Messages, &msgs) == nil {
+			text = render(msgs, req.Gen == nil || *req.Gen)
 		}
-		ids := lt.Encode(req.Prompt, req.AddSpecial == nil || *req.AddSpecial)
-		if req.Messages != nil {
-			var msgs []chattmpl.Message
-			text := string(req.Messages) // contents the fake does not render: any ids
-			if json.Unmarshal(req.Messages, &msgs) == nil {
-				text = render(msgs, req.Gen == nil || *req.Gen)
-			}
-			ids = lt.Encode(text, req.AddSpecial != nil && *req.AddSpecial)
-		}
-		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": ids})
-	}))
-	t.Cleanup(e.Close)
-	return e
+		return lt.Encode(text, req.AddSpecial != nil && *req.AddSpecial)
+	})
 }
 
 func chatBody(gen string, msgs ...string) string {
@@ -430,10 +436,7 @@ func chatBody(gen string, msgs ...string) string {
 // does not render exactly go to /tokenize.
 func TestLocalChat(t *testing.T) {
 	lt := loadTestTokenizer(t)
-	tmpl, err := chattmpl.Parse(tinyChat, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tmpl := tinyTemplate(t)
 	eng := newChatEngine(t, lt, renderTiny)
 	tok := NewTokenizer(http.DefaultClient, 5*time.Second, 100)
 	tok.SetLocal(LocalOptions{Tokenizer: lt, Chat: tmpl, Verify: 2, Background: -1, SampleEvery: -1})
@@ -488,10 +491,7 @@ func TestLocalChat(t *testing.T) {
 // prompts local.
 func TestLocalChatMismatch(t *testing.T) {
 	lt := loadTestTokenizer(t)
-	tmpl, err := chattmpl.Parse(tinyChat, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tmpl := tinyTemplate(t)
 	other := func(msgs []chattmpl.Message, gen bool) string { return "<s>" + renderTiny(msgs, gen) }
 	eng := newChatEngine(t, lt, other)
 	tok := NewTokenizer(http.DefaultClient, 5*time.Second, 100)
@@ -532,10 +532,7 @@ func BenchmarkTokenizeLocalChat(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	tmpl, err := chattmpl.Parse(tinyChat, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
+	tmpl := tinyTemplate(b)
 	eng := newChatEngine(b, lt, renderTiny)
 	for _, n := range []int{1000, 8000} {
 		prompt := words(n, "w")
@@ -564,10 +561,7 @@ func BenchmarkTokenizeLocalChat(b *testing.B) {
 // chat off before any request, leaving completions prompts local.
 func TestLocalChatProbe(t *testing.T) {
 	lt := loadTestTokenizer(t)
-	tmpl, err := chattmpl.Parse(tinyChat, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tmpl := tinyTemplate(t)
 	t.Run("agrees", func(t *testing.T) {
 		eng := newChatEngine(t, lt, renderTiny)
 		tok := NewTokenizer(http.DefaultClient, 5*time.Second, 100)
