@@ -356,8 +356,11 @@ func (t *Tokenizer) probeOnce(ctx context.Context, base string) error {
 		}
 	}
 	if t.chatLocal() {
+		// An engine refusing the chat probes (no chat template of its
+		// own) leaves chat requests checked on their path; the
+		// tokenizer's probe stands.
 		ok, err := t.probeChat(ctx, base)
-		if err != nil {
+		if err != nil && !errors.Is(err, ErrNotTokenizable) {
 			return err
 		}
 		if ok {

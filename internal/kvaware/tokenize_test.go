@@ -596,3 +596,30 @@ func TestLocalChatProbe(t *testing.T) {
 		}
 	})
 }
+
+// TestLocalChatProbeRefused: an engine answering the chat probes with an
+// error (it has no chat template) does not hold up the tokenizer's probe:
+// completions prompts are verified, chat requests stay checked on their
+// path.
+func TestLocalChatProbeRefused(t *testing.T) {
+	lt := loadTestTokenizer(t)
+	eng := newFakeEngine(t, func(req tokenizeReq) []uint32 { return lt.Encode(req.Prompt, req.AddSpecial == nil || *req.AddSpecial) })
+	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if bytes.Contains(b, []byte(`"messages"`)) {
+			http.Error(w, `{"error":{"message":"no chat template"}}`, http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		eng.Config.Handler.ServeHTTP(w, r)
+	}))
+	t.Cleanup(refusing.Close)
+	tok := NewTokenizer(http.DefaultClient, 5*time.Second, 100)
+	tok.SetLocal(LocalOptions{Tokenizer: lt, Chat: tinyTemplate(t), Background: -1, SampleEvery: -1})
+	t.Cleanup(tok.Close)
+	tok.Probe(refusing.URL)
+	waitFor(t, "tokenizer probe passed", func() bool { return tok.inline.Load() >= uint64(DefaultVerify) && !tok.probing.Load() })
+	if tok.chatInline.Load() != 0 || tok.S.ChatOff.Load() || tok.S.LocalOff.Load() {
+		t.Errorf("chat inline %d, chat off %v, local off %v; want 0, false, false", tok.chatInline.Load(), tok.S.ChatOff.Load(), tok.S.LocalOff.Load())
+	}
+}
