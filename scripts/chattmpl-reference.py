@@ -63,7 +63,27 @@ You are a helpful assistant.<|im_end|>
     {%- if not loop.last %}{{ '\\n' }}{% endif %}
 {%- endfor %}
 {%- if add_generation_prompt %}{{ '\\n[ASSISTANT] ' }}{% endif %}""",
+    # Qwen-like: iterates over a message's content parts, so vLLM passes
+    # content as [{"type": "text", "text": ...}] (its "openai" content
+    # format); the renderer does the same for such a template.
+    "parts": """{%- for message in messages %}
+{{- '<|im_start|>' + message.role + '\\n' }}
+{%- if message.content is string %}
+{{- message.content }}
+{%- else %}
+{%- for part in message.content %}
+{%- if part.type == 'text' %}{{ part.text }}{% endif %}
+{%- if not loop.last %}{{ ' | ' }}{% endif %}
+{%- endfor %}
+{%- endif %}
+{{- '<|im_end|>\\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}""",
 }
+
+# Templates given content as parts, as vLLM gives it to a template that
+# iterates over content.
+PARTS = {"parts"}
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hello"}],
@@ -83,12 +103,15 @@ for name, tmpl in TEMPLATES.items():
     for conv in CONVERSATIONS:
         for agp in (True, False):
             try:
+                given = conv
+                if name in PARTS:
+                    given = [dict(m, content=[{"type": "text", "text": m["content"]}]) for m in conv]
                 rendered, _ = render_jinja_template(
-                    conversations=[conv], chat_template=tmpl, add_generation_prompt=agp, **SPECIAL
+                    conversations=[given], chat_template=tmpl, add_generation_prompt=agp, **SPECIAL
                 )
                 want, err = rendered[0], None
             except Exception as e:  # the template raised
                 want, err = None, str(e)
             out.append({"template": name, "messages": conv, "add_generation_prompt": agp, "want": want, "error": err})
-json.dump({"special": SPECIAL, "templates": TEMPLATES, "cases": out}, sys.stdout, indent=1, ensure_ascii=False)
+json.dump({"special": SPECIAL, "templates": TEMPLATES, "parts": sorted(PARTS), "cases": out}, sys.stdout, indent=1, ensure_ascii=False)
 sys.stdout.write("\n")

@@ -82,9 +82,9 @@ func (a *app) chatTemplate() (*chattmpl.Template, error) {
 	t, err := chattmpl.Load(a.cfg.TokenizerPath, a.cfg.ChatTemplate)
 	switch {
 	case err == nil:
-		a.log.Info("kv_aware: plain chat requests rendered and tokenized in-process", "chat_template", t.Path)
+		a.log.Info("kv_aware: plain chat requests rendered and tokenized in-process", "chat_template", t.Path, "content_as_parts", t.ContentParts())
 		return t, nil
-	case a.cfg.ChatTemplate != "" && !errors.Is(err, chattmpl.ErrContentParts) && !errors.Is(err, chattmpl.ErrUnsupported):
+	case a.cfg.ChatTemplate != "" && !errors.Is(err, chattmpl.ErrUnsupported):
 		return nil, fmt.Errorf("--chat-template: %w", err)
 	}
 	a.log.Info("kv_aware: chat requests tokenized by the engines' /tokenize", "reason", err.Error())

@@ -28,23 +28,24 @@ var ErrNoTemplate = errors.New("no chat template")
 // are).
 var ErrUnsupported = errors.New("chat template uses an escape sequence the router does not render")
 
-// ErrContentParts: the template iterates over a message's content, so vLLM
-// gives it the OpenAI list-of-parts form (its content-format detection);
-// the router renders only templates that take content as one string.
-var ErrContentParts = errors.New("chat template iterates over message content parts")
-
 // Template is a compiled chat template with the variables
 // apply_chat_template adds.
 type Template struct {
 	Path    string // where it was read from
 	tmpl    *jinja.Template
 	special map[string]any
+	// parts: the template iterates over a message's content, so vLLM
+	// gives it content as a list of parts (its "openai" content format,
+	// renderers/hf.py _detect_content_format) rather than one string.
+	parts bool
 }
 
-// Message is one turn of a plain conversation.
+// Message is one turn of a plain conversation: its text content, and when
+// the request gave the content as text parts, their texts.
 type Message struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role    string   `json:"role"`
+	Content string   `json:"content"`
+	Parts   []string `json:"-"`
 }
 
 // Roles the router renders; any other role (developer, tool) is left to
@@ -53,8 +54,8 @@ var Roles = map[string]bool{"system": true, "user": true, "assistant": true}
 
 // contentLoop finds a loop over a message's content ("for part in
 // message['content']", "for c in message.content", "for x in content"):
-// vLLM then passes content as a list of parts. It errs on the side of
-// finding one (a template it matches is only not rendered).
+// vLLM then passes content as a list of parts. Where it and vLLM's
+// detection disagree, the engine's check finds the difference.
 var contentLoop = regexp.MustCompile(`\{%-?\s*for\s+[^%]*\bin\s+[^%]*content`)
 
 // tags are the template's expressions and statements, where string
@@ -107,9 +108,6 @@ func Load(path, file string) (*Template, error) {
 // Parse compiles a template with the given special tokens (bos_token,
 // eos_token, ...).
 func Parse(src string, special map[string]string) (*Template, error) {
-	if contentLoop.MatchString(src) {
-		return nil, ErrContentParts
-	}
 	for _, tag := range tags.FindAllString(src, -1) {
 		if e := badEscape.FindString(tag); e != "" {
 			return nil, fmt.Errorf("%w: %s", ErrUnsupported, e)
@@ -119,7 +117,7 @@ func Parse(src string, special map[string]string) (*Template, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Template{tmpl: tmpl, special: make(map[string]any, len(special))}
+	t := &Template{tmpl: tmpl, special: make(map[string]any, len(special)), parts: contentLoop.MatchString(src)}
 	for k, v := range special {
 		t.special[k] = v
 	}
@@ -134,7 +132,7 @@ func (t *Template) Render(msgs []Message, addGenerationPrompt bool) (string, err
 		if !Roles[m.Role] {
 			return "", fmt.Errorf("chat template: role %q not rendered by the router", m.Role)
 		}
-		ms[i] = map[string]any{"role": m.Role, "content": m.Content}
+		ms[i] = map[string]any{"role": m.Role, "content": t.content(m)}
 	}
 	data := make(map[string]any, len(t.special)+2)
 	for k, v := range t.special {
@@ -143,6 +141,29 @@ func (t *Template) Render(msgs []Message, addGenerationPrompt bool) (string, err
 	data["messages"] = ms
 	data["add_generation_prompt"] = addGenerationPrompt
 	return t.tmpl.Render(data)
+}
+
+// ContentParts reports whether the template is given content as a list of
+// parts.
+func (t *Template) ContentParts() bool { return t.parts }
+
+// content is a message's content as vLLM gives it to the template: the
+// string (text parts joined, as the caller did), or for a template
+// iterating over content, a text part per part given (a string content is
+// one part).
+func (t *Template) content(m Message) any {
+	if !t.parts {
+		return m.Content
+	}
+	texts := m.Parts
+	if texts == nil {
+		texts = []string{m.Content}
+	}
+	parts := make([]any, len(texts))
+	for i, text := range texts {
+		parts[i] = map[string]any{"type": "text", "text": text}
+	}
+	return parts
 }
 
 // config is what Load reads of tokenizer_config.json.

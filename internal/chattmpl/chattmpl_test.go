@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -14,6 +15,7 @@ import (
 type reference struct {
 	Special   map[string]string `json:"special"`
 	Templates map[string]string `json:"templates"`
+	Parts     []string          `json:"parts"` // templates given content as parts
 	Cases     []struct {
 		Template            string    `json:"template"`
 		Messages            []Message `json:"messages"`
@@ -34,7 +36,7 @@ func TestRenderMatchesTransformers(t *testing.T) {
 	if err := json.Unmarshal(b, &ref); err != nil {
 		t.Fatal(err)
 	}
-	if len(ref.Cases) < 40 {
+	if len(ref.Cases) < 50 {
 		t.Fatalf("%d reference cases", len(ref.Cases))
 	}
 	compiled := map[string]*Template{}
@@ -44,6 +46,9 @@ func TestRenderMatchesTransformers(t *testing.T) {
 			t.Fatalf("%s: %v", name, err)
 		}
 		compiled[name] = tm
+		if want := slices.Contains(ref.Parts, name); tm.ContentParts() != want {
+			t.Errorf("%s: content as parts %v, want %v", name, tm.ContentParts(), want)
+		}
 	}
 	for i, c := range ref.Cases {
 		got, err := compiled[c.Template].Render(c.Messages, c.AddGenerationPrompt)
@@ -60,18 +65,30 @@ func TestRenderMatchesTransformers(t *testing.T) {
 	}
 }
 
-func TestParseRefusesContentLoops(t *testing.T) {
+// TestContentParts: a template iterating over a message's content is
+// given content as text parts (a string content as one part, text parts
+// one each, empty ones kept), as vLLM gives it; another gets the string.
+func TestContentParts(t *testing.T) {
 	for _, src := range []string{
-		`{% for m in messages %}{% for part in m['content'] %}{{ part.text }}{% endfor %}{% endfor %}`,
-		`{%- for m in messages -%}{%- for c in m.content -%}{{ c }}{%- endfor -%}{%- endfor -%}`,
-		`{% for m in messages %}{% set content = m.content %}{% for x in content %}{{ x }}{% endfor %}{% endfor %}`,
+		`{% for m in messages %}{% for part in m['content'] %}[{{ part.text }}]{% endfor %}{% endfor %}`,
+		`{%- for m in messages -%}{%- for c in m.content -%}[{{ c.text }}]{%- endfor -%}{%- endfor -%}`,
+		`{% for m in messages %}{% set content = m.content %}{% for x in content %}[{{ x.text }}]{% endfor %}{% endfor %}`,
 	} {
-		if _, err := Parse(src, nil); !errors.Is(err, ErrContentParts) {
-			t.Errorf("%q: %v, want ErrContentParts", src, err)
+		tm, err := Parse(src, nil)
+		if err != nil || !tm.ContentParts() {
+			t.Fatalf("%q: %v, parts %v", src, err, tm != nil && tm.ContentParts())
+		}
+		got, err := tm.Render([]Message{{Role: "user", Content: "one"}, {Role: "user", Content: "a\nb", Parts: []string{"a", "", "b"}}}, false)
+		if err != nil || got != "[one][a][][b]" {
+			t.Errorf("%q: %q (%v)", src, got, err)
 		}
 	}
-	if _, err := Parse(`{% for m in messages %}{{ m['content'] }}{% endfor %}`, nil); err != nil {
-		t.Errorf("string content: %v", err)
+	tm, err := Parse(`{% for m in messages %}{{ m['content'] }};{% endfor %}`, nil)
+	if err != nil || tm.ContentParts() {
+		t.Fatalf("string content: %v", err)
+	}
+	if got, _ := tm.Render([]Message{{Role: "user", Content: "a\nb", Parts: []string{"a", "", "b"}}}, false); got != "a\nb;" {
+		t.Errorf("string content: %q", got)
 	}
 }
 

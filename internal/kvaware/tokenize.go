@@ -828,7 +828,7 @@ func plainChat(o *rawjson.Object) (msgs []chattmpl.Message, addGen, ok bool) {
 	for i, m := range raw {
 		var content bool
 		if len(m) == 2 && json.Unmarshal(m["role"], &msgs[i].Role) == nil && chattmpl.Roles[msgs[i].Role] {
-			msgs[i].Content, content = textContent(m["content"])
+			msgs[i].Content, msgs[i].Parts, content = textContent(m["content"])
 		}
 		if !content {
 			return nil, false, false
@@ -858,36 +858,37 @@ func jsonBool(v []byte, def bool) (val, ok bool) {
 	return false, false
 }
 
-// textContent reads a message's content as vLLM gives it to a template
-// taking string content: a string, or a list of text parts whose non-empty
-// texts are joined with newlines (renderers/chat_utils.py,
-// _parse_chat_message_content_parts). ok is false for anything else
-// (null, other part types, parts with more fields).
-func textContent(v json.RawMessage) (string, bool) {
+// textContent reads a message's text content: a string, or a list of text
+// parts, whose texts it also returns, and whose non-empty texts joined
+// with newlines are what vLLM gives a template taking string content
+// (renderers/chat_utils.py, _parse_chat_message_content_parts). ok is
+// false for anything else (null, other part types, parts with more
+// fields).
+func textContent(v json.RawMessage) (content string, parts []string, ok bool) {
 	v = bytes.TrimSpace(v)
 	if len(v) == 0 {
-		return "", false
+		return "", nil, false
 	}
-	var s string
 	if v[0] == '"' {
-		return s, json.Unmarshal(v, &s) == nil
+		return content, nil, json.Unmarshal(v, &content) == nil
 	}
-	var parts []map[string]json.RawMessage
-	if v[0] != '[' || json.Unmarshal(v, &parts) != nil {
-		return "", false
+	var raw []map[string]json.RawMessage
+	if v[0] != '[' || json.Unmarshal(v, &raw) != nil {
+		return "", nil, false
 	}
-	texts := make([]string, 0, len(parts))
-	for _, p := range parts {
-		var typ, text string
+	parts = make([]string, len(raw))
+	nonEmpty := make([]string, 0, len(raw))
+	for i, p := range raw {
+		var typ string
 		if len(p) != 2 || json.Unmarshal(p["type"], &typ) != nil || typ != "text" ||
-			!isJSONString(p["text"]) || json.Unmarshal(p["text"], &text) != nil {
-			return "", false
+			!isJSONString(p["text"]) || json.Unmarshal(p["text"], &parts[i]) != nil {
+			return "", nil, false
 		}
-		if text != "" {
-			texts = append(texts, text)
+		if parts[i] != "" {
+			nonEmpty = append(nonEmpty, parts[i])
 		}
 	}
-	return strings.Join(texts, "\n"), true
+	return strings.Join(nonEmpty, "\n"), parts, true
 }
 
 func isJSONString(v json.RawMessage) bool {

@@ -623,3 +623,56 @@ func TestLocalChatProbeRefused(t *testing.T) {
 		t.Errorf("chat inline %d, chat off %v, local off %v; want 0, false, false", tok.chatInline.Load(), tok.S.ChatOff.Load(), tok.S.LocalOff.Load())
 	}
 }
+
+// TestLocalChatContentParts: a template iterating over content is given
+// each message's text parts (a string content as one part, empty parts
+// kept), as vLLM gives them; checked against an engine rendering the same
+// by hand.
+func TestLocalChatContentParts(t *testing.T) {
+	lt := loadTestTokenizer(t)
+	tmpl, err := chattmpl.Parse(`{% for m in messages %}<|{{ m.role }}|>{% for p in m.content %}[{{ p.text }}]{% endfor %}{% endfor %}`, nil)
+	if err != nil || !tmpl.ContentParts() {
+		t.Fatalf("%v, parts %v", err, tmpl != nil && tmpl.ContentParts())
+	}
+	byHand := func(role string, texts ...string) string {
+		return "<|" + role + "|>[" + strings.Join(texts, "][") + "]"
+	}
+	eng := newFakeEngine(t, func(req tokenizeReq) []uint32 {
+		var msgs []struct {
+			Role    string          `json:"role"`
+			Content json.RawMessage `json:"content"`
+		}
+		_ = json.Unmarshal(req.Messages, &msgs)
+		var b strings.Builder
+		for _, m := range msgs {
+			var s string
+			var parts []struct{ Text string }
+			if json.Unmarshal(m.Content, &s) == nil {
+				b.WriteString(byHand(m.Role, s))
+			} else if json.Unmarshal(m.Content, &parts) == nil {
+				texts := make([]string, len(parts))
+				for i, p := range parts {
+					texts[i] = p.Text
+				}
+				b.WriteString(byHand(m.Role, texts...))
+			}
+		}
+		return lt.Encode(b.String(), false)
+	})
+	tok := NewTokenizer(http.DefaultClient, 5*time.Second, 100)
+	tok.SetLocal(LocalOptions{Tokenizer: lt, Chat: tmpl, Verify: 2, Background: -1, SampleEvery: -1})
+	t.Cleanup(tok.Close)
+	for _, tc := range []struct{ body, text string }{
+		{chatBody("", "user", "hello"), byHand("user", "hello")},
+		{`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":""},{"type":"text","text":"b"}]}]}`, byHand("user", "a", "", "b")},
+		{chatBody("", "user", "local only"), byHand("user", "local only")},
+	} {
+		ids, err := tok.Tokens(t.Context(), eng.URL, "/v1/chat/completions", []byte(tc.body))
+		if want := lt.Encode(tc.text, false); err != nil || !slices.Equal(ids, want) {
+			t.Errorf("%s: ids %v (%v), want %v", tc.body, ids, err, want)
+		}
+	}
+	if tok.S.ChatLocal.Load() != 3 || tok.S.VerifyChecks.Load() != 2 || tok.S.VerifyMismatches.Load() != 0 {
+		t.Errorf("rendered %d, checks %d, mismatches %d; want 3, 2, 0", tok.S.ChatLocal.Load(), tok.S.VerifyChecks.Load(), tok.S.VerifyMismatches.Load())
+	}
+}
