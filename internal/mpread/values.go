@@ -53,6 +53,29 @@ func (r *Reader) MapLen() (int, error) {
 // StrOrBin reads a str or bin value: its data, a sub-slice of the input,
 // and whether it was a str.
 func (r *Reader) StrOrBin() (data []byte, isStr bool, err error) {
+	// The common cases inline (block hashes are bin8 or short strs): a
+	// fixstr, str8 or bin8 whose data is there.
+	if left := len(r.b) - r.off; left > 0 {
+		switch c := r.b[r.off]; {
+		case c >= 0xa0 && c <= 0xbf:
+			if n := int(c & 0x1f); n < left {
+				r.off++
+				return r.take(n), true, nil
+			}
+		case c == 0xc4 || c == 0xd9:
+			if left >= 2 {
+				if n := int(r.b[r.off+1]); n <= left-2 {
+					r.off += 2
+					return r.take(n), c == 0xd9, nil
+				}
+			}
+		}
+	}
+	return r.strOrBin()
+}
+
+// strOrBin is StrOrBin through the general header.
+func (r *Reader) strOrBin() (data []byte, isStr bool, err error) {
 	h, err := r.typed("str or bin", Str, Bin)
 	if err != nil {
 		return nil, false, err
@@ -75,6 +98,35 @@ func (r *Reader) Str() ([]byte, error) {
 // Integer reads an int or uint of any size. neg reports a negative value,
 // whose two's complement is in u (int64(u) is the value).
 func (r *Reader) Integer() (u uint64, neg bool, err error) {
+	// The common cases inline (a block's token ids are thousands of
+	// them): a fixint, or an int or uint of 1-8 bytes that are there.
+	if r.off < len(r.b) {
+		switch c := r.b[r.off]; {
+		case c <= 0x7f:
+			r.off++
+			return uint64(c), false, nil
+		case c >= 0xe0:
+			r.off++
+			return uint64(int64(int8(c))), true, nil
+		case c >= 0xcc && c <= 0xd3:
+			size := 1 << ((c - 0xcc) & 3)
+			if size < len(r.b)-r.off {
+				r.off++
+				u, _ = r.bigEndian(size)
+				if c <= 0xcf {
+					return u, false, nil
+				}
+				shift := 64 - 8*size // sign-extend
+				v := int64(u<<shift) >> shift
+				return uint64(v), v < 0, nil
+			}
+		}
+	}
+	return r.integer()
+}
+
+// integer is Integer through the general header: type errors, truncation.
+func (r *Reader) integer() (u uint64, neg bool, err error) {
 	h, err := r.typed("int", Int, Uint)
 	if err != nil {
 		return 0, false, err

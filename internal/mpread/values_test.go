@@ -229,3 +229,33 @@ func bits(v uint64) int {
 	}
 	return 8
 }
+
+// TestFastPathsMatchHeader: Integer and StrOrBin's inline cases give what
+// the general header path gives (value, error, bytes consumed) for every
+// type byte followed by 0-40 bytes.
+func TestFastPathsMatchHeader(t *testing.T) {
+	for c := 0; c < 256; c++ {
+		for n := 0; n <= 40; n++ {
+			in := make([]byte, 1+n)
+			in[0] = byte(c)
+			for i := 1; i <= n; i++ {
+				in[i] = byte(i * 7)
+			}
+			if n > 0 && c != 0xc4 && c != 0xd9 {
+				in[1] = 0x05 // a length that fits for the one-byte lengths
+			}
+			fast, slow := NewReader(in), NewReader(in)
+			u1, n1, e1 := fast.Integer()
+			u2, n2, e2 := slow.integer()
+			if u1 != u2 || n1 != n2 || (e1 == nil) != (e2 == nil) || (e1 == nil && fast.off != slow.off) {
+				t.Fatalf("Integer % x: fast %d %v %v @%d, header %d %v %v @%d", in, u1, n1, e1, fast.off, u2, n2, e2, slow.off)
+			}
+			fast, slow = NewReader(in), NewReader(in)
+			d1, s1, e1 := fast.StrOrBin()
+			d2, s2, e2 := slow.strOrBin()
+			if string(d1) != string(d2) || s1 != s2 || (e1 == nil) != (e2 == nil) || (e1 == nil && fast.off != slow.off) {
+				t.Fatalf("StrOrBin % x: fast %q %v %v @%d, header %q %v %v @%d", in, d1, s1, e1, fast.off, d2, s2, e2, slow.off)
+			}
+		}
+	}
+}
