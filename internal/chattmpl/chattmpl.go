@@ -2,7 +2,8 @@
 // /v1/chat/completions does (HuggingFace transformers' apply_chat_template:
 // Jinja with trim_blocks and lstrip_blocks, the tokenizer's special tokens
 // as variables), for plain conversations: messages of a system, user or
-// assistant role whose content is one string. The router tokenizes the
+// assistant role whose content is text (a string, or text parts, given to
+// the template as vLLM gives them). The router tokenizes the
 // result in-process (internal/tokenizer) so that kv_aware can route a chat
 // request without asking an engine's /tokenize first; internal/kvaware
 // checks the first results against the engine and switches itself off at
