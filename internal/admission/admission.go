@@ -28,7 +28,6 @@ import (
 	"math"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/metrics"
@@ -239,18 +238,7 @@ func (l *Limiter) Acquire(ctx context.Context) (release func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	return once(free), nil
-}
-
-// once wraps a release to be called exactly once into one that may be
-// called any number of times, from any goroutine.
-func once(free func()) func() {
-	var done atomic.Bool
-	return func() {
-		if done.CompareAndSwap(false, true) {
-			free()
-		}
-	}
+	return sync.OnceFunc(free), nil
 }
 
 // acquire is Acquire with a release to call exactly once (l.free).

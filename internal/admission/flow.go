@@ -194,7 +194,7 @@ func (s *Scheduler) Acquire(ctx context.Context, r FlowRequest) (release func(),
 	if err != nil {
 		return nil, err
 	}
-	return once(free), nil
+	return sync.OnceFunc(free), nil
 }
 
 // acquire is Acquire with a release to call exactly once (s.free).
