@@ -563,7 +563,12 @@ func TestEngineTokenPromptEndingMidCharacter(t *testing.T) {
 	for _, p := range pieces[:k] {
 		promptText.WriteString(p)
 	}
-	if !strings.Contains(v.text, "The router moves a stream") || !strings.Contains(v.text, promptText.String()) {
+	// Bytes that end no character decode to U+FFFD, and how many of them
+	// depends on where a decode cuts the byte stream: the streamed pieces
+	// and the echo's decode of the whole sequence can differ there alone
+	// (seen in CI, after earlier requests changed the engine's answer).
+	noFFFD := func(s string) string { return strings.ReplaceAll(s, "\ufffd", "") }
+	if !strings.Contains(v.text, "The router moves a stream") || !strings.Contains(noFFFD(v.text), noFFFD(promptText.String())) {
 		t.Fatalf("token %d (id %d) held back; the continuation's text %q does not echo the prompt: vLLM changed, update docs/INTEROP.md difference 15 and the migration tests", k, ids[k], v.text)
 	}
 	t.Logf("token %d (id %d) streamed with empty text; continuing from it, the first chunk's text is %q", k, ids[k], v.text)
