@@ -80,6 +80,8 @@ bench-kv:
 		--repeats 5 --policies round_robin,cache_aware,kv_aware+--tokenizer-path=$(KV_TOKENIZER),kv_aware+--tokenizer-path=$(KV_TOKENIZER)+--pd-uncached-token-threshold=1024 $(SCENARIO_FLAGS)
 	$(BIN)/sybench scenario kv --bin-dir $(BIN) --out-dir $(BENCH_OUT) --tokenizer $(KV_TOKENIZER) --num-blocks 1700 --routers 2 \
 		--repeats 5 --policies round_robin,cache_aware,kv_aware+--tokenizer-path=$(KV_TOKENIZER) $(SCENARIO_FLAGS)
+	$(BIN)/sybench scenario kv --bin-dir $(BIN) --out-dir $(BENCH_OUT) --tokenizer $(KV_TOKENIZER) --num-blocks 1700 \
+		--repeats 5 --request-rates 50,100,150,200 --policies cache_aware,kv_aware+--tokenizer-path=$(KV_TOKENIZER) $(SCENARIO_FLAGS)
 
 # Head to head (docs/bench/compare.md/.png): switchyard vs vllm-router,
 # sglang-router, nginx and vLLM's NIXL toy proxy; ~25 min, --quick ~4 min.

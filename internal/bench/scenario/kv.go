@@ -24,18 +24,23 @@ import (
 // prompts go decides whether its prefix stays cached.
 type KVConfig struct {
 	Policies    []string // compared in every repetition, interleaved
-	Concurrency []int    // load points
-	Repeats     int
-	Groups      int // shared system prompts
-	PerGroup    int // distinct questions per group
-	PrefixLen   int // tokens of a group's system prompt
-	QuestionLen int // tokens of a question
-	OutputLen   int
-	BlockSize   int  // vllm-sim --block-size = switchyard --kv-block-size
-	NumBlocks   int  // vllm-sim --num-blocks of every worker
-	Turns       int  // > 1: each group's requests are conversations of this many turns
-	Unified     int  // unified workers
-	NoUnified   bool // skip the unified fleet (run the PD fleet alone)
+	Concurrency []int    // load points: closed loops of this many streams
+	// Rates, when set, replace Concurrency: each load point is Poisson
+	// arrivals at that many requests per second (an open loop), with at
+	// most RateMaxConcurrency requests in flight.
+	Rates              []float64
+	RateMaxConcurrency int
+	Repeats            int
+	Groups             int // shared system prompts
+	PerGroup           int // distinct questions per group
+	PrefixLen          int // tokens of a group's system prompt
+	QuestionLen        int // tokens of a question
+	OutputLen          int
+	BlockSize          int  // vllm-sim --block-size = switchyard --kv-block-size
+	NumBlocks          int  // vllm-sim --num-blocks of every worker
+	Turns              int  // > 1: each group's requests are conversations of this many turns
+	Unified            int  // unified workers
+	NoUnified          bool // skip the unified fleet (run the PD fleet alone)
 	// Routers > 1 puts that many router replicas with the same flags in
 	// front of each fleet; requests alternate over them.
 	Routers int
@@ -62,21 +67,22 @@ type KVConfig struct {
 // group over the workers evicts.
 func DefaultKVConfig() KVConfig {
 	return KVConfig{
-		Policies:     []string{"round_robin", "cache_aware", "kv_aware"},
-		Concurrency:  []int{4, 8, 16, 32},
-		Repeats:      2,
-		Groups:       16,
-		PerGroup:     16,
-		PrefixLen:    512,
-		QuestionLen:  64,
-		OutputLen:    16,
-		Turns:        4,
-		BlockSize:    16,
-		NumBlocks:    512,
-		Unified:      4,
-		PD:           true,
-		Seed:         2026,
-		PointTimeout: time.Minute,
+		Policies:           []string{"round_robin", "cache_aware", "kv_aware"},
+		Concurrency:        []int{4, 8, 16, 32},
+		RateMaxConcurrency: 256,
+		Repeats:            2,
+		Groups:             16,
+		PerGroup:           16,
+		PrefixLen:          512,
+		QuestionLen:        64,
+		OutputLen:          16,
+		Turns:              4,
+		BlockSize:          16,
+		NumBlocks:          512,
+		Unified:            4,
+		PD:                 true,
+		Seed:               2026,
+		PointTimeout:       time.Minute,
 	}
 }
 
@@ -88,6 +94,52 @@ func QuickKVConfig() KVConfig {
 	c.PerGroup = 8
 	c.PointTimeout = 30 * time.Second
 	return c
+}
+
+// kvLoad is one load point: a closed loop of Conc streams, or (Rate > 0)
+// arrivals at Rate requests per second with at most Conc in flight.
+type kvLoad struct {
+	Conc int
+	Rate float64
+}
+
+// String is the load point as the tables show it: "8" or "120/s".
+func (l kvLoad) String() string {
+	if l.Rate > 0 {
+		return strconv.FormatFloat(l.Rate, 'g', -1, 64) + "/s"
+	}
+	return strconv.Itoa(l.Conc)
+}
+
+// label is the load point in prose: "C=8" or "120/s".
+func (l kvLoad) label() string {
+	if l.Rate > 0 {
+		return l.String()
+	}
+	return "C=" + l.String()
+}
+
+// loads are the configured load points.
+func (c KVConfig) loads() []kvLoad {
+	var out []kvLoad
+	if len(c.Rates) > 0 {
+		for _, r := range c.Rates {
+			out = append(out, kvLoad{Conc: c.RateMaxConcurrency, Rate: r})
+		}
+		return out
+	}
+	for _, n := range c.Concurrency {
+		out = append(out, kvLoad{Conc: n})
+	}
+	return out
+}
+
+// loadColumn is the tables' header of the load point column.
+func (c KVConfig) loadColumn() string {
+	if len(c.Rates) > 0 {
+		return "offered req/s"
+	}
+	return "C"
 }
 
 // prompts is the number of requests of one run.
@@ -113,7 +165,7 @@ func (b KVBound) Rate() float64 { return float64(b.Hits) / float64(b.Queries) }
 // Bound computes the KVBound of the run's prompts, in the order sybench
 // sends them.
 func (c KVConfig) Bound() (KVBound, error) {
-	samples, err := bench.Samples(c.benchConfig("http://127.0.0.1:1", 1, time.Minute))
+	samples, err := bench.Samples(c.benchConfig("http://127.0.0.1:1", kvLoad{Conc: 1}, time.Minute))
 	if err != nil {
 		return KVBound{}, err
 	}
@@ -174,7 +226,8 @@ type KVRun struct {
 	Fleet       string // "4 unified" or "2P2D NIXL"
 	PD          bool
 	Policy      string
-	Concurrency int
+	Concurrency int     // streams (closed loop), or the in-flight bound when Rate > 0
+	Rate        float64 // offered requests per second (0: closed loop)
 	Rep         int
 	Row         bench.SweepRow
 	// Queries and Hits are prompt tokens: on the unified fleet the
@@ -209,6 +262,9 @@ type KVRun struct {
 	Requests  int // completed and failed
 	Note      string
 }
+
+// load is the run's load point.
+func (r KVRun) load() kvLoad { return kvLoad{Conc: r.Concurrency, Rate: r.Rate} }
 
 // tokenized is how many requests needed a prompt's ids: cache hits, local
 // encodes, and /tokenize calls that were not a local encode's check.
@@ -282,10 +338,14 @@ func RunKV(ctx context.Context, o Options, c KVConfig) (*KVReport, error) {
 
 // fileName is the report's file: kv.md, kv-2routers.md with replicas.
 func (c KVConfig) fileName() string {
+	name := "kv"
 	if c.Routers > 1 {
-		return fmt.Sprintf("kv-%drouters.md", c.Routers)
+		name += fmt.Sprintf("-%drouters", c.Routers)
 	}
-	return "kv.md"
+	if len(c.Rates) > 0 {
+		name += "-rates"
+	}
+	return name + ".md"
 }
 
 // kvFleet is the workers of one phase and how a router is put in front.
@@ -441,7 +501,7 @@ func policyFlags(spec string) (string, []string) {
 // kvPhase runs every (repetition, load point, policy) on one fleet.
 func (e *env) kvPhase(ctx context.Context, c KVConfig, f *kvFleet, rep *KVReport) error {
 	for r := range c.Repeats {
-		for _, conc := range c.Concurrency {
+		for _, load := range c.loads() {
 			for _, pol := range c.Policies {
 				if !f.pd && pdOnly(pol) {
 					continue
@@ -450,17 +510,17 @@ func (e *env) kvPhase(ctx context.Context, c KVConfig, f *kvFleet, rep *KVReport
 				if err != nil {
 					return err
 				}
-				run, err := e.kvRun(ctx, c, f, pol, conc, d, rep.Bound.Queries)
+				run, err := e.kvRun(ctx, c, f, pol, load, d, rep.Bound.Queries)
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
 				run.Rep = r + 1
 				if err != nil {
 					run.Note = firstLine(err.Error())
-					rep.Notes = append(rep.Notes, fmt.Sprintf("%s %s C=%d rep %d: %s", f.name, pol, conc, r+1, firstLine(err.Error())))
+					rep.Notes = append(rep.Notes, fmt.Sprintf("%s %s %s rep %d: %s", f.name, pol, load.label(), r+1, firstLine(err.Error())))
 				}
 				rep.Runs = append(rep.Runs, run)
-				e.printf("%-10s %-12s C=%-3d rep %d hit %5.1f%% %s\n", f.name, pol, conc, r+1, 100*run.HitRate(), rowSummary(run.Row))
+				e.printf("%-10s %-12s %-7s rep %d hit %5.1f%% %s\n", f.name, pol, load.label(), r+1, 100*run.HitRate(), rowSummary(run.Row))
 			}
 		}
 	}
@@ -469,9 +529,9 @@ func (e *env) kvPhase(ctx context.Context, c KVConfig, f *kvFleet, rep *KVReport
 
 // kvRun is one measured run: empty caches, a fresh router, the load.
 // prompt is the workload's prompt tokens (the PD fleet's hit base).
-func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, conc int, d time.Duration, prompt uint64) (KVRun, error) {
-	run := KVRun{Fleet: f.name, PD: f.pd, Policy: policy, Concurrency: conc}
-	run.Row = failedRow("switchyard", policy, conc, c.prompts())
+func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, load kvLoad, d time.Duration, prompt uint64) (KVRun, error) {
+	run := KVRun{Fleet: f.name, PD: f.pd, Policy: policy, Concurrency: load.Conc, Rate: load.Rate}
+	run.Row = failedRow("switchyard", policy, load.Conc, c.prompts())
 	for _, s := range f.sims {
 		if err := resetPrefixCache(ctx, s); err != nil {
 			return run, err
@@ -497,7 +557,7 @@ func (e *env) kvRun(ctx context.Context, c KVConfig, f *kvFleet, policy string, 
 			cpu0 = v
 		}
 	}
-	cfg := c.benchConfig(rs[0].base, conc, d)
+	cfg := c.benchConfig(rs[0].base, load, d)
 	for _, r := range rs[1:] {
 		cfg.MoreBaseURLs = append(cfg.MoreBaseURLs, r.base)
 	}
@@ -646,7 +706,7 @@ func scrapeMetrics(ctx context.Context, url string) (map[string]float64, error) 
 }
 
 // benchConfig is sybench's shared-prefix load of one run.
-func (c KVConfig) benchConfig(base string, conc int, d time.Duration) bench.Config {
+func (c KVConfig) benchConfig(base string, load kvLoad, d time.Duration) bench.Config {
 	cfg := bench.DefaultConfig()
 	cfg.BaseURL = base
 	cfg.Backend = bench.BackendVLLM
@@ -660,7 +720,10 @@ func (c KVConfig) benchConfig(base string, conc int, d time.Duration) bench.Conf
 	cfg.InputLen, cfg.OutputLen, cfg.RangeRatio = c.QuestionLen, c.OutputLen, 0
 	cfg.NumPrompts = c.prompts()
 	cfg.NumWarmups = 0
-	cfg.MaxConcurrency = conc
+	cfg.MaxConcurrency = load.Conc
+	if load.Rate > 0 {
+		cfg.RequestRate = load.Rate // Poisson arrivals (burstiness 1)
+	}
 	cfg.IgnoreEOS = true
 	cfg.Seed = c.Seed
 	cfg.MaxDuration = d
@@ -670,13 +733,17 @@ func (c KVConfig) benchConfig(base string, conc int, d time.Duration) bench.Conf
 }
 
 // flags is the equivalent sybench command line of one run (for docs).
-func (c KVConfig) flags(conc int) string {
+func (c KVConfig) flags(load kvLoad) string {
 	backend := "vllm"
 	if c.Chat {
 		backend = "openai-chat"
 	}
-	return fmt.Sprintf("--backend %s --dataset-name shared-prefix --shared-prefix-groups %d --shared-prefix-prompts-per-group %d --shared-prefix-len %d --random-input-len %d --random-range-ratio 0 --random-output-len %d --shared-prefix-turns %d --num-prompts %d --num-warmups 0 --max-concurrency %d --ignore-eos --seed %d",
-		backend, c.Groups, c.PerGroup, c.PrefixLen, c.QuestionLen, c.OutputLen, c.Turns, c.prompts(), conc, c.Seed)
+	rate := ""
+	if load.Rate > 0 {
+		rate = " --request-rate " + strconv.FormatFloat(load.Rate, 'g', -1, 64)
+	}
+	return fmt.Sprintf("--backend %s --dataset-name shared-prefix --shared-prefix-groups %d --shared-prefix-prompts-per-group %d --shared-prefix-len %d --random-input-len %d --random-range-ratio 0 --random-output-len %d --shared-prefix-turns %d --num-prompts %d --num-warmups 0%s --max-concurrency %d --ignore-eos --seed %d",
+		backend, c.Groups, c.PerGroup, c.PrefixLen, c.QuestionLen, c.OutputLen, c.Turns, c.prompts(), rate, load.Conc, c.Seed)
 }
 
 // simKV is the prefix-cache part of vllm-sim's /sim/stats.
@@ -823,7 +890,7 @@ func waitKVEvents(ctx context.Context, r *router, n int) error {
 type kvAgg struct {
 	Fleet              string
 	Policy             string
-	Concurrency        int
+	Load               kvLoad
 	N                  int
 	HitRate, TTFT50    float64
 	TTFT99, Throughput float64
@@ -855,12 +922,12 @@ func (r *KVReport) aggregate() []kvAgg {
 	type acc struct{ hit, t50, t99, tpot, thr, ev, failed, cpu, byp, read []float64 }
 	accs := []acc{}
 	for _, run := range r.Runs {
-		k := fmt.Sprintf("%s|%d|%s", run.Fleet, run.Concurrency, run.Policy)
+		k := fmt.Sprintf("%s|%s|%s", run.Fleet, run.load(), run.Policy)
 		i, ok := idx[k]
 		if !ok {
 			i = len(out)
 			idx[k] = i
-			out = append(out, kvAgg{Fleet: run.Fleet, Policy: run.Policy, Concurrency: run.Concurrency})
+			out = append(out, kvAgg{Fleet: run.Fleet, Policy: run.Policy, Load: run.load()})
 			accs = append(accs, acc{})
 		}
 		a := &accs[i]
@@ -891,7 +958,7 @@ func (r *KVReport) aggregate() []kvAgg {
 func (r *KVReport) writeTokenize(b *bytes.Buffer) {
 	type key struct {
 		fleet, policy string
-		conc          int
+		load          kvLoad
 	}
 	calls, bg, local, mean := map[key][]float64{}, map[key][]float64{}, map[key][]float64{}, map[key][]float64{}
 	var order []key
@@ -899,7 +966,7 @@ func (r *KVReport) writeTokenize(b *bytes.Buffer) {
 		if name, _ := policyFlags(run.Policy); name != "kv_aware" || run.tokenized() == 0 {
 			continue
 		}
-		k := key{run.Fleet, run.Policy, run.Concurrency}
+		k := key{run.Fleet, run.Policy, run.load()}
 		if _, ok := calls[k]; !ok {
 			order = append(order, k)
 		}
@@ -915,15 +982,15 @@ func (r *KVReport) writeTokenize(b *bytes.Buffer) {
 	}
 	t50 := map[key]float64{}
 	for _, a := range r.aggregate() {
-		t50[key{a.Fleet, a.Policy, a.Concurrency}] = a.TTFT50
+		t50[key{a.Fleet, a.Policy, a.Load}] = a.TTFT50
 	}
-	fmt.Fprintf(b, "\n## The router's /tokenize calls (kv_aware)\n\nShare of requests that waited for an engine's /tokenize before being routed (with `--tokenizer-path`: the first prompts' checks), whose local ids were checked at an engine in the background, after they were routed, and tokenized in-process (the rest hit its cache), the mean wall time of one /tokenize call as the router measured it (`vllm_router_kv_tokenize_seconds_total` / `vllm_router_kv_tokenize_requests_total`), and kv_aware's TTFT P50 minus cache_aware's.\n\n| fleet | C | policy | requests waiting for /tokenize | checked in the background | tokenized in the router | mean /tokenize ms | TTFT P50 − cache_aware's ms |\n|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(b, "\n## The router's /tokenize calls (kv_aware)\n\nShare of requests that waited for an engine's /tokenize before being routed (with `--tokenizer-path`: the first prompts' checks), whose local ids were checked at an engine in the background, after they were routed, and tokenized in-process (the rest hit its cache), the mean wall time of one /tokenize call as the router measured it (`vllm_router_kv_tokenize_seconds_total` / `vllm_router_kv_tokenize_requests_total`), and kv_aware's TTFT P50 minus cache_aware's.\n\n| fleet | %s | policy | requests waiting for /tokenize | checked in the background | tokenized in the router | mean /tokenize ms | TTFT P50 − cache_aware's ms |\n|---|---|---|---|---|---|---|---|\n", r.Config.loadColumn())
 	for _, k := range order {
 		gap := math.NaN()
-		if ca, ok := t50[key{k.fleet, "cache_aware", k.conc}]; ok {
+		if ca, ok := t50[key{k.fleet, "cache_aware", k.load}]; ok {
 			gap = t50[k] - ca
 		}
-		fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s | %s |\n", k.fleet, k.conc, k.policy, pct(median(calls[k])), pct(median(bg[k])), pct(median(local[k])), ms(median(mean[k])), ms(gap))
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", k.fleet, k.load, k.policy, pct(median(calls[k])), pct(median(bg[k])), pct(median(local[k])), ms(median(mean[k])), ms(gap))
 	}
 }
 
@@ -970,7 +1037,7 @@ func (r *KVReport) WriteMarkdown(w io.Writer) error {
 		conv = fmt.Sprintf("each group's requests are conversations of %d turns; turn t resends the system prompt, the earlier questions and an answer of %d words for each, then its question; requests are sent turn by turn (every conversation's first turn, then every second turn, ...)", c.Turns, c.OutputLen)
 	}
 	fmt.Fprintf(&b, "Workload: %d groups × %d requests, %d-token system prompts, %d-token questions, %d output tokens; %s; groups interleaved (sybench `%s`).\n",
-		c.Groups, c.PerGroup, c.PrefixLen, c.QuestionLen, c.OutputLen, conv, c.flags(c.Concurrency[0]))
+		c.Groups, c.PerGroup, c.PrefixLen, c.QuestionLen, c.OutputLen, conv, c.flags(c.loads()[0]))
 	fmt.Fprintf(&b, "Workers: %d unified vllm-sims `%s`, then 2 prefill + 2 decode (NIXL) `%s` (the prefills together hold what the unified workers hold), preset default, KV events on. Each run starts with every worker's prefix cache reset and a new router; policies interleaved within each repetition; repetitions: %d (tables: medians).\n\n",
 		c.Unified, strings.Join(c.kvSimArgs(c.NumBlocks)[:7], " "), strings.Join(c.kvSimArgs(c.pdNumBlocks())[:7], " "), c.Repeats)
 	if c.Routers > 1 {
@@ -979,10 +1046,10 @@ func (r *KVReport) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintf(&b, "**Best achievable hit rate: %s** (%d of %d prompt tokens). Each request is credited with the longest full-block prefix (at most its prompt less one token) it shares with any request sent before it, as if every block stayed cached and every request went where its prefix is; generated tokens never match (the resent answers are stand-ins). The workload has %d distinct blocks; the caches that count hold %d blocks (unified: %d × %d; PD prefills: 2 × %d), one unified worker %d; the longest prompt is %d tokens.\n\n",
 		pct(best), r.Bound.Hits, r.Bound.Queries, r.Bound.Blocks, c.Unified*c.NumBlocks, c.Unified, c.NumBlocks, c.pdNumBlocks(), c.NumBlocks, r.Bound.MaxPrompt)
 	fmt.Fprintf(&b, "Hit rate, unified fleet = Δ`vllm:prefix_cache_hits` / Δ`vllm:prefix_cache_queries` over the run, read from the workers (`/sim/stats` `prefix_cache`, the same counters). PD fleet = 1 − (prompt tokens computed by any worker, Δ`/sim/stats` `prefill_tokens` of the prefills and the decodes) / (the workload's prompt tokens): a request the router sends to a decode alone (prefill bypass, `--pd-uncached-token-threshold`) is computed there, and a decode's own counters also count the split requests it only receives KV for. Evictions: every worker of the fleet. KV read by decodes = Δ`/sim/stats` `transfers.tokens_read` of the decodes / the workload's prompt tokens: as vLLM's NIXL connector, a decode reads only the blocks its own prefix cache lacks. A policy entry with a `--pd-` flag runs on the PD fleet only.\n\n")
-	fmt.Fprintf(&b, "| fleet | C | policy | hit rate | best − hit (points) | TTFT P50 ms | TTFT P99 ms | TPOT P50 ms | req/s | evictions | failed | prefill bypassed | KV read by decodes | router CPU s / 1k req |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| fleet | %s | policy | hit rate | best − hit (points) | TTFT P50 ms | TTFT P99 ms | TPOT P50 ms | req/s | evictions | failed | prefill bypassed | KV read by decodes | router CPU s / 1k req |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", c.loadColumn())
 	aggs := r.aggregate()
 	for _, a := range aggs {
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %.2f | %.0f | %.0f | %s | %s | %s |\n", a.Fleet, a.Concurrency, a.Policy,
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %.2f | %.0f | %.0f | %s | %s | %s |\n", a.Fleet, a.Load, a.Policy,
 			pct(a.HitRate), points(best-a.HitRate), ms(a.TTFT50), ms(a.TTFT99), ms(a.TPOT50), a.Throughput, a.Evictions, a.Failed, pctDash(a.Bypassed), pctDash(a.KVRead), cpu3(a.CPUPer1k))
 	}
 	fmt.Fprintf(&b, "\n## Targets\n\n")
@@ -990,10 +1057,10 @@ func (r *KVReport) WriteMarkdown(w io.Writer) error {
 		if name, _ := policyFlags(a.Policy); name != "kv_aware" {
 			continue
 		}
-		line := fmt.Sprintf("- %s C=%d: %s hit rate %s, %s points below the best (target ≤ 5 points: %s)", a.Fleet, a.Concurrency, a.Policy,
+		line := fmt.Sprintf("- %s %s: %s hit rate %s, %s points below the best (target ≤ 5 points: %s)", a.Fleet, a.Load.label(), a.Policy,
 			pct(a.HitRate), points(best-a.HitRate), map[bool]string{true: "met", false: "missed"}[best-a.HitRate <= 0.05])
 		for _, o := range aggs {
-			if o.Fleet == a.Fleet && o.Concurrency == a.Concurrency && o.Policy == "cache_aware" {
+			if o.Fleet == a.Fleet && o.Load == a.Load && o.Policy == "cache_aware" {
 				line += fmt.Sprintf("; TTFT P50 %s ms vs cache_aware %s ms (%s)", ms(a.TTFT50), ms(o.TTFT50),
 					map[bool]string{true: "below", false: "not below"}[a.TTFT50 < o.TTFT50])
 			}
@@ -1001,7 +1068,7 @@ func (r *KVReport) WriteMarkdown(w io.Writer) error {
 		fmt.Fprintln(&b, line+".")
 	}
 	r.writeTokenize(&b)
-	fmt.Fprintf(&b, "\n## Every run\n\n| fleet | C | rep | policy | queries | hits | hit rate | TTFT P50 ms | req/s | bypassed | /tokenize calls, mean ms | tokens computed per worker, k | note |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "\n## Every run\n\n| fleet | %s | rep | policy | queries | hits | hit rate | TTFT P50 ms | req/s | bypassed | /tokenize calls, mean ms | tokens computed per worker, k | note |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", c.loadColumn())
 	for _, run := range r.Runs {
 		tok := ""
 		if run.TokenizeCalls > 0 {
@@ -1015,7 +1082,7 @@ func (r *KVReport) WriteMarkdown(w io.Writer) error {
 		for i, t := range run.Computed {
 			per[i] = fmt.Sprintf("%.0f", float64(t)/1000)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %s | %d | %d | %s | %s | %.2f | %s | %s | %s | %s |\n", run.Fleet, run.Concurrency, run.Rep, run.Policy,
+		fmt.Fprintf(&b, "| %s | %s | %d | %s | %d | %d | %s | %s | %.2f | %s | %s | %s | %s |\n", run.Fleet, run.load(), run.Rep, run.Policy,
 			run.Queries, run.Hits, pct(run.HitRate()), ms(run.Row.TTFTP50), run.Row.RequestThroughput, byp, tok, strings.Join(per, " / "), strings.TrimPrefix(strings.Join([]string{run.Note, run.trouble()}, "; "), "; "))
 	}
 	if len(r.Notes) > 0 {

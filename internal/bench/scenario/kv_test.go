@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/bench"
 )
 
 func TestKVBound(t *testing.T) {
@@ -58,6 +62,53 @@ func TestKVFlags(t *testing.T) {
 		{"--routers", "0"}, {"--routers", "9"}, {"--unified=false", "--pd=false"}} {
 		if _, err := parseKV(bad, &o, io.Discard); err == nil {
 			t.Errorf("%v accepted", bad)
+		}
+	}
+}
+
+// TestKVRates: --request-rates makes every load point an open loop
+// (Poisson arrivals at that rate, the in-flight bound of
+// --rate-max-concurrency), and the report names the points by rate.
+func TestKVRates(t *testing.T) {
+	var o Options
+	c, err := parseKV([]string{"--quick", "--request-rates", "50,120.5", "--rate-max-concurrency", "64", "--pd=false"}, &o, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.fileName() != "kv-rates.md" {
+		t.Errorf("file %s", c.fileName())
+	}
+	want := []kvLoad{{Conc: 64, Rate: 50}, {Conc: 64, Rate: 120.5}}
+	if got := c.loads(); !slices.Equal(got, want) {
+		t.Fatalf("loads %+v, want %+v", got, want)
+	}
+	cfg := c.benchConfig("http://127.0.0.1:1", want[1], time.Minute)
+	if cfg.RequestRate != 120.5 || cfg.MaxConcurrency != 64 || cfg.Burstiness != 1 {
+		t.Errorf("bench config: rate %v, max concurrency %d, burstiness %v", cfg.RequestRate, cfg.MaxConcurrency, cfg.Burstiness)
+	}
+	if f := c.flags(want[0]); !strings.Contains(f, "--request-rate 50 --max-concurrency 64") {
+		t.Errorf("flags %q", f)
+	}
+	closed, _ := parseKV([]string{"--quick", "--concurrency", "8"}, &o, io.Discard)
+	if cfg := closed.benchConfig("http://127.0.0.1:1", closed.loads()[0], time.Minute); !math.IsInf(cfg.RequestRate, 1) || cfg.MaxConcurrency != 8 {
+		t.Errorf("closed loop: rate %v, max concurrency %d", cfg.RequestRate, cfg.MaxConcurrency)
+	}
+	for _, bad := range [][]string{{"--request-rates", "0"}, {"--request-rates", "x"}, {"--request-rates", "inf"}, {"--request-rates", "5", "--rate-max-concurrency", "0"}} {
+		if _, err := parseKV(bad, &o, io.Discard); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+	rep := KVReport{Config: c, Bound: KVBound{Hits: 1, Queries: 2}, Runs: []KVRun{
+		{Fleet: "4 unified", Policy: "cache_aware", Concurrency: 64, Rate: 50, Rep: 1, Queries: 2, Hits: 1, Row: bench.SweepRow{TTFTP50: 20}},
+		{Fleet: "4 unified", Policy: "kv_aware", Concurrency: 64, Rate: 50, Rep: 1, Queries: 2, Hits: 1, Row: bench.SweepRow{TTFTP50: 19}},
+	}}
+	var b bytes.Buffer
+	if err := rep.WriteMarkdown(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"| fleet | offered req/s | policy |", "| 4 unified | 50/s | kv_aware |", "- 4 unified 50/s: kv_aware hit rate", "(below)", "--request-rate 50 --max-concurrency 64"} {
+		if !strings.Contains(b.String(), w) {
+			t.Errorf("report lacks %q:\n%s", w, b.String())
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -116,6 +117,33 @@ func helpOK(err error) error {
 		return nil
 	}
 	return err
+}
+
+// rateList is a comma-separated list of positive request rates.
+type rateList []float64
+
+func (l *rateList) String() string {
+	if l == nil {
+		return ""
+	}
+	s := make([]string, len(*l))
+	for i, v := range *l {
+		s[i] = strconv.FormatFloat(v, 'g', -1, 64)
+	}
+	return strings.Join(s, ",")
+}
+
+func (l *rateList) Set(v string) error {
+	var out []float64
+	for _, p := range strings.Split(v, ",") {
+		r, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
+		if err != nil || !(r > 0) || math.IsInf(r, 0) {
+			return fmt.Errorf("invalid request rate %q (want a number > 0)", p)
+		}
+		out = append(out, r)
+	}
+	*l = out
+	return nil
 }
 
 // intList is a comma-separated list of positive integers.
@@ -401,7 +429,10 @@ func parseKV(args []string, o *Options, stderr io.Writer) (KVConfig, error) {
 	pols := strList(c.Policies)
 	fs.Var(&pols, "policies", "policies compared (interleaved in every repetition); NAME+FLAG+... adds router flags to one, e.g. kv_aware+--kv-load-weight=0.1")
 	cs := intList(c.Concurrency)
-	fs.Var(&cs, "concurrency", "load points")
+	fs.Var(&cs, "concurrency", "load points (closed loops of this many streams)")
+	rates := rateList(c.Rates)
+	fs.Var(&rates, "request-rates", "open-loop load points instead of --concurrency: Poisson arrivals at these requests per second")
+	fs.IntVar(&c.RateMaxConcurrency, "rate-max-concurrency", c.RateMaxConcurrency, "requests in flight at most at a --request-rates point")
 	fs.IntVar(&c.Repeats, "repeats", c.Repeats, "repetitions; tables report medians")
 	fs.IntVar(&c.Groups, "groups", c.Groups, "shared system prompts")
 	fs.IntVar(&c.PerGroup, "per-group", c.PerGroup, "requests per group")
@@ -420,8 +451,10 @@ func parseKV(args []string, o *Options, stderr io.Writer) (KVConfig, error) {
 	if err := finishParse(fs, args); err != nil {
 		return c, err
 	}
-	c.Policies, c.Concurrency, c.NoUnified = pols, cs, !*unified
+	c.Policies, c.Concurrency, c.Rates, c.NoUnified = pols, cs, rates, !*unified
 	switch {
+	case len(c.Rates) > 0 && c.RateMaxConcurrency < 1:
+		return c, errors.New("kv: --rate-max-concurrency must be >= 1")
 	case c.NoUnified && !c.PD:
 		return c, errors.New("kv: --unified=false needs --pd")
 	case c.Routers < 1 || c.Routers > 8:
