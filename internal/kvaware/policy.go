@@ -226,7 +226,20 @@ func (p *Policy) Pick(req *policy.Request, c policy.Candidates) (policy.Choice, 
 	}
 	if streams == 0 {
 		p.S.FallbackNoEvents.Add(1)
-		return p.fallback(req, c, "no candidate publishes KV events")
+		ch, err := p.fallback(req, c, "no candidate publishes KV events")
+		if err == nil {
+			// Recorded as kv_aware's own picks are: a fleet of fresh
+			// engines publishes nothing before its first requests, and
+			// once the events flow, the prompts routed before them must
+			// still draw their followers to the same workers.
+			p.pickMu.Lock()
+			now := p.o.Now()
+			cached, indexed := p.cachedBlocks(req, now)
+			_, stored := p.o.Index.WorkerState(ch.Worker.Key())
+			p.record(pr, ch.Worker.Key(), cached, indexed, stored, now)
+			p.pickMu.Unlock()
+		}
+		return ch, err
 	}
 	n := len(req.Tokens)
 	bs := p.o.Index.BlockSize()
@@ -240,11 +253,7 @@ func (p *Policy) Pick(req *policy.Request, c policy.Candidates) (policy.Choice, 
 	}
 	w := c.Workers[best]
 	hit := cached[w.Key()]
-	if d := indexed[w.Key()]; p.o.Speculative && d < len(pr.keys) {
-		// The blocks the index holds need no speculative entry: match
-		// continues from them.
-		p.spec.insert(pr.keys[d:], w.Key(), now, p.o.SpeculativeTTL, len(pr.keys)-hit, stored)
-	}
+	p.record(pr, w.Key(), cached, indexed, stored, now)
 	p.pickMu.Unlock()
 	p.S.Picks.Add(1)
 	p.S.PromptTokens.Add(uint64(n))
@@ -254,6 +263,17 @@ func (p *Policy) Pick(req *policy.Request, c policy.Candidates) (policy.Choice, 
 	}
 	reason := fmt.Sprintf("kv match %d/%d blocks, load %d", hit, len(pr.keys), bestLoad)
 	return policy.Choice{Worker: w, Reason: reason + elsewhere(cached, w.Key())}, nil
+}
+
+// record keeps a routed prompt's blocks on worker as speculative entries
+// for SpeculativeTTL, so that the next pick sees them before the engine's
+// events do. The blocks the index already holds for worker need none:
+// match continues from them. stored is the index's running count of
+// blocks stored for worker. Call with pickMu held.
+func (p *Policy) record(pr *prepared, worker string, cached, indexed map[string]int, stored uint64, now time.Time) {
+	if d := indexed[worker]; p.o.Speculative && d < len(pr.keys) {
+		p.spec.insert(pr.keys[d:], worker, now, p.o.SpeculativeTTL, len(pr.keys)-cached[worker], stored)
+	}
 }
 
 // elsewhere lists, for the route receipt, the other workers holding part

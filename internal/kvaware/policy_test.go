@@ -517,6 +517,59 @@ func TestKVAwareSpreadsABurstOfNewPrefixes(t *testing.T) {
 	}
 }
 
+// TestKVAwareRemembersItsFallbackPicks: engines that have published
+// nothing yet (a fresh fleet) are routed by the fallback policy, and those
+// picks are recorded like kv_aware's own: once the events flow, a prompt
+// that shares a prefix routed before them goes where that prefix went, and
+// new prefixes go to the workers the fallback gave fewer blocks.
+func TestKVAwareRemembersItsFallbackPicks(t *testing.T) {
+	x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 4})
+	ws := mkWorkers("http://a:1", "http://b:1", "http://c:1", "http://d:1")
+	c := policy.Candidates{Gen: 1, Workers: ws}
+	now := time.Unix(1000, 0)
+	publishing := false
+	p := newPolicy(t, x, func(o *Options) {
+		o.LoadWeight, o.TieBand, o.Speculative, o.SpeculativeTTL = 0.02, DefaultTieBand, true, 2*time.Second
+		o.Now = func() time.Time { return now }
+		o.HasEvents = func(string) bool { return publishing }
+	})
+	pick := func(prompt string) policy.Choice {
+		t.Helper()
+		req := &policy.Request{Path: "/v1/completions", Tokens: wordIDs(prompt)}
+		policy.Prepare(t.Context(), p, req, c)
+		ch, err := p.Pick(req, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ch
+	}
+	// Round robin (the test's fallback) sends prefixes 0-5 to a, b, c, d, a, b.
+	first := map[int]*worker.Worker{}
+	for g := range 6 {
+		ch := pick(words(40, strings.Repeat("g", g+1)))
+		if !strings.Contains(ch.Reason, "kv_aware fallback (no candidate publishes KV events)") {
+			t.Fatalf("prefix %d: reason %q, want the fallback", g, ch.Reason)
+		}
+		first[g] = ch.Worker
+	}
+	publishing = true // subscribed, no block heard of yet
+	for g := range 6 {
+		ch := pick(words(40, strings.Repeat("g", g+1)) + " a follow-up question")
+		if ch.Worker != first[g] || !strings.HasPrefix(ch.Reason, "kv match 10/") {
+			t.Errorf("follower of prefix %d went to %s (%s), its prefix to %s", g, ch.Worker.Key(), ch.Reason, first[g].Key())
+		}
+	}
+	// a and b hold two prefixes each, c and d one: the next two new
+	// prefixes go to c and d.
+	got := map[string]bool{}
+	for g := 6; g < 8; g++ {
+		got[pick(words(40, strings.Repeat("g", g+1))).Worker.Key()] = true
+	}
+	if !got[ws[2].Key()] || !got[ws[3].Key()] {
+		t.Errorf("new prefixes went to %v, want c and d", got)
+	}
+}
+
 // TestSpeculativeContinuesTheIndex: entries inserted past the blocks the
 // index holds extend the index's depth, and only from it.
 func TestSpeculativeContinuesTheIndex(t *testing.T) {
