@@ -108,7 +108,7 @@ func (a *app) newKVAware() (policy.Policy, error) {
 		HasEvents:      a.kvHasEvents,
 		OverlapWeight:  a.cfg.KVOverlapScoreWeight,
 		LoadWeight:     a.cfg.KVLoadWeight,
-		TieBand:        kvaware.DefaultTieBand,
+		TieBand:        a.cfg.KVTieBand,
 		Speculative:    a.cfg.KVSpeculativeIndexing,
 		SpeculativeTTL: a.cfg.KVSpeculativeTTL(),
 	})

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/switchyard-llm/switchyard/internal/config"
+	"github.com/switchyard-llm/switchyard/internal/kvaware"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
@@ -55,5 +56,12 @@ func TestKVTokenizerLoadError(t *testing.T) {
 	_, err = a.kv()
 	if err == nil || !strings.Contains(err.Error(), "--tokenizer-path") || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "pre_tokenizer Metaspace") {
 		t.Errorf("err %v, want the flag, %s and the component", err, path)
+	}
+}
+
+// The flag's default is the policy's.
+func TestKVTieBandDefault(t *testing.T) {
+	if got := config.Default().KVTieBand; got != kvaware.DefaultTieBand {
+		t.Fatalf("--kv-tie-band defaults to %v, kvaware.DefaultTieBand is %v", got, kvaware.DefaultTieBand)
 	}
 }

@@ -219,6 +219,7 @@ type Config struct {
 	KVEventsEndpoints        []string `json:"kv_events_endpoints"`
 	KVOverlapScoreWeight     float64  `json:"kv_overlap_score_weight"`
 	KVLoadWeight             float64  `json:"kv_load_weight"`
+	KVTieBand                float64  `json:"kv_tie_band"`
 	KVFallbackPolicy         string   `json:"kv_fallback_policy"`
 	TokenizerPath            string   `json:"tokenizer_path"`
 	ChatTemplate             string   `json:"chat_template"`
@@ -329,6 +330,7 @@ func Default() *Config {
 		KVEventsPort:          5557,
 		KVOverlapScoreWeight:  1,
 		KVLoadWeight:          0.02,
+		KVTieBand:             0.1, // kvaware.DefaultTieBand
 		KVFallbackPolicy:      PolicyCacheAware,
 
 		HealthUnhealthyIntervalSecs:    0.5,

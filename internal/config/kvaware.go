@@ -25,6 +25,7 @@ func kvFlagDefs(c *Config) []flagDef {
 		{extra: true, name: "kv-events-endpoints", meta: "URL=ENDPOINT[,REPLAY]", multi: true, usage: "kv_aware: a worker's event endpoints, overriding the ports (e.g. http://p1:8000=tcp://p1:5557,tcp://p1:5558)", value: &listValue{p: &c.KVEventsEndpoints}},
 		{extra: true, name: "kv-overlap-score-weight", meta: "W", usage: "kv_aware: weight of the prompt tokens a worker must compute", value: floatValue{&c.KVOverlapScoreWeight}},
 		{extra: true, name: "kv-load-weight", meta: "W", usage: "kv_aware: weight of a worker's requests in flight, in prompts", value: floatValue{&c.KVLoadWeight}},
+		{extra: true, name: "kv-tie-band", meta: "FRACTION", usage: "kv_aware: workers whose cost is within this fraction of the prompt of the cheapest are equal, and the one holding fewest blocks is taken (0 = exact ties only)", value: floatValue{&c.KVTieBand}},
 		{extra: true, name: "kv-fallback-policy", meta: "POLICY", usage: "kv_aware: policy for prompts it cannot tokenize and fleets without events", value: enumValue{&c.KVFallbackPolicy, fallbackPolicyNames}},
 		{extra: true, name: "tokenizer-path", meta: "PATH", usage: "kv_aware: tokenizer.json (or a model directory holding one) to tokenize string completions prompts, and plain chat requests with the directory's chat template, in-process; checked against the engines' /tokenize", value: stringValue{&c.TokenizerPath}},
 		{extra: true, name: "chat-template", meta: "FILE", usage: "kv_aware with --tokenizer-path: the chat template the engines serve (their --chat-template), instead of the model directory's", value: stringValue{&c.ChatTemplate}},
@@ -106,6 +107,9 @@ func (c *Config) validateKV(add func(*Error)) {
 	}
 	if !(c.KVLoadWeight >= 0) {
 		add(invalid("--kv-load-weight", formatFloat(c.KVLoadWeight), "Must be >= 0"))
+	}
+	if !(c.KVTieBand >= 0 && c.KVTieBand <= 1) {
+		add(invalid("--kv-tie-band", formatFloat(c.KVTieBand), "Must be between 0.0 and 1.0"))
 	}
 	switch {
 	case c.PDUncachedTokenThreshold < 0:

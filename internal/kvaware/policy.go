@@ -60,9 +60,13 @@ type Options struct {
 	Now           func() time.Time
 }
 
-// DefaultTieBand is the router's Options.TieBand: 5 % of the prompt, as
-// much as 2.5 requests in flight at the default load weight.
-const DefaultTieBand = 0.05
+// DefaultTieBand is the router's default --kv-tie-band: 10 % of the
+// prompt, as much as 5 requests in flight at the default load weight. A new
+// prefix is a lasting choice (its followers go where it went), so the
+// cache room it finds weighs more than a moment's load: 5 % (2.5 requests)
+// put a fifth group on one worker in 3 of 14 loaded runs of the shared-
+// prefix benchmark, 10 % in none of 16 (docs/BENCHMARKS.md §5).
+const DefaultTieBand = 0.1
 
 // Stats counts decisions.
 type Stats struct {
