@@ -329,7 +329,11 @@ type candidate struct {
 // within TieBand × prompt tokens of the lowest count as equal: among those
 // the worker holding fewer blocks wins (a new prefix goes where it evicts
 // least, as cache_aware's smallest tree), then the lower cost, then the
-// less loaded, then one at random. A worker's blocks are those its events
+// less loaded, then one at random. A worker whose engine has evicted
+// (Index.Evicting) counts as holding more than any other: its cache is
+// full, so it has no room to offer, and among full workers the cost and
+// the load decide (with every cache full, the block counts would only be
+// noise). A worker's blocks are those its events
 // reported plus, with speculative entries, the new blocks of the prompts
 // sent to it that its events have not yet confirmed: a burst of new
 // prefixes is spread at once, not piled on the worker whose events lag
@@ -360,6 +364,10 @@ func (p *Policy) choose(req *policy.Request, c policy.Candidates, cached map[str
 		k.blocks, k.stored = p.o.Index.WorkerState(key)
 		if p.o.Speculative {
 			k.blocks += p.spec.pending(key, k.stored, now)
+		}
+		if p.o.Index.Evicting(key) {
+			// Full: no room to find there, and full workers are alike.
+			k.blocks = math.MaxInt
 		}
 		switch {
 		case best == nil || k.blocks < best.blocks ||

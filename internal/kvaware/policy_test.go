@@ -230,6 +230,44 @@ func TestKVAwareTieBreak(t *testing.T) {
 	}
 }
 
+// TestKVAwareFullWorkersDecideByLoad: a worker whose engine has evicted
+// has no room to offer a new prefix, whatever it holds: a worker with room
+// comes first, and among full workers the cost and the load decide, not
+// the block counts.
+func TestKVAwareFullWorkersDecideByLoad(t *testing.T) {
+	ts := newTokenizeServer(t)
+	x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 4})
+	ws := mkWorkers(ts.URL, "http://b:1", "http://c:1")
+	p := newPolicy(t, x, func(o *Options) { o.LoadWeight, o.TieBand = 0.02, DefaultTieBand })
+	other := wordIDs(words(160, "other"))
+	storeFor(x, ws[0].Key(), other, 36)
+	storeFor(x, ws[1].Key(), other, 3)
+	storeFor(x, ws[2].Key(), other, 16)
+	evict := func(w *worker.Worker) {
+		x.Apply(w.Key(), []kvevents.Event{kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{kvevents.Hash(w.Key() + "/0")}}})
+	}
+	evict(ws[1])
+	evict(ws[2])
+	release := ws[1].Acquire() // inside the band: 0.02 of the prompt
+	defer release()
+	pick := func(c policy.Candidates) *worker.Worker {
+		t.Helper()
+		req := &policy.Request{Path: "/v1/completions", Body: completion(words(40, "new"))}
+		policy.Prepare(t.Context(), p, req, c)
+		ch, err := p.Pick(req, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ch.Worker
+	}
+	if w := pick(policy.Candidates{Gen: 1, Workers: ws}); w != ws[0] {
+		t.Fatalf("picked %s, want %s: the one worker with room, though it holds the most blocks", w.Key(), ws[0].Key())
+	}
+	if w := pick(policy.Candidates{Gen: 2, Workers: ws[1:]}); w != ws[2] {
+		t.Fatalf("both full: picked %s, want the less loaded %s, not the one holding fewer blocks", w.Key(), ws[2].Key())
+	}
+}
+
 func TestKVAwareChatTokenizedWithTheTemplateFields(t *testing.T) {
 	ts := newTokenizeServer(t)
 	x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 2})

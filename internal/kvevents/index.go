@@ -69,6 +69,9 @@ type workerBlocks struct {
 	id     int32
 	engine map[Hash]blockRef // engine hash → router key and media
 	stored uint64            // blocks ever stored (a new entry each)
+	// evicted: a BlockRemoved of a GPU copy arrived since the last clear
+	// (Evicting).
+	evicted bool
 }
 
 type blockRef struct {
@@ -166,10 +169,13 @@ func (x *Index) chain(buf []byte, prev uint64, block []uint32) uint64 {
 	return xxhash.Sum64(buf[:8+4*len(block)])
 }
 
+// gpuBit is mediumBit of the engine's own (GPU) cache.
+const gpuBit = 1
+
 func mediumBit(m string) uint8 {
 	switch m {
 	case "", "GPU", "gpu":
-		return 1
+		return gpuBit
 	case "CPU", "cpu":
 		return 2
 	case "STORAGE", "storage":
@@ -262,6 +268,9 @@ func (x *Index) removeLocked(w *workerBlocks, h Hash, bit uint8) {
 	if !ok {
 		return
 	}
+	if bit == gpuBit && ref.copies[0] > 0 {
+		w.evicted = true
+	}
 	ref.sub(bit)
 	if ref.media != 0 {
 		w.engine[h] = ref
@@ -302,6 +311,7 @@ func (x *Index) clearLocked(w *workerBlocks) {
 		x.dropLocked(w, ref.key)
 	}
 	w.engine = map[Hash]blockRef{}
+	w.evicted = false
 }
 
 // Clear drops everything known of one worker (it restarted: its cache is
@@ -385,6 +395,20 @@ func (x *Index) WorkerState(worker string) (blocks int, stored uint64) {
 		return len(w.engine), w.stored
 	}
 	return 0, 0
+}
+
+// Evicting reports whether the worker's engine has evicted a block it
+// held in its own (GPU) cache since the index first heard of it or last
+// saw its cache cleared; an offloading tier's evictions do not count. A
+// vLLM engine evicts a cached block only when no free block is left, and
+// keeps every freed block cached until it is reused
+// (vllm/v1/core/block_pool.py), so from then on its cache stays full: a
+// new prompt replaces blocks there, however many it holds.
+func (x *Index) Evicting(worker string) bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	w := x.workers[worker]
+	return w != nil && w.evicted
 }
 
 // WorkerBlocks is how many blocks the index holds for one worker.

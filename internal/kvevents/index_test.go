@@ -194,3 +194,40 @@ func TestIndexCountsCopiesOfAHash(t *testing.T) {
 		t.Fatalf("every copy removed: match %v, %d entries", got, n)
 	}
 }
+
+// TestIndexEvicting: a worker is evicting from the first GPU block it
+// removes until its cache is cleared; an offloading tier's removals and
+// removals of blocks it never reported do not count.
+func TestIndexEvicting(t *testing.T) {
+	const bs = 4
+	x := NewIndex(IndexOptions{BlockSize: bs})
+	prompt := u32(seq(1, 12))
+	removed := func(h Hash, medium string) Event { return BlockRemoved{BlockHashes: []Hash{h}, Medium: medium} }
+	steps := []struct {
+		name string
+		ev   []Event
+		want bool
+	}{
+		{"new worker", nil, false},
+		{"stored", []Event{stored("a", prompt, bs, 0, 3)}, false},
+		{"a block it never reported", []Event{removed("zz/0", "GPU")}, false},
+		{"a CPU copy", []Event{func() Event { e := stored("a", prompt, bs, 0, 1); e.Medium = "CPU"; return e }(), removed("a/0", "CPU")}, false},
+		{"a GPU block", []Event{removed("a/2", "")}, true},
+		{"stored again", []Event{stored("a", prompt, bs, 2, 3)}, true},
+		{"cleared", []Event{AllBlocksCleared{}}, false},
+	}
+	for _, s := range steps {
+		x.Apply("w", s.ev)
+		if got := x.Evicting("w"); got != s.want {
+			t.Fatalf("%s: evicting %v, want %v", s.name, got, s.want)
+		}
+	}
+	x.Apply("v", []Event{stored("b", prompt, bs, 0, 1), removed("b/0", "GPU")})
+	if !x.Evicting("v") || x.Evicting("w") || x.Evicting("unknown") {
+		t.Fatal("evicting is per worker")
+	}
+	x.Clear("v")
+	if x.Evicting("v") {
+		t.Fatal("Clear: still evicting")
+	}
+}
