@@ -116,6 +116,18 @@ func newPolicy(t *testing.T, x *kvevents.Index, mod func(*Options)) *Policy {
 	return p
 }
 
+// pickNew routes a completion of a 40-word prompt no worker holds.
+func pickNew(t *testing.T, p *Policy, c policy.Candidates) *worker.Worker {
+	t.Helper()
+	req := &policy.Request{Path: "/v1/completions", Body: completion(words(40, "new"))}
+	policy.Prepare(t.Context(), p, req, c)
+	ch, err := p.Pick(req, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch.Worker
+}
+
 func completion(prompt string) []byte {
 	b, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt, "max_tokens": 5})
 	return b
@@ -197,16 +209,7 @@ func TestKVAwareTieBreak(t *testing.T) {
 	storeFor(x, ws[0].Key(), other, 9)
 	storeFor(x, ws[1].Key(), other, 3)
 	storeFor(x, ws[2].Key(), other, 6)
-	pick := func() *worker.Worker {
-		t.Helper()
-		req := &policy.Request{Path: "/v1/completions", Body: completion(words(40, "new"))}
-		policy.Prepare(t.Context(), p, req, c)
-		ch, err := p.Pick(req, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ch.Worker
-	}
+	pick := func() *worker.Worker { t.Helper(); return pickNew(t, p, c) }
 	for range 5 {
 		if w := pick(); w != ws[1] {
 			t.Fatalf("equal cost and load: picked %s, want the one holding fewest blocks %s", w.Key(), ws[1].Key())
@@ -250,16 +253,7 @@ func TestKVAwareFullWorkersDecideByLoad(t *testing.T) {
 	evict(ws[2])
 	release := ws[1].Acquire() // inside the band: 0.02 of the prompt
 	defer release()
-	pick := func(c policy.Candidates) *worker.Worker {
-		t.Helper()
-		req := &policy.Request{Path: "/v1/completions", Body: completion(words(40, "new"))}
-		policy.Prepare(t.Context(), p, req, c)
-		ch, err := p.Pick(req, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ch.Worker
-	}
+	pick := func(c policy.Candidates) *worker.Worker { t.Helper(); return pickNew(t, p, c) }
 	if w := pick(policy.Candidates{Gen: 1, Workers: ws}); w != ws[0] {
 		t.Fatalf("picked %s, want %s: the one worker with room, though it holds the most blocks", w.Key(), ws[0].Key())
 	}
