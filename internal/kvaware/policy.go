@@ -322,6 +322,9 @@ type candidate struct {
 	load   int64
 	blocks int
 	stored uint64
+	// Tie-breaks: requests still in their prefill, requests ever sent.
+	prefilling int64
+	total      uint64
 }
 
 // choose returns the index of the worker to route to (-1: none usable),
@@ -329,7 +332,11 @@ type candidate struct {
 // within TieBand × prompt tokens of the lowest count as equal: among those
 // the worker holding fewer blocks wins (a new prefix goes where it evicts
 // least, as cache_aware's smallest tree), then the lower cost, then the
-// less loaded, then one at random. A worker whose engine has evicted
+// less loaded, then the one with fewer requests awaiting their first byte,
+// then the one sent fewer requests so far (round-robin's even spread where
+// nothing else differs), then one at random. A worker's load is its
+// requests in flight, those awaiting their first byte counted twice on a
+// worker that is not a prefill. A worker whose engine has evicted
 // (Index.Evicting) counts as holding more than any other: its cache is
 // full, so it has no room to offer, and among full workers the cost and
 // the load decide (with every cache full, the block counts would only be
@@ -347,6 +354,13 @@ func (p *Policy) choose(req *policy.Request, c policy.Candidates, cached map[str
 			continue
 		}
 		load := p.load(w)
+		if w.Role != worker.RolePrefill {
+			// A request still awaiting its first byte is in the engine's
+			// prefill, which a new prompt queues behind: it counts twice.
+			// (Every request on a prefill worker is one; there it would only
+			// double the weight.)
+			load += w.Prefilling()
+		}
 		uncached := n - cached[w.Key()]*bs
 		cost := p.o.OverlapWeight*float64(uncached) + p.o.LoadWeight*float64(n)*float64(load)
 		cs = append(cs, candidate{i: i, cost: cost, load: load})
@@ -369,11 +383,15 @@ func (p *Policy) choose(req *policy.Request, c policy.Candidates, cached map[str
 			// Full: no room to find there, and full workers are alike.
 			k.blocks = math.MaxInt
 		}
+		w := c.Workers[k.i]
+		k.prefilling, k.total = w.Prefilling(), w.TotalRequests()
 		switch {
 		case best == nil || k.blocks < best.blocks ||
-			(k.blocks == best.blocks && (k.cost < best.cost || (k.cost == best.cost && k.load < best.load))):
+			(k.blocks == best.blocks && (k.cost < best.cost || (k.cost == best.cost && (k.load < best.load ||
+				(k.load == best.load && (k.prefilling < best.prefilling ||
+					(k.prefilling == best.prefilling && k.total < best.total))))))):
 			best, ties = k, 1
-		case k.blocks == best.blocks && k.cost == best.cost && k.load == best.load:
+		case k.blocks == best.blocks && k.cost == best.cost && k.load == best.load && k.prefilling == best.prefilling && k.total == best.total:
 			ties++
 			if rand.IntN(ties) == 0 {
 				best = k

@@ -262,6 +262,54 @@ func TestKVAwareFullWorkersDecideByLoad(t *testing.T) {
 	}
 }
 
+// fullWorkers returns two workers whose engines have evicted (so no room
+// decides between them) and a policy with the default weights.
+func fullWorkers(t *testing.T) (*Policy, []*worker.Worker) {
+	t.Helper()
+	ts := newTokenizeServer(t)
+	x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 4})
+	ws := mkWorkers(ts.URL, "http://b:1")
+	for _, w := range ws {
+		storeFor(x, w.Key(), wordIDs(words(160, "other")), 8)
+		x.Apply(w.Key(), []kvevents.Event{kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{kvevents.Hash(w.Key() + "/0")}}})
+	}
+	return newPolicy(t, x, nil), ws
+}
+
+// TestKVAwareAvoidsAWorkerInItsPrefill: a request still awaiting its first
+// byte (in the engine's prefill, which a new prompt would queue behind)
+// weighs more than one already streaming.
+func TestKVAwareAvoidsAWorkerInItsPrefill(t *testing.T) {
+	p, ws := fullWorkers(t)
+	var streaming, prefilling worker.Slot
+	streaming.Start(ws[0], false)
+	streaming.FirstByte()
+	defer streaming.Release()
+	prefilling.Start(ws[1], false)
+	defer prefilling.Release()
+	for i := range 16 {
+		if w := pickNew(t, p, policy.Candidates{Gen: 1, Workers: ws}); w != ws[0] {
+			t.Fatalf("pick %d: %s, want %s: both run one request, %s's is still in its prefill", i, w.Key(), ws[0].Key(), ws[1].Key())
+		}
+	}
+}
+
+// TestKVAwareTiesGoToTheLessUsedWorker: equal in cost, load and prefills,
+// the worker sent fewer requests so far wins (round-robin's even spread),
+// not one at random.
+func TestKVAwareTiesGoToTheLessUsedWorker(t *testing.T) {
+	p, ws := fullWorkers(t)
+	for range 3 {
+		ws[0].Acquire()()
+	}
+	ws[1].Acquire()()
+	for i := range 16 {
+		if w := pickNew(t, p, policy.Candidates{Gen: 1, Workers: ws}); w != ws[1] {
+			t.Fatalf("pick %d: %s, want %s (1 request so far against 3)", i, w.Key(), ws[1].Key())
+		}
+	}
+}
+
 func TestKVAwareChatTokenizedWithTheTemplateFields(t *testing.T) {
 	ts := newTokenizeServer(t)
 	x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 2})
