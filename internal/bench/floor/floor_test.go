@@ -56,6 +56,9 @@ func upstream(t *testing.T) (addr string, seen func() int) {
 	n := 0
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
+		if string(b) == "slow" {
+			time.Sleep(100 * time.Millisecond)
+		}
 		mu.Lock()
 		n++
 		mu.Unlock()
@@ -192,6 +195,39 @@ func TestUnframedRequestEndsTheConnection(t *testing.T) {
 			}
 			if len(b) != 0 || seen() != 0 {
 				t.Errorf("got %q, upstream served %d; want the connection closed unanswered", b, seen())
+			}
+		})
+	}
+}
+
+// TestClientGoneMidRequest: a client that leaves before its answer costs
+// only its own connection; the next client is served.
+func TestClientGoneMidRequest(t *testing.T) {
+	for _, mode := range []string{"goroutine", "loop"} {
+		t.Run(mode, func(t *testing.T) {
+			up, seen := upstream(t)
+			addr := start(t, mode, up)
+			c, err := net.Dial("tcp4", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nslow")
+			c.Close()
+			time.Sleep(300 * time.Millisecond) // the answer found its client gone
+			cl := &http.Client{Timeout: 10 * time.Second}
+			for i := range 3 {
+				resp, err := cl.Post("http://"+addr+"/", "text/plain", strings.NewReader("next"))
+				if err != nil {
+					t.Fatalf("request %d after the gone client: %v", i, err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if string(b) != "echo:next" {
+					t.Fatalf("request %d: body %q", i, b)
+				}
+			}
+			if n := seen(); n != 4 {
+				t.Errorf("upstream served %d requests, want 4", n)
 			}
 		})
 	}

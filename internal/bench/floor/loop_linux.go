@@ -196,14 +196,13 @@ func (l *loop) readable(c *loopConn) {
 		return
 	}
 	client := c.peer
-	if writeAll(client.fd, c.buf[:n]) != nil {
-		c.peer = nil
+	c.peer, client.peer = nil, nil
+	werr := writeAll(client.fd, c.buf[:n])
+	l.idle = append(l.idle, l.reset(c)) // done with this response either way
+	if werr != nil {
 		l.drop(client)
-		l.idle = append(l.idle, l.reset(c))
 		return
 	}
-	c.peer, client.peer = nil, nil
-	l.idle = append(l.idle, l.reset(c))
 	l.dispatch(client)
 }
 
