@@ -105,6 +105,7 @@ func (a *app) newKVAware() (policy.Policy, error) {
 		Index:          st.index,
 		Tokenizer:      st.tok,
 		Fallback:       fb,
+		Metrics:        a.m,
 		HasEvents:      a.kvHasEvents,
 		OverlapWeight:  a.cfg.KVOverlapScoreWeight,
 		LoadWeight:     a.cfg.KVLoadWeight,

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/kvevents"
+	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/policy"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
@@ -28,6 +29,9 @@ const Name = "kv_aware"
 type Options struct {
 	Index     *kvevents.Index
 	Tokenizer *Tokenizer
+	// Metrics counts the decisions per worker (policy_decisions_total,
+	// processed_requests_total), as every policy does; nil: none.
+	Metrics *metrics.Metrics
 	// Fallback routes what kv_aware cannot: prompts not tokenized, and
 	// fleets none of whose candidates publishes events.
 	Fallback policy.Policy
@@ -80,6 +84,7 @@ type Stats struct {
 // Policy is kv_aware. Build it with New.
 type Policy struct {
 	o    Options
+	dec  policy.Decisions
 	spec *speculative
 	rr   atomic.Uint64 // tokenize target rotation
 	S    Stats
@@ -259,6 +264,7 @@ func (p *Policy) Pick(req *policy.Request, c policy.Candidates) (policy.Choice, 
 	hit := cached[w.Key()]
 	p.record(pr, w.Key(), cached, indexed, stored, now)
 	p.pickMu.Unlock()
+	p.dec.Record(p.o.Metrics, Name, w) // the fallback's picks count as its own
 	p.S.Picks.Add(1)
 	p.S.PromptTokens.Add(uint64(n))
 	p.S.MatchedTokens.Add(uint64(hit * bs))

@@ -10,9 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 
 	"github.com/switchyard-llm/switchyard/internal/kvevents"
+	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/policy"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
@@ -307,6 +309,25 @@ func TestKVAwareTiesGoToTheLessUsedWorker(t *testing.T) {
 		if w := pickNew(t, p, policy.Candidates{Gen: 1, Workers: ws}); w != ws[1] {
 			t.Fatalf("pick %d: %s, want %s (1 request so far against 3)", i, w.Key(), ws[1].Key())
 		}
+	}
+}
+
+// TestKVAwareCountsItsDecisions: kv_aware's picks count in the per-worker
+// decision metrics, as every policy's do.
+func TestKVAwareCountsItsDecisions(t *testing.T) {
+	m := metrics.NewForTest()
+	p, ws := fullWorkers(t)
+	p.o.Metrics = m
+	for range 4 {
+		pickNew(t, p, policy.Candidates{Gen: 1, Workers: ws})
+	}
+	var decisions, processed float64
+	for _, w := range ws {
+		decisions += testutil.ToFloat64(m.PolicyDecisions.WithLabelValues(Name, w.Key()))
+		processed += testutil.ToFloat64(m.Processed.WithLabelValues(w.Key()))
+	}
+	if decisions != 4 || processed != 4 {
+		t.Fatalf("kv_aware decisions %v, processed %v; want 4 and 4", decisions, processed)
 	}
 }
 

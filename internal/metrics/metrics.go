@@ -11,6 +11,7 @@ package metrics
 import (
 	"net/http"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -23,6 +24,8 @@ var DurationBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 // Metrics holds every collector.
 type Metrics struct {
 	Registry *prometheus.Registry
+
+	workerGen atomic.Uint64 // see WorkerGeneration
 
 	// HTTP surface
 	RequestsTotal   *prometheus.CounterVec   // route
@@ -189,8 +192,14 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
 }
 
+// WorkerGeneration changes whenever ForgetWorker deletes series: a
+// per-worker child a caller resolved before may be deleted, and must be
+// resolved again (WithLabelValues re-creates it).
+func (m *Metrics) WorkerGeneration() uint64 { return m.workerGen.Load() }
+
 // ForgetWorker deletes every per-worker series of a worker that left.
 func (m *Metrics) ForgetWorker(key string) {
+	defer m.workerGen.Add(1) // after the deletes: a child resolved meanwhile is resolved again
 	l := prometheus.Labels{"worker": key}
 	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
 		m.WorkerHealth, m.RunningRequests, m.Processed, m.PolicyDecisions, m.TreeSize,

@@ -57,7 +57,7 @@ type tenantView struct {
 }
 
 func newCacheAware(o Options) *CacheAware {
-	p := &CacheAware{base: base{NameCacheAware, o}, tree: prefix.New(), done: make(chan struct{}), removed: map[string]struct{}{}}
+	p := &CacheAware{base: base{name: NameCacheAware, o: o}, tree: prefix.New(), done: make(chan struct{}), removed: map[string]struct{}{}}
 	p.views.build = p.buildView
 	ctx, cancel := context.WithCancel(o.Context)
 	p.cancel = cancel

@@ -7,6 +7,9 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
@@ -14,18 +17,55 @@ import (
 type base struct {
 	name string
 	o    Options
+	dec  Decisions
 }
 
 // Name returns the policy's name (as accepted by New).
 func (b *base) Name() string { return b.name }
 
 // record counts one decision for w.
-func (b *base) record(w *worker.Worker) {
-	if m := b.o.Metrics; m != nil {
-		k := w.Key()
-		m.PolicyDecisions.WithLabelValues(b.name, k).Inc()
-		m.Processed.WithLabelValues(k).Inc()
+func (b *base) record(w *worker.Worker) { b.dec.Record(b.o.Metrics, b.name, w) }
+
+// Decisions counts a policy's decisions per chosen worker
+// (vllm_router_policy_decisions_total and
+// vllm_router_processed_requests_total), resolving each worker's counters
+// once instead of a label lookup per pick. The zero value is ready; it
+// must not be copied after first use.
+type Decisions struct {
+	counters sync.Map      // *worker.Worker → *decisionCounters
+	gen      atomic.Uint64 // the metrics' worker generation counters holds
+}
+
+// decisionCounters are one worker's children of PolicyDecisions and
+// Processed, valid while the metrics' worker generation is gen.
+type decisionCounters struct {
+	gen                 uint64
+	decisions, routedTo prometheus.Counter
+}
+
+// Record counts one decision of the policy named policy for w in m (nil:
+// nothing). Counters resolved before m deleted a worker's series
+// (metrics.Metrics.WorkerGeneration moved) are resolved again.
+func (d *Decisions) Record(m *metrics.Metrics, policy string, w *worker.Worker) {
+	if m == nil {
+		return
 	}
+	gen := m.WorkerGeneration()
+	if v, ok := d.counters.Load(w); ok {
+		if c := v.(*decisionCounters); c.gen == gen {
+			c.decisions.Inc()
+			c.routedTo.Inc()
+			return
+		}
+	}
+	if d.gen.Swap(gen) != gen {
+		d.counters.Clear() // departed workers' entries (and children deleted since)
+	}
+	k := w.Key()
+	c := &decisionCounters{gen: gen, decisions: m.PolicyDecisions.WithLabelValues(policy, k), routedTo: m.Processed.WithLabelValues(k)}
+	d.counters.Store(w, c)
+	c.decisions.Inc()
+	c.routedTo.Inc()
 }
 
 // load is the load power_of_two and cache_aware compare: the router's own

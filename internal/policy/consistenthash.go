@@ -35,7 +35,7 @@ type ring struct {
 }
 
 func newConsistentHash(o Options) *ConsistentHash {
-	p := &ConsistentHash{base: base{NameConsistentHash, o}, keys: NewKeyExtractor(o.HashHeaders)}
+	p := &ConsistentHash{base: base{name: NameConsistentHash, o: o}, keys: NewKeyExtractor(o.HashHeaders)}
 	vnodes := o.VirtualNodes
 	p.rings.build = func(ws []*worker.Worker) *ring { return buildRing(ws, vnodes) }
 	return p

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/switchyard-llm/switchyard/internal/metrics"
@@ -231,6 +232,46 @@ func TestDecisionMetrics(t *testing.T) {
 	}
 	if counterValue(t, m.CacheHits)+counterValue(t, m.CacheMisses) != 10 {
 		t.Error("cache_aware hit/miss not counted")
+	}
+}
+
+// TestDecisionMetricsAfterForgetWorker: a policy resolves a worker's
+// decision counters once; once the worker's series are deleted (it left),
+// a pick records into new series, not into the deleted ones.
+func TestDecisionMetricsAfterForgetWorker(t *testing.T) {
+	m := metrics.NewForTest()
+	ws := mkWorkers(1)
+	o := testOptions(1)
+	o.Metrics = m
+	p := mustNew(t, NameRoundRobin, o)
+	pick := func(n int) {
+		t.Helper()
+		for range n {
+			if _, err := p.Pick(&Request{}, Candidates{Gen: 1, Workers: ws}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	series := func() (decisions, processed float64, n int) {
+		t.Helper()
+		n = testutil.CollectAndCount(m.PolicyDecisions) + testutil.CollectAndCount(m.Processed)
+		if n == 0 {
+			return 0, 0, 0
+		}
+		return counterValue(t, m.PolicyDecisions.WithLabelValues(NameRoundRobin, ws[0].Key())),
+			counterValue(t, m.Processed.WithLabelValues(ws[0].Key())), n
+	}
+	pick(3)
+	if d, pr, n := series(); d != 3 || pr != 3 || n != 2 {
+		t.Fatalf("before: decisions %v processed %v in %d series, want 3, 3, 2", d, pr, n)
+	}
+	m.ForgetWorker(ws[0].Key())
+	if _, _, n := series(); n != 0 {
+		t.Fatalf("%d series left after ForgetWorker", n)
+	}
+	pick(2)
+	if d, pr, n := series(); d != 2 || pr != 2 || n != 2 {
+		t.Fatalf("after: decisions %v processed %v in %d series, want 2, 2, 2 (counted into deleted series?)", d, pr, n)
 	}
 }
 

@@ -6,7 +6,7 @@ type PowerOfTwo struct{ base }
 
 var _ Policy = (*PowerOfTwo)(nil)
 
-func newPowerOfTwo(o Options) *PowerOfTwo { return &PowerOfTwo{base{NamePowerOfTwo, o}} }
+func newPowerOfTwo(o Options) *PowerOfTwo { return &PowerOfTwo{base{name: NamePowerOfTwo, o: o}} }
 
 // Pick implements Policy.
 func (p *PowerOfTwo) Pick(req *Request, c Candidates) (Choice, error) {

@@ -5,7 +5,7 @@ type Random struct{ base }
 
 var _ Policy = (*Random)(nil)
 
-func newRandom(o Options) *Random { return &Random{base{NameRandom, o}} }
+func newRandom(o Options) *Random { return &Random{base{name: NameRandom, o: o}} }
 
 // Pick implements Policy.
 func (p *Random) Pick(req *Request, c Candidates) (Choice, error) {

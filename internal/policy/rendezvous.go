@@ -23,7 +23,7 @@ var (
 )
 
 func newRendezvous(o Options) *Rendezvous {
-	return &Rendezvous{base: base{NameRendezvousHash, o}, keys: NewKeyExtractor(o.HashHeaders)}
+	return &Rendezvous{base: base{name: NameRendezvousHash, o: o}, keys: NewKeyExtractor(o.HashHeaders)}
 }
 
 // Pick implements Policy.

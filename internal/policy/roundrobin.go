@@ -15,7 +15,7 @@ type RoundRobin struct {
 
 var _ Policy = (*RoundRobin)(nil)
 
-func newRoundRobin(o Options) *RoundRobin { return &RoundRobin{base: base{NameRoundRobin, o}} }
+func newRoundRobin(o Options) *RoundRobin { return &RoundRobin{base: base{name: NameRoundRobin, o: o}} }
 
 // Pick implements Policy.
 func (p *RoundRobin) Pick(req *Request, c Candidates) (Choice, error) {
