@@ -47,6 +47,9 @@ func declaredNames(t *testing.T) map[string]bool {
 	re := regexp.MustCompile(`fqName: "([^"]+)"`)
 	v := reflect.ValueOf(m).Elem()
 	for i := range v.NumField() {
+		if !v.Type().Field(i).IsExported() {
+			continue // bookkeeping, not a collector
+		}
 		c, ok := v.Field(i).Interface().(prometheus.Collector)
 		if !ok {
 			continue
