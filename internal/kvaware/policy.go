@@ -5,6 +5,7 @@
 package kvaware
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -333,6 +334,14 @@ type candidate struct {
 	total      uint64
 }
 
+// compare ranks k against b in choose's order: fewer blocks, then lower
+// cost, load, requests awaiting their first byte and requests sent so far
+// (-1: k first, 1: b first, 0: equal).
+func (k *candidate) compare(b *candidate) int {
+	return cmp.Or(cmp.Compare(k.blocks, b.blocks), cmp.Compare(k.cost, b.cost), cmp.Compare(k.load, b.load),
+		cmp.Compare(k.prefilling, b.prefilling), cmp.Compare(k.total, b.total))
+}
+
 // choose returns the index of the worker to route to (-1: none usable),
 // its load and the index's running count of blocks stored for it. Costs
 // within TieBand × prompt tokens of the lowest count as equal: among those
@@ -391,13 +400,14 @@ func (p *Policy) choose(req *policy.Request, c policy.Candidates, cached map[str
 		}
 		w := c.Workers[k.i]
 		k.prefilling, k.total = w.Prefilling(), w.TotalRequests()
-		switch {
-		case best == nil || k.blocks < best.blocks ||
-			(k.blocks == best.blocks && (k.cost < best.cost || (k.cost == best.cost && (k.load < best.load ||
-				(k.load == best.load && (k.prefilling < best.prefilling ||
-					(k.prefilling == best.prefilling && k.total < best.total))))))):
+		if best == nil {
 			best, ties = k, 1
-		case k.blocks == best.blocks && k.cost == best.cost && k.load == best.load && k.prefilling == best.prefilling && k.total == best.total:
+			continue
+		}
+		switch k.compare(best) {
+		case -1:
+			best, ties = k, 1
+		case 0:
 			ties++
 			if rand.IntN(ties) == 0 {
 				best = k
