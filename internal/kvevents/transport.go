@@ -55,6 +55,14 @@ func (boundedDialer) Addr(ep string) (string, error) { return ep, nil }
 // frameLimitConn tracks ZMTP framing on the bytes read: skip bytes of the
 // current greeting or frame body remain, then a header (flags, then one
 // size byte, or eight with the LONG flag).
+//
+// It also buffers what it reads. go-zeromq reads a message frame by frame,
+// each header and each body with its own io.ReadFull on the connection: a
+// KV event batch (topic, sequence, payload) took six or seven read system
+// calls, and a reader that found a frame not yet arrived parked and was
+// woken again inside one message. One read of up to readBufSize now serves
+// all the frames that have arrived. Reads at least that large go straight
+// to the connection.
 type frameLimitConn struct {
 	net.Conn
 	limit uint64
@@ -63,7 +71,14 @@ type frameLimitConn struct {
 	hlen  int // header bytes seen so far
 	lost  func()
 	once  sync.Once
+
+	buf  []byte // read ahead, scanned; buf[r:w] not yet returned
+	r, w int
 }
+
+// readBufSize is the read-ahead of a subscription's connection: a batch
+// of a few hundred blocks' events fits.
+const readBufSize = 32 << 10
 
 func (c *frameLimitConn) fail() {
 	if c.lost != nil {
@@ -72,6 +87,32 @@ func (c *frameLimitConn) fail() {
 }
 
 func (c *frameLimitConn) Read(p []byte) (int, error) {
+	if c.r < c.w {
+		n := copy(p, c.buf[c.r:c.w])
+		c.r += n
+		return n, nil
+	}
+	if len(p) >= readBufSize {
+		return c.readScanned(p)
+	}
+	if c.buf == nil {
+		c.buf = make([]byte, readBufSize)
+	}
+	n, err := c.readScanned(c.buf)
+	c.r, c.w = 0, n
+	k := copy(p, c.buf[:n])
+	c.r = k
+	if k < n {
+		// The rest is served by the next reads; an error waits until
+		// then (the connection reports it again).
+		return k, nil
+	}
+	return k, err
+}
+
+// readScanned reads from the connection into p and checks the framing of
+// what arrived; a frame over the limit closes the connection.
+func (c *frameLimitConn) readScanned(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 {
 		if verr := c.scan(p[:n]); verr != nil {

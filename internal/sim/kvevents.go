@@ -139,15 +139,19 @@ func (in *Instance) newKVPublisher(rank int, ev *KVEventsConfig) (*kvPublisher, 
 		return nil, fmt.Errorf("kv events: PUB hwm: %w", err)
 	}
 	var err error
+	if err = registerCoalescing(); err != nil {
+		_ = p.pub.Close()
+		return nil, fmt.Errorf("kv events: %w", err)
+	}
 	if isBindEndpoint(ep) {
-		p.endpoint, err = in.listenZMQ(p.pub, ep)
+		p.endpoint, err = in.listenZMQ(p.pub, ep, coalescingTransport)
 	} else {
 		// vLLM connects the PUB to an endpoint without a wildcard; like
 		// libzmq, the connection is made (and remade) in the background
 		// and batches sent meanwhile are lost.
 		p.endpoint = ep
 		in.goBackground(func(ctx context.Context) {
-			if err := p.pub.Dial(ep); err != nil && ctx.Err() == nil {
+			if err := p.pub.Dial(coalescingEndpoint(ep)); err != nil && ctx.Err() == nil {
 				p.log.Warn("kv events: cannot connect the PUB socket", "endpoint", ep, "err", err)
 			}
 		})
@@ -159,7 +163,7 @@ func (in *Instance) newKVPublisher(rank int, ev *KVEventsConfig) (*kvPublisher, 
 	if ev.ReplayEndpoint != nil {
 		rep := OffsetEndpointPort(*ev.ReplayEndpoint, rank)
 		p.replay = zmq4.NewRouter(in.ctx, zmq4.WithLogger(quietZMQLogger))
-		if p.replayEndpoint, err = in.listenZMQ(p.replay, rep); err != nil {
+		if p.replayEndpoint, err = in.listenZMQ(p.replay, rep, "tcp"); err != nil {
 			_ = p.pub.Close()
 			_ = p.replay.Close()
 			return nil, fmt.Errorf("kv events: replay_endpoint %s (dp rank %d): %w", rep, rank, err)
@@ -172,8 +176,9 @@ func (in *Instance) newKVPublisher(rank int, ev *KVEventsConfig) (*kvPublisher, 
 func isBindEndpoint(ep string) bool { return strings.Contains(ep, "*") || strings.Contains(ep, "::") }
 
 // listenZMQ binds sock on ep; a "*" host binds the --host address. It
-// returns the endpoint a subscriber dials.
-func (in *Instance) listenZMQ(sock zmq4.Socket, ep string) (string, error) {
+// returns the endpoint a subscriber dials. network is the go-zeromq
+// transport that binds it (tcp, or coalescingTransport).
+func (in *Instance) listenZMQ(sock zmq4.Socket, ep, network string) (string, error) {
 	rest := strings.TrimPrefix(ep, "tcp://")
 	i := strings.LastIndexByte(rest, ':')
 	host, port := rest[:i], rest[i+1:]
@@ -182,7 +187,7 @@ func (in *Instance) listenZMQ(sock zmq4.Socket, ep string) (string, error) {
 		host, adv = in.cfg.Host, in.cfg.AdvertiseHost
 	}
 	host = strings.Trim(host, "[]")
-	if err := sock.Listen("tcp://" + net.JoinHostPort(host, port)); err != nil {
+	if err := sock.Listen(network + "://" + net.JoinHostPort(host, port)); err != nil {
 		return "", err
 	}
 	if a, ok := sock.Addr().(*net.TCPAddr); ok {
