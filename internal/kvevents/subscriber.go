@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -186,29 +187,31 @@ func (c *subscription) run(ctx context.Context) {
 	}
 }
 
-// session is one connection's life.
+// session is one connection's life: dial, handshake, resync, then every
+// message read and applied on this goroutine.
 func (c *subscription) session(ctx context.Context) error {
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	sctx = context.WithValue(sctx, connLostKey{}, func() { cancel() })
-	sock := zmq4.NewSub(sctx, zmq4.WithDialerRetry(c.s.o.Redial), zmq4.WithDialerMaxRetries(-1),
-		zmq4.WithTimeout(10*time.Second), zmq4.WithLogger(slog.NewLogLogger(c.s.o.Logger.Handler(), slog.LevelDebug)))
-	defer func() { _ = sock.Close() }()
-	if err := sock.SetOption(zmq4.OptionSubscribe, c.src.Topic); err != nil {
+	z, err := dialSub(ctx, c.src.Endpoint, c.src.Topic, c.s.o.MaxFrame, handshakeTimeout)
+	if err != nil {
 		return err
 	}
-	if err := sock.Dial(boundedEndpoint(c.src.Endpoint)); err != nil {
-		return err
-	}
+	defer func() { _ = z.Close() }()
+	stop := context.AfterFunc(ctx, func() { _ = z.Close() })
+	defer stop()
 	c.resync(ctx)
 	for {
-		msg, err := sock.Recv()
+		frames, err := z.next()
 		if err != nil {
 			return err
 		}
-		c.handle(ctx, msg.Frames)
+		if len(frames) > 0 && !bytes.HasPrefix(frames[0], []byte(c.src.Topic)) {
+			continue // the publisher sent a topic not subscribed to
+		}
+		c.handle(ctx, frames)
 	}
 }
+
+// handshakeTimeout bounds a subscription's connect and ZMTP handshake.
+const handshakeTimeout = 10 * time.Second
 
 // boundedEndpoint routes a tcp:// endpoint through the frame-limiting
 // transport.

@@ -13,10 +13,10 @@ import (
 
 // go-zeromq allocates a frame's declared size before reading it, so a
 // publisher sending a header that claims a terabyte would take the router
-// down. Subscriptions therefore dial through a transport that reads the
-// ZMTP 3 stream as it passes and closes the connection at the first frame
-// over maxFrame bytes: the subscriber sees a dropped connection, counts it,
-// and reconnects.
+// down. The replay exchange (a go-zeromq DEALER) therefore dials through a
+// transport that reads the ZMTP 3 stream as it passes and closes the
+// connection at the first frame over maxFrame bytes. (The live stream is
+// read by zmtpSub, which checks each frame's size itself.)
 
 const boundedTransport = "switchyard-kvev-tcp"
 
@@ -28,11 +28,6 @@ type boundedDialer struct{}
 
 type maxFrameKey struct{}
 
-// connLostKey carries a func called once when the connection fails: a
-// go-zeromq SUB socket does not report a lost connection to its reader,
-// and the subscriber must know (the publisher may have restarted).
-type connLostKey struct{}
-
 func (boundedDialer) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -42,8 +37,7 @@ func (boundedDialer) Dial(ctx context.Context, d transport.Dialer, addr string) 
 	if limit <= 0 {
 		limit = 64 << 20
 	}
-	lost, _ := ctx.Value(connLostKey{}).(func())
-	return &frameLimitConn{Conn: c, limit: uint64(limit), skip: 64, lost: lost}, nil
+	return &frameLimitConn{Conn: c, limit: uint64(limit), skip: 64}, nil
 }
 
 func (boundedDialer) Listen(context.Context, string) (net.Listener, error) {
@@ -55,74 +49,21 @@ func (boundedDialer) Addr(ep string) (string, error) { return ep, nil }
 // frameLimitConn tracks ZMTP framing on the bytes read: skip bytes of the
 // current greeting or frame body remain, then a header (flags, then one
 // size byte, or eight with the LONG flag).
-//
-// It also buffers what it reads. go-zeromq reads a message frame by frame,
-// each header and each body with its own io.ReadFull on the connection: a
-// KV event batch (topic, sequence, payload) took six or seven read system
-// calls, and a reader that found a frame not yet arrived parked and was
-// woken again inside one message. One read of up to readBufSize now serves
-// all the frames that have arrived. Reads at least that large go straight
-// to the connection.
 type frameLimitConn struct {
 	net.Conn
 	limit uint64
 	skip  uint64 // body bytes (or greeting bytes) still to pass
 	hdr   [9]byte
 	hlen  int // header bytes seen so far
-	lost  func()
-	once  sync.Once
-
-	buf  []byte // read ahead, scanned; buf[r:w] not yet returned
-	r, w int
-}
-
-// readBufSize is the read-ahead of a subscription's connection: a batch
-// of a few hundred blocks' events fits.
-const readBufSize = 32 << 10
-
-func (c *frameLimitConn) fail() {
-	if c.lost != nil {
-		c.once.Do(c.lost)
-	}
 }
 
 func (c *frameLimitConn) Read(p []byte) (int, error) {
-	if c.r < c.w {
-		n := copy(p, c.buf[c.r:c.w])
-		c.r += n
-		return n, nil
-	}
-	if len(p) >= readBufSize {
-		return c.readScanned(p)
-	}
-	if c.buf == nil {
-		c.buf = make([]byte, readBufSize)
-	}
-	n, err := c.readScanned(c.buf)
-	c.r, c.w = 0, n
-	k := copy(p, c.buf[:n])
-	c.r = k
-	if k < n {
-		// The rest is served by the next reads; an error waits until
-		// then (the connection reports it again).
-		return k, nil
-	}
-	return k, err
-}
-
-// readScanned reads from the connection into p and checks the framing of
-// what arrived; a frame over the limit closes the connection.
-func (c *frameLimitConn) readScanned(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 {
 		if verr := c.scan(p[:n]); verr != nil {
 			_ = c.Conn.Close()
-			c.fail()
 			return 0, verr
 		}
-	}
-	if err != nil {
-		c.fail()
 	}
 	return n, err
 }
