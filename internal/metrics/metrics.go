@@ -11,6 +11,7 @@ package metrics
 import (
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,7 @@ type Metrics struct {
 	Registry *prometheus.Registry
 
 	workerGen atomic.Uint64 // see WorkerGeneration
+	workers   sync.Map      // childKey → child (see workerChild)
 
 	// HTTP surface
 	RequestsTotal   *prometheus.CounterVec   // route
@@ -197,9 +199,86 @@ func (m *Metrics) Handler() http.Handler {
 // resolved again (WithLabelValues re-creates it).
 func (m *Metrics) WorkerGeneration() uint64 { return m.workerGen.Load() }
 
+// Per-worker children every request through a worker updates are
+// resolved once per worker and kept (workers), instead of a label lookup
+// (hashing the labels, a map lookup under a lock) per request; each is
+// created at its first use, as WithLabelValues would. ForgetWorker drops
+// a departed worker's; a child resolved before a ForgetWorker's deletes
+// (the generation moved) is resolved again.
+type childKind uint8
+
+const (
+	childRunning childKind = iota
+	childSucceeded
+	childFailed
+	childPrefillReqs
+	childDecodeReqs
+	numChildKinds
+)
+
+type childKey struct {
+	kind   childKind
+	worker string
+}
+
+type child struct {
+	gen uint64
+	c   any // prometheus.Gauge or prometheus.Counter
+}
+
+func (m *Metrics) workerChild(kind childKind, key string) any {
+	gen := m.workerGen.Load()
+	k := childKey{kind, key}
+	if v, ok := m.workers.Load(k); ok {
+		if c := v.(child); c.gen == gen {
+			return c.c
+		}
+	}
+	var c any
+	switch kind {
+	case childRunning:
+		c = m.RunningRequests.WithLabelValues(key)
+	case childSucceeded:
+		c = m.CBOutcomes.WithLabelValues(key, "success")
+	case childFailed:
+		c = m.CBOutcomes.WithLabelValues(key, "failure")
+	case childPrefillReqs:
+		c = m.PDPrefillReqs.WithLabelValues(key)
+	case childDecodeReqs:
+		c = m.PDDecodeReqs.WithLabelValues(key)
+	}
+	m.workers.Store(k, child{gen, c})
+	return c
+}
+
+// Running is RunningRequests' child of a worker.
+func (m *Metrics) Running(key string) prometheus.Gauge {
+	return m.workerChild(childRunning, key).(prometheus.Gauge)
+}
+
+// Outcome is CBOutcomes' child of a worker for a success or a failure.
+func (m *Metrics) Outcome(key string, success bool) prometheus.Counter {
+	if success {
+		return m.workerChild(childSucceeded, key).(prometheus.Counter)
+	}
+	return m.workerChild(childFailed, key).(prometheus.Counter)
+}
+
+// PDLegRequests is PDPrefillReqs' (prefill) or PDDecodeReqs' child of a
+// worker.
+func (m *Metrics) PDLegRequests(key string, prefill bool) prometheus.Counter {
+	if prefill {
+		return m.workerChild(childPrefillReqs, key).(prometheus.Counter)
+	}
+	return m.workerChild(childDecodeReqs, key).(prometheus.Counter)
+}
+
 // ForgetWorker deletes every per-worker series of a worker that left.
 func (m *Metrics) ForgetWorker(key string) {
 	defer m.workerGen.Add(1) // after the deletes: a child resolved meanwhile is resolved again
+	for k := range numChildKinds {
+		m.workers.Delete(childKey{k, key})
+	}
 	l := prometheus.Labels{"worker": key}
 	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
 		m.WorkerHealth, m.RunningRequests, m.Processed, m.PolicyDecisions, m.TreeSize,

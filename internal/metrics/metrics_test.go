@@ -239,6 +239,51 @@ func TestForgetWorker(t *testing.T) {
 	}
 }
 
+// TestWorkerChildren: the accessors' children are the vectors' own, each
+// created at its first use only, and a worker's are resolved again after
+// ForgetWorker (else a departed and returning worker's requests would
+// count into deleted series, missing from the exposition).
+func TestWorkerChildren(t *testing.T) {
+	m := NewForTest()
+	const w = "http://10.0.0.9:8000"
+	m.Running(w).Inc()
+	m.Running(w).Inc()
+	m.Outcome(w, true).Inc()
+	m.PDLegRequests(w, true).Inc()
+	for _, tc := range []struct {
+		what string
+		c    prometheus.Collector
+		val  float64
+	}{
+		{"running", m.RunningRequests.WithLabelValues(w), 2},
+		{"successes", m.CBOutcomes.WithLabelValues(w, "success"), 1},
+		{"prefill requests", m.PDPrefillReqs.WithLabelValues(w), 1},
+	} {
+		if got := testutil.ToFloat64(tc.c); got != tc.val {
+			t.Errorf("%s: %v, want %v", tc.what, got, tc.val)
+		}
+	}
+	// Only what was used exists: no failure or decode series yet.
+	if n := testutil.CollectAndCount(m.CBOutcomes); n != 1 {
+		t.Errorf("CBOutcomes has %d series, want 1 (success)", n)
+	}
+	if n := testutil.CollectAndCount(m.PDDecodeReqs); n != 0 {
+		t.Errorf("PDDecodeReqs has %d series, want none", n)
+	}
+	m.ForgetWorker(w)
+	if n := testutil.CollectAndCount(m.RunningRequests); n != 0 {
+		t.Fatalf("RunningRequests has %d series after ForgetWorker", n)
+	}
+	m.Running(w).Inc()
+	m.Outcome(w, false).Inc()
+	if got := testutil.ToFloat64(m.RunningRequests.WithLabelValues(w)); got != 1 {
+		t.Errorf("running after the worker came back: %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(m.CBOutcomes.WithLabelValues(w, "failure")); got != 1 {
+		t.Errorf("failures after the worker came back: %v, want 1", got)
+	}
+}
+
 // TestEveryMetricRecorded: a declared metric nobody records is a bug (the
 // Rust router had many). Every collector must be used by router code
 // outside this package: a selector "m.<Field>" or "Metrics.<Field>".
@@ -288,8 +333,14 @@ func TestEveryMetricRecorded(t *testing.T) {
 		}
 	}
 	used := src.String()
+	// Fields recorded through the accessors that cache their children.
+	accessor := map[string]string{"RunningRequests": "Running", "CBOutcomes": "Outcome",
+		"PDPrefillReqs": "PDLegRequests", "PDDecodeReqs": "PDLegRequests"}
 	for _, f := range fields {
 		re := regexp.MustCompile(`(?m)^(m|Metrics)\.` + f + `$`)
+		if a, ok := accessor[f]; ok {
+			re = regexp.MustCompile(`(?m)^(m|Metrics)\.(` + f + `|` + a + `)$`)
+		}
 		if !re.MatchString(used) {
 			t.Errorf("Metrics.%s is declared but never recorded outside internal/metrics", f)
 		}

@@ -249,7 +249,7 @@ func (a *attemptRun) close() {
 
 func (a *attemptRun) observeP(out prefillOut) {
 	if a.e.m != nil && !a.st.warmup && out.fail == nil {
-		a.e.m.PDPrefillSeconds.WithLabelValues(a.labels...).Observe(out.dur.Seconds())
+		a.e.observe(a.e.m.PDPrefillSeconds, out.dur.Seconds(), a.labels[0], a.labels[1])
 	}
 }
 
@@ -465,7 +465,7 @@ func (a *attemptRun) waitFirstByte() *failure {
 	a.first, a.firstEOF = buf[:n], errors.Is(err, io.EOF)
 	tracing.Event(a.dl.span, tracing.EventFirstByte)
 	if a.e.m != nil && !a.st.warmup {
-		a.e.m.PDKVWaitSeconds.WithLabelValues(a.labels...).Observe(a.e.o.Now().Sub(a.dl.sent).Seconds())
+		a.e.observe(a.e.m.PDKVWaitSeconds, a.e.o.Now().Sub(a.dl.sent).Seconds(), a.labels[0], a.labels[1])
 	}
 	return nil
 }
@@ -595,7 +595,7 @@ func (a *attemptRun) commit() {
 	}
 	if e.m != nil && !st.warmup {
 		d := e.o.Now().Sub(st.start).Seconds()
-		e.m.PDRequestDur.WithLabelValues(st.route).Observe(d)
+		e.observe(e.m.PDRequestDur, d, st.route)
 		e.m.GenerateDur.Observe(d) // time to response headers, as on the regular path
 	}
 }
@@ -648,7 +648,7 @@ func (a *attemptRun) writeHead() io.Reader {
 func (a *attemptRun) onFirstByte() {
 	e, st := a.e, a.st
 	if e.m != nil && !st.warmup && st.stream {
-		e.m.TTFT.WithLabelValues(st.route, "pd").Observe(e.o.Now().Sub(st.start).Seconds())
+		e.observe(e.m.TTFT, e.o.Now().Sub(st.start).Seconds(), st.route, "pd")
 	}
 }
 
@@ -657,7 +657,7 @@ func (a *attemptRun) onFirstByte() {
 func (a *attemptRun) afterRelay(res *proxy.RelayResult) {
 	e, st, pr, dl := a.e, a.st, a.pr, a.dl
 	if e.m != nil && !st.warmup {
-		e.m.PDDecodeSeconds.WithLabelValues(a.labels...).Observe(e.o.Now().Sub(dl.sent).Seconds())
+		e.observe(e.m.PDDecodeSeconds, e.o.Now().Sub(dl.sent).Seconds(), a.labels[0], a.labels[1])
 	}
 	if e.migrateAfterRelay(a.ctx, res, st, pr, dl) {
 		return
@@ -794,7 +794,7 @@ func (a *attemptRun) relayMerged() *failure {
 	}
 	dl.finish(true)
 	if e.m != nil && !st.warmup {
-		e.m.PDDecodeSeconds.WithLabelValues(a.labels...).Observe(e.o.Now().Sub(dl.sent).Seconds())
+		e.observe(e.m.PDDecodeSeconds, e.o.Now().Sub(dl.sent).Seconds(), a.labels[0], a.labels[1])
 	}
 	return nil
 }
@@ -877,7 +877,7 @@ func (e *Engine) writeFailure(w http.ResponseWriter, st *reqState, f *failure) {
 	}
 	e.countErr(et)
 	if e.m != nil && !st.warmup {
-		e.m.PDRequestDur.WithLabelValues(st.route).Observe(e.o.Now().Sub(st.start).Seconds())
+		e.observe(e.m.PDRequestDur, e.o.Now().Sub(st.start).Seconds(), st.route)
 	}
 	if f.reason == "client_disconnect" {
 		w.WriteHeader(proxy.StatusClientClosed)
@@ -908,7 +908,7 @@ func (e *Engine) countErr(t string) {
 
 func (e *Engine) countRoute(route string) {
 	if e.m != nil {
-		e.m.PDRequests.WithLabelValues(route).Inc()
+		e.inc(e.m.PDRequests, route)
 	}
 }
 

@@ -38,6 +38,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/migrate"
 	"github.com/switchyard-llm/switchyard/internal/openai"
@@ -156,8 +158,13 @@ type Engine struct {
 	log    *slog.Logger
 	m      *metrics.Metrics
 	tr     *tracing.Tracer
-	rr     atomic.Uint64
-	hash   []string
+	// inflightPrefill and inflightDecode are WorkerInFlight's children of
+	// the two legs (nil without metrics); series holds the other children
+	// a request updates (series.go).
+	inflightPrefill, inflightDecode prometheus.Gauge
+	series                          sync.Map
+	rr                              atomic.Uint64
+	hash                            []string
 
 	bg     sync.WaitGroup
 	closed atomic.Bool
@@ -226,6 +233,9 @@ func New(o Options) (*Engine, error) {
 	probeTTL := time.Duration(0) // the cooldown, when no KV-wait bound exists
 	if o.KVWaitTimeout > 0 {
 		probeTTL = o.KVWaitTimeout + time.Second
+	}
+	if e.m != nil {
+		e.inflightPrefill, e.inflightDecode = e.m.WorkerInFlight.WithLabelValues("prefill"), e.m.WorkerInFlight.WithLabelValues("decode")
 	}
 	e.pairs = newPairHealth(o.PairFailureThreshold, o.PairCooldown, probeTTL, o.Now)
 	e.down = map[*worker.Worker]chan struct{}{}

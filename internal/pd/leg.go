@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
 	"github.com/switchyard-llm/switchyard/internal/tracing"
 	"github.com/switchyard-llm/switchyard/internal/worker"
@@ -37,9 +38,9 @@ type leg struct {
 	holdOK bool
 	warmup bool // a pair warm-up's leg: its connect failure is no health verdict
 
-	running, inflight prometheus.Gauge       // per-worker and per-role in-flight gauges (nil without metrics)
-	outcomes          *prometheus.CounterVec // circuit-breaker outcomes (nil without metrics)
-	span              trace.Span             // nil when tracing is off
+	running, inflight prometheus.Gauge // per-worker and per-role in-flight gauges (nil without metrics)
+	m                 *metrics.Metrics // circuit-breaker outcomes (nil without metrics)
+	span              trace.Span       // nil when tracing is off
 }
 
 // finish records the leg's breaker outcome, releases its in-flight slot and
@@ -81,8 +82,8 @@ func (l *leg) settle(o worker.Outcome) {
 		} else {
 			l.ticket.Finish(o)
 		}
-		if l.outcomes != nil && o != worker.OutcomeNeutral {
-			l.outcomes.WithLabelValues(l.w.Key(), o.String()).Inc()
+		if l.m != nil && o != worker.OutcomeNeutral {
+			l.m.Outcome(l.w.Key(), o == worker.OutcomeSuccess).Inc()
 		}
 	})
 }
@@ -102,14 +103,13 @@ func (e *Engine) startLeg(ctx context.Context, name string, w *worker.Worker, st
 	l.slot.Start(w, false)
 	if e.m != nil {
 		key := w.Key()
-		if name == "prefill" {
-			e.m.PDPrefillReqs.WithLabelValues(key).Inc()
-		} else {
-			e.m.PDDecodeReqs.WithLabelValues(key).Inc()
+		e.m.PDLegRequests(key, name == "prefill").Inc()
+		l.running = e.m.Running(key)
+		l.inflight = e.inflightPrefill
+		if name != "prefill" {
+			l.inflight = e.inflightDecode
 		}
-		l.running = e.m.RunningRequests.WithLabelValues(key)
-		l.inflight = e.m.WorkerInFlight.WithLabelValues(name)
-		l.outcomes = e.m.CBOutcomes
+		l.m = e.m
 		l.running.Inc()
 		l.inflight.Inc()
 	}

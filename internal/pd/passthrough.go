@@ -167,7 +167,7 @@ func (pl *plainLeg) relay(ctx context.Context, w http.ResponseWriter, resp *http
 	e, st := pl.e, pl.st
 	sse = strings.HasPrefix(strings.ToLower(resp.Header.Get("Content-Type")), "text/event-stream")
 	if e.m != nil {
-		e.m.PDRequestDur.WithLabelValues(st.route).Observe(e.o.Now().Sub(st.start).Seconds())
+		e.observe(e.m.PDRequestDur, e.o.Now().Sub(st.start).Seconds(), st.route)
 	}
 	h := w.Header()
 	proxy.CopyResponseHeaders(h, resp.Header)
@@ -183,7 +183,7 @@ func (pl *plainLeg) relay(ctx context.Context, w http.ResponseWriter, resp *http
 		Observe:     observeUsage,
 		OnFirstByte: func() {
 			if e.m != nil && sse {
-				e.m.TTFT.WithLabelValues(st.route, "pd").Observe(e.o.Now().Sub(st.start).Seconds())
+				e.observe(e.m.TTFT, e.o.Now().Sub(st.start).Seconds(), st.route, "pd")
 			}
 		},
 	})
@@ -235,7 +235,7 @@ func (e *Engine) writePrefillAnswer(w http.ResponseWriter, st *reqState, body []
 		rc.Reason += "; answered by the prefill alone: its first token ended the generation (finish_reason stop, kv_transfer_params null), no decode needed"
 	}
 	if e.m != nil {
-		e.m.PDRequestDur.WithLabelValues(st.route).Observe(e.o.Now().Sub(st.start).Seconds())
+		e.observe(e.m.PDRequestDur, e.o.Now().Sub(st.start).Seconds(), st.route)
 	}
 	h := w.Header()
 	h.Set("Content-Type", "application/json")

@@ -717,7 +717,7 @@ func (p *Regular) startSlot(w *worker.Worker, t worker.Ticket, panicDone func(bo
 		s.ws.FirstByte() // its first byte is its last: not counted as in prefill
 	}
 	if p.m != nil {
-		s.running = p.m.RunningRequests.WithLabelValues(w.Key())
+		s.running = p.m.Running(w.Key())
 		s.running.Inc()
 		p.inflightRole.Inc()
 	}
@@ -749,11 +749,7 @@ func (s *attemptSlot) outcome(ok bool) {
 		}
 	}
 	if m := s.p.m; m != nil {
-		o := "failure"
-		if ok {
-			o = "success"
-		}
-		m.CBOutcomes.WithLabelValues(s.w.Key(), o).Inc()
+		m.Outcome(s.w.Key(), ok).Inc()
 	}
 }
 
