@@ -248,3 +248,29 @@ func TestReplayIsAppliedAsOneStep(t *testing.T) {
 		t.Fatalf("after a hole: match %v, resets %d", x.Match(prompt), s.C.Resets.Load())
 	}
 }
+
+// TestSubscriberAnswersHeartbeats: a libzmq publisher with
+// ZMQ_HEARTBEAT_IVL 100 ms and ZMQ_HEARTBEAT_TIMEOUT 300 ms drops a
+// subscriber that does not answer its PINGs; the subscriber answers, so
+// its one connection lasts and carries the events.
+func TestSubscriberAnswersHeartbeats(t *testing.T) {
+	t.Setenv("KVTEST_HEARTBEAT_MS", "100")
+	const bs = 4
+	p := kvtest.Start(t, "")
+	x := NewIndex(IndexOptions{BlockSize: bs})
+	s, err := NewSubscriber(Options{Index: x, Redial: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	s.Set([]Source{{Worker: "w1", Endpoint: p.Pub, ReplayEndpoint: p.Replay}})
+	first, second := seq(1, 8), seq(100, 8)
+	p.Do(map[string]any{"op": "publish", "batch": batch(storedJSON(true, "a", first, bs, 0, 2))})
+	waitMatch(t, x, first, map[string]int{"w1": 2}, "first store")
+	time.Sleep(1200 * time.Millisecond) // four heartbeat timeouts
+	p.Do(map[string]any{"op": "publish", "batch": batch(storedJSON(true, "b", second, bs, 0, 2))})
+	waitMatch(t, x, second, map[string]int{"w1": 2}, "store after the heartbeats")
+	if n := s.C.Reconnects.Load(); n != 0 {
+		t.Errorf("%d reconnects: the publisher dropped the subscriber", n)
+	}
+}

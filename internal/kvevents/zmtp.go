@@ -191,7 +191,7 @@ func (z *zmtpSub) next() ([][]byte, error) {
 			if n > 0 {
 				return nil, fmt.Errorf("%w: a command inside a message", errZMTP)
 			}
-			if _, err := z.r.Discard(int(size)); err != nil {
+			if err := z.command(size); err != nil {
 				return nil, err
 			}
 			continue
@@ -217,5 +217,32 @@ func (z *zmtpSub) next() ([][]byte, error) {
 		}
 	}
 }
+
+// command handles a command frame of size bytes between messages: a
+// PING (ZMTP 3.1 heartbeat) is answered with a PONG carrying its context,
+// as a libzmq publisher with ZMQ_HEARTBEAT_TIMEOUT expects (else it drops
+// the connection); any other command is skipped.
+func (z *zmtpSub) command(size uint64) error {
+	if size < 5 || size > 255 {
+		_, err := z.r.Discard(int(size))
+		return err
+	}
+	var b [255]byte
+	body := b[:size]
+	if _, err := io.ReadFull(z.r, body); err != nil {
+		return err
+	}
+	// name length, "PING", a 2-byte TTL, then up to 16 bytes of context
+	if string(body[:5]) != "\x04PING" || len(body) < 7 {
+		return nil
+	}
+	_ = z.conn.SetWriteDeadline(time.Now().Add(pongTimeout))
+	_, err := z.conn.Write(command("PONG", body[7:]))
+	_ = z.conn.SetWriteDeadline(time.Time{})
+	return err
+}
+
+// pongTimeout bounds the write of a PONG.
+const pongTimeout = time.Second
 
 func (z *zmtpSub) Close() error { return z.conn.Close() }

@@ -9,19 +9,28 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 )
 
 // countingConn serves data in reads of at most chunk bytes and counts
-// them.
+// them; what is written to it is kept.
 type countingConn struct {
 	net.Conn
-	data  []byte
-	chunk int
-	reads int
+	data    []byte
+	chunk   int
+	reads   int
+	written []byte
 }
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	c.written = append(c.written, p...)
+	return len(p), nil
+}
+
+func (c *countingConn) SetWriteDeadline(time.Time) error { return nil }
 
 func (c *countingConn) Read(p []byte) (int, error) {
 	c.reads++
@@ -51,6 +60,7 @@ func TestZMTPSubNext(t *testing.T) {
 		wantErr   string     // the error after them ("" = io.EOF)
 		maxReads  int        // of the connection (0 = unchecked)
 		frameSize int        // the limit (0 = 1 MiB)
+		written   []byte     // what the subscriber answers
 	}{
 		{
 			name:     "fifty batches from two reads",
@@ -66,10 +76,12 @@ func TestZMTPSubNext(t *testing.T) {
 			want:   [][][]byte{{{}, seqBytes(1), long}, {{}, seqBytes(2), []byte("x")}},
 		},
 		{
-			name:   "a heartbeat between messages is skipped",
-			stream: append(append(batchMessage("t", 1, []byte("a")), ping...), batchMessage("t", 2, []byte("b"))...),
-			chunk:  1 << 20,
-			want:   [][][]byte{{[]byte("t"), seqBytes(1), []byte("a")}, {[]byte("t"), seqBytes(2), []byte("b")}},
+			name: "heartbeats between messages are answered, other commands skipped",
+			stream: slices.Concat(batchMessage("t", 1, []byte("a")), ping, command("PING", []byte("\x00\x0actx1")),
+				command("SUBSCRIBE", []byte("x")), batchMessage("t", 2, []byte("b"))),
+			chunk:   1 << 20,
+			want:    [][][]byte{{[]byte("t"), seqBytes(1), []byte("a")}, {[]byte("t"), seqBytes(2), []byte("b")}},
+			written: slices.Concat(command("PONG", nil), command("PONG", []byte("ctx1"))),
 		},
 		{
 			name:      "a frame over the limit",
@@ -143,6 +155,9 @@ func TestZMTPSubNext(t *testing.T) {
 				t.Errorf("ended with %v, want EOF", err)
 			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
 				t.Errorf("ended with %v, want %q", err, tc.wantErr)
+			}
+			if !bytes.Equal(c.written, tc.written) {
+				t.Errorf("the subscriber wrote %q, want %q", c.written, tc.written)
 			}
 			if tc.maxReads > 0 && c.reads > tc.maxReads {
 				t.Errorf("%d reads of the connection, want at most %d", c.reads, tc.maxReads)

@@ -15,8 +15,13 @@ stdin, one JSON command a line:
   {"op": "quit"}
 In B, {"bytes": "hex"} stands for a bytes value. Prints "ready PUB REPLAY"
 then "ok SEQ" after each command.
+
+KVTEST_HEARTBEAT_MS=N in the environment sets ZMQ_HEARTBEAT_IVL to N ms
+and ZMQ_HEARTBEAT_TIMEOUT to 3N on the PUB socket: libzmq then sends
+PINGs and drops a subscriber that sends nothing back within the timeout.
 """
 import json
+import os
 import sys
 import time
 
@@ -39,6 +44,8 @@ def rebind(ctx, kind, port):
     deadline = time.time() + 10
     while True:
         sock = ctx.socket(kind)
+        if kind == zmq.PUB:
+            heartbeat(sock)
         try:
             sock.bind("tcp://127.0.0.1:%d" % port)
             return sock
@@ -49,10 +56,18 @@ def rebind(ctx, kind, port):
             time.sleep(0.02)
 
 
+def heartbeat(sock):
+    ms = int(os.environ.get("KVTEST_HEARTBEAT_MS", "0"))
+    if ms > 0:
+        sock.setsockopt(zmq.HEARTBEAT_IVL, ms)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * ms)
+    return sock
+
+
 def main():
     topic = sys.argv[1].encode() if len(sys.argv) > 1 else b""
     ctx = zmq.Context.instance()
-    pub = ctx.socket(zmq.PUB)
+    pub = heartbeat(ctx.socket(zmq.PUB))
     pub_port = pub.bind_to_random_port("tcp://127.0.0.1")
     rep = ctx.socket(zmq.ROUTER)
     rep_port = rep.bind_to_random_port("tcp://127.0.0.1")
