@@ -179,7 +179,8 @@ func (z *zmtpSub) header() (byte, uint64, error) {
 }
 
 // next reads the next message. Its frames are valid until the next call.
-// Commands between messages (a heartbeat) are skipped.
+// Commands between messages are handled by command (a heartbeat PING is
+// answered, the rest skipped).
 func (z *zmtpSub) next() ([][]byte, error) {
 	n := 0
 	for {
