@@ -94,7 +94,7 @@ func storeFor(x *kvevents.Index, key string, tokens []uint32, blocks int) {
 	bs := x.BlockSize()
 	e := kvevents.BlockStored{BlockSize: bs, LoRAID: -1, TokenIDs: tokens[:blocks*bs]}
 	for i := range blocks {
-		e.BlockHashes = append(e.BlockHashes, kvevents.Hash(fmt.Sprintf("%s/%d", key, i)))
+		e.BlockHashes = append(e.BlockHashes, kvevents.BytesHash(fmt.Appendf(nil, "%s/%d", key, i)))
 	}
 	x.Apply(key, []kvevents.Event{e})
 }
@@ -249,7 +249,7 @@ func TestKVAwareFullWorkersDecideByLoad(t *testing.T) {
 	storeFor(x, ws[1].Key(), other, 3)
 	storeFor(x, ws[2].Key(), other, 16)
 	evict := func(w *worker.Worker) {
-		x.Apply(w.Key(), []kvevents.Event{kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{kvevents.Hash(w.Key() + "/0")}}})
+		x.Apply(w.Key(), []kvevents.Event{kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{kvevents.BytesHash([]byte(w.Key() + "/0"))}}})
 	}
 	evict(ws[1])
 	evict(ws[2])
@@ -273,7 +273,7 @@ func fullWorkers(t *testing.T) (*Policy, []*worker.Worker) {
 	ws := mkWorkers(ts.URL, "http://b:1")
 	for _, w := range ws {
 		storeFor(x, w.Key(), wordIDs(words(160, "other")), 8)
-		x.Apply(w.Key(), []kvevents.Event{kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{kvevents.Hash(w.Key() + "/0")}}})
+		x.Apply(w.Key(), []kvevents.Event{kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{kvevents.BytesHash([]byte(w.Key() + "/0"))}}})
 	}
 	return newPolicy(t, x, nil), ws
 }
@@ -588,7 +588,7 @@ func TestKVAwareSpreadsABurstOfNewPrefixes(t *testing.T) {
 	for i, r := range sent {
 		e := kvevents.BlockStored{BlockSize: 4, LoRAID: -1, TokenIDs: r.toks[:40]}
 		for j := range 10 {
-			e.BlockHashes = append(e.BlockHashes, kvevents.Hash(fmt.Sprintf("p%d/%d", i, j)))
+			e.BlockHashes = append(e.BlockHashes, kvevents.BytesHash(fmt.Appendf(nil, "p%d/%d", i, j)))
 		}
 		x.Apply(r.w.Key(), []kvevents.Event{e})
 	}

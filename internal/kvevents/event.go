@@ -21,21 +21,39 @@ package kvevents
 import (
 	"errors"
 	"fmt"
-	"strconv"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/switchyard-llm/switchyard/internal/mpread"
 )
 
-// Hash is an engine block hash, kept opaque: "i" + decimal for integer
-// hashes, "b" + raw bytes for byte hashes.
-type Hash string
+// Hash is an engine block hash folded to 64 bits, so the index keys its
+// maps by a machine word and decoding allocates nothing per hash: an
+// integer hash (vLLM's default, the low 64 bits of its sha256) is its
+// 64-bit value, a byte hash is the xxhash64 of its bytes (BytesHash). Zero
+// stands for "no parent": a hash that folds to 0 is taken as 1. Two
+// distinct hashes of one engine fold alike with a probability of about
+// n²/2^65 for n cached blocks (3·10⁻⁸ at a million); the index would then
+// misplace a block, never fail.
+type Hash uint64
+
+// BytesHash folds a byte hash (vLLM's sha256 block hashes when it
+// publishes bytes) into a Hash.
+func BytesHash(b []byte) Hash { return nonZero(xxhash.Sum64(b)) }
+
+func nonZero(u uint64) Hash {
+	if u == 0 {
+		return 1
+	}
+	return Hash(u)
+}
 
 // Event is one of BlockStored, BlockRemoved, AllBlocksCleared.
 type Event interface{ kind() string }
 
 // BlockStored: the engine cached full blocks. TokenIDs holds the tokens of
 // all of them, BlockSize per block; Parent is the hash of the block before
-// the first one ("" for the first block of a sequence).
+// the first one (0 for the first block of a sequence).
 type BlockStored struct {
 	BlockHashes []Hash
 	Parent      Hash
@@ -160,9 +178,11 @@ type fieldSet struct {
 	medium    string
 }
 
-func (f *fieldSet) read(r *mpread.Reader, name string) error {
+// read decodes the field called name (a string conversion in a switch
+// allocates nothing).
+func (f *fieldSet) read(r *mpread.Reader, name []byte) error {
 	var err error
-	switch name {
+	switch string(name) {
 	case "block_hashes":
 		f.hashes, err = readHashes(r)
 	case "parent_block_hash":
@@ -184,7 +204,7 @@ func (f *fieldSet) read(r *mpread.Reader, name string) error {
 	case "lora_name":
 		f.loraName, err = readOptStr(r)
 	case "medium":
-		f.medium, err = readOptStr(r)
+		f.medium, err = readMedium(r)
 	default:
 		err = r.Skip(maxDepth)
 	}
@@ -196,9 +216,17 @@ func (f *fieldSet) read(r *mpread.Reader, name string) error {
 
 // Field order of the positional encoding (vLLM's declaration order).
 var (
-	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"}
-	removedFields = []string{"block_hashes", "medium"}
+	storedFields  = fieldNames("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name")
+	removedFields = fieldNames("block_hashes", "medium")
 )
+
+func fieldNames(names ...string) [][]byte {
+	out := make([][]byte, len(names))
+	for i, n := range names {
+		out[i] = []byte(n)
+	}
+	return out
+}
 
 func decodePositional(r *mpread.Reader) (Event, error) {
 	n, err := r.ArrayLen()
@@ -208,28 +236,30 @@ func decodePositional(r *mpread.Reader) (Event, error) {
 	if n < 1 {
 		return nil, errors.New("empty event array")
 	}
-	tag, err := str(r)
+	tagb, err := r.Str()
 	if err != nil {
 		return nil, fmt.Errorf("event tag: %w", err)
 	}
 	f := fieldSet{loraID: -1}
-	var names []string
-	switch tag {
+	var names [][]byte
+	var tag string
+	switch string(tagb) {
 	case "BlockStored":
-		names = storedFields
+		names, tag = storedFields, "BlockStored"
 	case "BlockRemoved":
-		names = removedFields
+		names, tag = removedFields, "BlockRemoved"
 	case "AllBlocksCleared":
+		tag = "AllBlocksCleared"
 	default:
 		for range n - 1 {
 			if err := r.Skip(maxDepth); err != nil {
 				return nil, err
 			}
 		}
-		return nil, fmt.Errorf("%w %q", ErrUnknownEvent, tag)
+		return nil, fmt.Errorf("%w %q", ErrUnknownEvent, tagb)
 	}
 	for i := 1; i < n; i++ {
-		name := ""
+		var name []byte
 		if i-1 < len(names) {
 			name = names[i-1]
 		}
@@ -246,15 +276,15 @@ func decodeNamed(r *mpread.Reader) (Event, error) {
 		return nil, err
 	}
 	f := fieldSet{loraID: -1}
-	tag := ""
+	var tag []byte
 	seen := 0
 	for range n {
-		k, err := str(r)
+		k, err := r.Str()
 		if err != nil {
 			return nil, fmt.Errorf("event key: %w", err)
 		}
-		if k == "type" {
-			if tag, err = str(r); err != nil {
+		if string(k) == "type" {
+			if tag, err = r.Str(); err != nil {
 				return nil, fmt.Errorf("event type: %w", err)
 			}
 			continue
@@ -262,18 +292,21 @@ func decodeNamed(r *mpread.Reader) (Event, error) {
 		if err := f.read(r, k); err != nil {
 			return nil, err
 		}
-		if k == "block_hashes" || k == "token_ids" || k == "block_size" {
+		switch string(k) {
+		case "block_hashes", "token_ids", "block_size":
 			seen++
 		}
 	}
-	switch tag {
+	switch string(tag) {
 	case "BlockStored":
 		if seen < 3 {
 			return nil, errors.New("BlockStored without block_hashes, token_ids or block_size")
 		}
-		return f.event(tag, len(storedFields))
-	case "BlockRemoved", "AllBlocksCleared":
-		return f.event(tag, len(removedFields))
+		return f.event("BlockStored", len(storedFields))
+	case "BlockRemoved":
+		return f.event("BlockRemoved", len(removedFields))
+	case "AllBlocksCleared":
+		return f.event("AllBlocksCleared", len(removedFields))
 	case "":
 		return nil, errors.New("event map without a type")
 	}
@@ -305,31 +338,29 @@ func (f *fieldSet) event(tag string, nfields int) (Event, error) {
 func readHash(r *mpread.Reader) (Hash, error) {
 	c, err := r.Peek()
 	if err != nil {
-		return "", err
+		return 0, err
 	}
 	if f := mpread.FamilyOf(c); f == mpread.Int || f == mpread.Uint {
-		u, neg, err := r.Integer()
+		// A negative integer is its two's-complement bit pattern.
+		u, _, err := r.Integer()
 		if err != nil {
-			return "", err
+			return 0, err
 		}
-		if neg {
-			return Hash("i" + strconv.FormatInt(int64(u), 10)), nil
-		}
-		return Hash("i" + strconv.FormatUint(u, 10)), nil
+		return nonZero(u), nil
 	}
 	s, _, err := r.StrOrBin()
 	if err != nil {
-		return "", err
+		return 0, err
 	}
 	if len(s) == 0 {
-		return "", errors.New("empty block hash")
+		return 0, errors.New("empty block hash")
 	}
-	return Hash("b" + string(s)), nil
+	return BytesHash(s), nil
 }
 
 func readOptHash(r *mpread.Reader) (Hash, error) {
 	if r.Nil() {
-		return "", nil
+		return 0, nil
 	}
 	return readHash(r)
 }
@@ -377,6 +408,24 @@ func readOptStr(r *mpread.Reader) (string, error) {
 func str(r *mpread.Reader) (string, error) {
 	s, err := r.Str()
 	return string(s), err
+}
+
+// readMedium reads an optional medium; vLLM's own names ("GPU", "CPU")
+// come without a copy of their own: one comes with every event.
+func readMedium(r *mpread.Reader) (string, error) {
+	if r.Nil() {
+		return "", nil
+	}
+	b, err := r.Str()
+	switch {
+	case err != nil:
+		return "", err
+	case string(b) == "GPU":
+		return "GPU", nil
+	case string(b) == "CPU":
+		return "CPU", nil
+	}
+	return string(b), nil
 }
 
 // float reads a float, or an integer as one: msgspec writes integral

@@ -51,6 +51,16 @@ func namedStored(hashes []any, parent any, tokens []int, bs int, medium any) map
 		"token_ids": tokens, "block_size": bs, "lora_id": nil, "medium": medium, "lora_name": nil}
 }
 
+// intHashes are n integer block hashes as vLLM publishes them by
+// default (the low 64 bits of a sha256: large, 9 bytes of msgpack each).
+func intHashes(from uint64, n int) []any {
+	out := make([]any, n)
+	for i := range out {
+		out[i] = (from+uint64(i))*0x9E3779B97F4A7C15 | 1<<63
+	}
+	return out
+}
+
 func TestDecodeBatch(t *testing.T) {
 	h1, h2 := []byte("\x01\x02sha256-a"), []byte("\x03sha256-b")
 	cases := []struct {
@@ -66,14 +76,14 @@ func TestDecodeBatch(t *testing.T) {
 				[]any{"AllBlocksCleared"},
 			}, 3},
 			Batch{TS: 1.5, DPRank: 3, Events: []Event{
-				BlockStored{BlockHashes: []Hash{Hash("b" + string(h1)), Hash("b" + string(h2))}, TokenIDs: u32(seq(0, 8)), BlockSize: 4, LoRAID: -1, Medium: "GPU"},
-				BlockRemoved{BlockHashes: []Hash{Hash("b" + string(h1))}, Medium: "GPU"},
+				BlockStored{BlockHashes: []Hash{BytesHash(h1), BytesHash(h2)}, TokenIDs: u32(seq(0, 8)), BlockSize: 4, LoRAID: -1, Medium: "GPU"},
+				BlockRemoved{BlockHashes: []Hash{BytesHash(h1)}, Medium: "GPU"},
 				AllBlocksCleared{},
 			}}, 0},
 		{"positional, int hashes with parent, no dp rank, trailing defaults omitted",
 			[]any{2.0, []any{[]any{"BlockStored", []any{uint64(1 << 63), -5}, 42, seq(100, 4), 2}}},
 			Batch{TS: 2, DPRank: -1, Events: []Event{
-				BlockStored{BlockHashes: []Hash{"i9223372036854775808", "i-5"}, Parent: "i42", TokenIDs: u32(seq(100, 4)), BlockSize: 2, LoRAID: -1},
+				BlockStored{BlockHashes: []Hash{9223372036854775808, Hash(^uint64(4))}, Parent: 42, TokenIDs: u32(seq(100, 4)), BlockSize: 2, LoRAID: -1},
 			}}, 0},
 		{"named maps, unknown fields skipped",
 			[]any{3.25, []any{
@@ -87,8 +97,8 @@ func TestDecodeBatch(t *testing.T) {
 				map[string]any{"type": "AllBlocksCleared"},
 			}, nil},
 			Batch{TS: 3.25, DPRank: -1, Events: []Event{
-				BlockStored{BlockHashes: []Hash{Hash("b" + string(h1))}, Parent: Hash("b" + string(h2)), TokenIDs: u32(seq(7, 4)), BlockSize: 4, LoRAID: -1, Medium: "CPU"},
-				BlockRemoved{BlockHashes: []Hash{Hash("b" + string(h1))}, Medium: "CPU"},
+				BlockStored{BlockHashes: []Hash{BytesHash(h1)}, Parent: BytesHash(h2), TokenIDs: u32(seq(7, 4)), BlockSize: 4, LoRAID: -1, Medium: "CPU"},
+				BlockRemoved{BlockHashes: []Hash{BytesHash(h1)}, Medium: "CPU"},
 				AllBlocksCleared{},
 			}}, 0},
 		{"unknown event types are skipped, the rest kept",
@@ -175,13 +185,22 @@ func FuzzDecodeBatch(f *testing.F) {
 
 // BenchmarkDecodeBatch decodes a batch as an engine publishes it for one
 // request: a BlockStored of 36 blocks of 16 tokens (a 576-token prompt),
-// a BlockRemoved of 8, in both encodings vLLM has shipped.
+// a BlockRemoved of 8, in both encodings vLLM has shipped; and ("full
+// cache") what an engine whose cache is full publishes for a request of
+// the kv scenario's (vllm-sim's batches there, as vLLM's): 20 blocks
+// stored and, as each evicts one, 20 BlockRemoved of one integer hash
+// each (block_pool.py removes blocks one by one), named encoding.
 //
 //	go test -run '^$' -bench DecodeBatch -benchmem ./internal/kvevents
 func BenchmarkDecodeBatch(b *testing.B) {
 	hashes := make([]any, 36)
 	for i := range hashes {
 		hashes[i] = []byte("sha256-block-hash-" + strings.Repeat("x", i%7))
+	}
+	full := []any{map[string]any{"type": "BlockStored", "block_hashes": intHashes(1000, 20), "parent_block_hash": intHashes(999, 1)[0],
+		"token_ids": seq(0, 20*16), "block_size": 16, "lora_id": nil, "medium": "GPU", "lora_name": nil}}
+	for i := range 20 {
+		full = append(full, map[string]any{"type": "BlockRemoved", "block_hashes": intHashes(uint64(i), 1), "medium": "GPU"})
 	}
 	for _, tc := range []struct {
 		name  string
@@ -195,6 +214,7 @@ func BenchmarkDecodeBatch(b *testing.B) {
 			namedStored(hashes, hashes[0], seq(0, 36*16), 16, "GPU"),
 			map[string]any{"type": "BlockRemoved", "block_hashes": hashes[:8], "medium": "GPU"},
 		}, nil}},
+		{"full-cache", []any{1.5, full, nil}},
 	} {
 		payload := enc(b, tc.batch)
 		b.Run(tc.name, func(b *testing.B) {

@@ -222,7 +222,7 @@ func (x *Index) storeLocked(w *workerBlocks, e BlockStored) {
 		return
 	}
 	prev := x.root(e.LoRAName)
-	if e.Parent != "" {
+	if e.Parent != 0 {
 		p, ok := w.engine[e.Parent]
 		if !ok {
 			x.stats.Orphans += uint64(len(e.BlockHashes))

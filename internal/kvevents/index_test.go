@@ -13,10 +13,10 @@ import (
 func stored(name string, tokens []uint32, bs, from, to int) BlockStored {
 	e := BlockStored{BlockSize: bs, LoRAID: -1, TokenIDs: tokens[from*bs : to*bs]}
 	for i := from; i < to; i++ {
-		e.BlockHashes = append(e.BlockHashes, Hash(fmt.Sprintf("%s/%d", name, i)))
+		e.BlockHashes = append(e.BlockHashes, hashOf(fmt.Sprintf("%s/%d", name, i)))
 	}
 	if from > 0 {
-		e.Parent = Hash(fmt.Sprintf("%s/%d", name, from-1))
+		e.Parent = hashOf(fmt.Sprintf("%s/%d", name, from-1))
 	}
 	return e
 }
@@ -39,14 +39,14 @@ func TestIndexMatch(t *testing.T) {
 		{"a partial last block is not a block", "", nil, prompt[:7], map[string]int{"A": 1, "B": 1}},
 		{"other tokens match nothing", "", nil, other, nil},
 		{"A evicts block 2: its prefix stops at 2", "A",
-			[]Event{BlockRemoved{BlockHashes: []Hash{"a/2"}}}, prompt, map[string]int{"A": 2, "B": 3}},
+			[]Event{BlockRemoved{BlockHashes: []Hash{hashOf("a/2")}}}, prompt, map[string]int{"A": 2, "B": 3}},
 		{"removal on another medium leaves the GPU copy", "B",
-			[]Event{BlockRemoved{BlockHashes: []Hash{"b/0"}, Medium: "CPU"}}, prompt, map[string]int{"A": 2, "B": 3}},
+			[]Event{BlockRemoved{BlockHashes: []Hash{hashOf("b/0")}, Medium: "CPU"}}, prompt, map[string]int{"A": 2, "B": 3}},
 		{"a store whose parent the index never saw is an orphan", "B",
-			[]Event{BlockStored{BlockHashes: []Hash{"b/9"}, Parent: "b/8", TokenIDs: prompt[36:40], BlockSize: bs, LoRAID: -1}},
+			[]Event{BlockStored{BlockHashes: []Hash{hashOf("b/9")}, Parent: hashOf("b/8"), TokenIDs: prompt[36:40], BlockSize: bs, LoRAID: -1}},
 			prompt, map[string]int{"A": 2, "B": 3}},
 		{"another block size is not indexed", "B",
-			[]Event{BlockStored{BlockHashes: []Hash{"z"}, TokenIDs: other[:8], BlockSize: 8, LoRAID: -1}}, other, nil},
+			[]Event{BlockStored{BlockHashes: []Hash{hashOf("z")}, TokenIDs: other[:8], BlockSize: 8, LoRAID: -1}}, other, nil},
 		{"A clears its cache", "A", []Event{AllBlocksCleared{}}, prompt, map[string]int{"B": 3}},
 	}
 	x := NewIndex(IndexOptions{BlockSize: bs})
@@ -101,7 +101,7 @@ func TestIndexBounded(t *testing.T) {
 		t.Fatalf("size %d stats %+v", n, st)
 	}
 	// Evictions make room again.
-	x.Apply("A", []Event{BlockRemoved{BlockHashes: []Hash{"a/4"}}})
+	x.Apply("A", []Event{BlockRemoved{BlockHashes: []Hash{hashOf("a/4")}}})
 	x.Apply("B", []Event{stored("b", u32(seq(0, 1)), 1, 0, 1)})
 	if got := x.Match(x.BlockKeys(u32(seq(0, 1)), "")); got["A"] != 1 || got["B"] != 1 {
 		t.Fatalf("match %v", got)
@@ -143,10 +143,10 @@ func TestIndexSharedBlocks(t *testing.T) {
 		}
 	}
 	check("three holders", map[string]int{"A": 2, "B": 2, "C": 2}, 6)
-	x.Apply("A", []Event{BlockRemoved{BlockHashes: []Hash{"A/1"}}})
+	x.Apply("A", []Event{BlockRemoved{BlockHashes: []Hash{hashOf("A/1")}}})
 	check("A lost its second block", map[string]int{"A": 1, "B": 2, "C": 2}, 5)
-	x.Apply("A", []Event{BlockRemoved{BlockHashes: []Hash{"A/0"}}})
-	x.Apply("C", []Event{BlockRemoved{BlockHashes: []Hash{"C/0"}}})
+	x.Apply("A", []Event{BlockRemoved{BlockHashes: []Hash{hashOf("A/0")}}})
+	x.Apply("C", []Event{BlockRemoved{BlockHashes: []Hash{hashOf("C/0")}}})
 	check("A and C lost their first", map[string]int{"B": 2}, 3) // C's second block alone is no prefix
 	x.RemoveWorker("B")
 	x.RemoveWorker("C")
@@ -166,7 +166,7 @@ func TestIndexCountsCopiesOfAHash(t *testing.T) {
 	x := NewIndex(IndexOptions{BlockSize: bs})
 	prompt := u32(seq(1, 12))
 	keys := x.BlockKeys(prompt, "")
-	removed := func(h Hash, medium string) Event { return BlockRemoved{BlockHashes: []Hash{h}, Medium: medium} }
+	removed := func(h, medium string) Event { return BlockRemoved{BlockHashes: []Hash{hashOf(h)}, Medium: medium} }
 	x.Apply("w", []Event{stored("a", prompt, bs, 0, 2), stored("a", prompt, bs, 0, 2)})
 	x.Apply("w", []Event{removed("a/1", "GPU")})
 	if got := x.Match(keys)["w"]; got != 2 {
@@ -202,7 +202,7 @@ func TestIndexEvicting(t *testing.T) {
 	const bs = 4
 	x := NewIndex(IndexOptions{BlockSize: bs})
 	prompt := u32(seq(1, 12))
-	removed := func(h Hash, medium string) Event { return BlockRemoved{BlockHashes: []Hash{h}, Medium: medium} }
+	removed := func(h, medium string) Event { return BlockRemoved{BlockHashes: []Hash{hashOf(h)}, Medium: medium} }
 	steps := []struct {
 		name string
 		ev   []Event
@@ -231,3 +231,6 @@ func TestIndexEvicting(t *testing.T) {
 		t.Fatal("Clear: still evicting")
 	}
 }
+
+// hashOf is a test's engine hash named by s (a byte hash).
+func hashOf(s string) Hash { return BytesHash([]byte(s)) }

@@ -362,9 +362,9 @@ func TestEventEncoding(t *testing.T) {
 				for _, b := range h[24:] {
 					v = v<<8 | uint64(b)
 				}
-				return kvevents.Hash(fmt.Sprintf("i%d", v))
+				return kvevents.Hash(v)
 			}
-			return kvevents.Hash("b" + string(h[:]))
+			return kvevents.BytesHash(h[:])
 		}
 		want := kvevents.Batch{TS: 1700000000.5, DPRank: 1, Events: []kvevents.Event{
 			kvevents.BlockStored{BlockHashes: []kvevents.Hash{hash(h1)}, Parent: hash(h0), TokenIDs: []uint32{3, 4},

@@ -245,7 +245,7 @@ func TestKVEventsFromRealEngine(t *testing.T) {
 			t.Errorf("event %d: block size %d, %d tokens for %d hashes", i, ev.BlockSize, len(ev.TokenIDs), len(ev.BlockHashes))
 		}
 		if ev.Parent != prev {
-			t.Errorf("event %d: parent %q, want the previous block's hash %q", i, ev.Parent, prev)
+			t.Errorf("event %d: parent %#x, want the previous block's hash %#x", i, ev.Parent, prev)
 		}
 		prev = ev.BlockHashes[len(ev.BlockHashes)-1]
 		hashesA = append(hashesA, ev.BlockHashes...)

@@ -46,6 +46,13 @@ type KVConfig struct {
 	Routers int
 	PD      bool
 	Seed    int64
+	// SeedStep: repetition r (from 0) sends the dataset of seed Seed +
+	// r×SeedStep (0: every repetition the same). One seed is one arrival
+	// order, and so one assignment of groups to workers: which groups
+	// share a worker decides how their requests queue there, alike for
+	// every policy that keeps a group together, so a policy's luck with
+	// one seed repeats in every repetition of it.
+	SeedStep int64
 	// Tokenizer, when set, is the tokenizer.json every vllm-sim tokenizes
 	// prompts with (--tokenizer), and the best-achievable bound counts its
 	// tokens; a kv_aware run given the same file (--tokenizer-path)
@@ -82,6 +89,7 @@ func DefaultKVConfig() KVConfig {
 		Unified:            4,
 		PD:                 true,
 		Seed:               2026,
+		SeedStep:           1,
 		PointTimeout:       time.Minute,
 	}
 }
@@ -162,8 +170,30 @@ type KVBound struct {
 // Rate is Hits/Queries.
 func (b KVBound) Rate() float64 { return float64(b.Hits) / float64(b.Queries) }
 
-// Bound computes the KVBound of the run's prompts, in the order sybench
-// sends them.
+// repSeed is repetition r's dataset seed (r from 0).
+func (c KVConfig) repSeed(r int) int64 { return c.Seed + int64(r)*c.SeedStep }
+
+// Bounds computes every repetition's KVBound (its seed's) and their sum:
+// hits and queries added, the largest block count and prompt.
+func (c KVConfig) Bounds() (per []KVBound, sum KVBound, err error) {
+	for r := range max(c.Repeats, 1) {
+		cr := c
+		cr.Seed = c.repSeed(r)
+		b := KVBound{}
+		if r > 0 && cr.Seed == c.Seed {
+			b = per[0]
+		} else if b, err = cr.Bound(); err != nil {
+			return nil, KVBound{}, err
+		}
+		per = append(per, b)
+		sum.Hits, sum.Queries = sum.Hits+b.Hits, sum.Queries+b.Queries
+		sum.Blocks, sum.MaxPrompt = max(sum.Blocks, b.Blocks), max(sum.MaxPrompt, b.MaxPrompt)
+	}
+	return per, sum, nil
+}
+
+// Bound computes the KVBound of the run's prompts (those of Seed), in the
+// order sybench sends them.
 func (c KVConfig) Bound() (KVBound, error) {
 	samples, err := bench.Samples(c.benchConfig("http://127.0.0.1:1", kvLoad{Conc: 1}, time.Minute))
 	if err != nil {
@@ -308,8 +338,10 @@ func (r KVRun) HitRate() float64 {
 
 // KVReport is the result of RunKV.
 type KVReport struct {
-	Config  KVConfig
+	Config KVConfig
+	// Bound is the sum of Bounds, the repetitions' own.
 	Bound   KVBound
+	Bounds  []KVBound
 	Options Options
 	Machine string
 	Runs    []KVRun
@@ -323,13 +355,15 @@ func (r *KVReport) head() (*time.Duration, *[]string) { return &r.Elapsed, &r.No
 // Every run starts from empty caches and a fresh router; the policies
 // alternate within each repetition. It writes kv.md under OutDir.
 func RunKV(ctx context.Context, o Options, c KVConfig) (*KVReport, error) {
-	bound, err := c.Bound()
+	bounds, bound, err := c.Bounds()
 	if err != nil {
 		return nil, fmt.Errorf("kv: %w", err)
 	}
 	return runScenario(ctx, o, scenarioSpec[*KVReport]{
 		name: "kv", defMax: 10 * time.Minute, skipped: "runs",
-		report:  func(e *env) *KVReport { return &KVReport{Config: c, Bound: bound, Options: e.o, Machine: e.m.String()} },
+		report: func(e *env) *KVReport {
+			return &KVReport{Config: c, Bound: bound, Bounds: bounds, Options: e.o, Machine: e.m.String()}
+		},
 		run:     func(ctx context.Context, e *env, rep *KVReport) error { return e.runKV(ctx, c, rep) },
 		partial: func(rep *KVReport) bool { return len(rep.Runs) > 0 },
 		files:   []scenarioFile[*KVReport]{{c.fileName(), (*KVReport).WriteMarkdown}},
@@ -498,9 +532,12 @@ func policyFlags(spec string) (string, []string) {
 	return parts[0], parts[1:]
 }
 
-// kvPhase runs every (repetition, load point, policy) on one fleet.
-func (e *env) kvPhase(ctx context.Context, c KVConfig, f *kvFleet, rep *KVReport) error {
-	for r := range c.Repeats {
+// kvPhase runs every (repetition, load point, policy) on one fleet, each
+// repetition with its own dataset seed.
+func (e *env) kvPhase(ctx context.Context, c0 KVConfig, f *kvFleet, rep *KVReport) error {
+	for r := range c0.Repeats {
+		c := c0
+		c.Seed = c0.repSeed(r)
 		for _, load := range c.loads() {
 			for _, pol := range c.Policies {
 				if !f.pd && pdOnly(pol) {
@@ -510,7 +547,7 @@ func (e *env) kvPhase(ctx context.Context, c KVConfig, f *kvFleet, rep *KVReport
 				if err != nil {
 					return err
 				}
-				run, err := e.kvRun(ctx, c, f, pol, load, d, rep.Bound.Queries)
+				run, err := e.kvRun(ctx, c, f, pol, load, d, rep.Bounds[r].Queries)
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
@@ -953,6 +990,27 @@ func (r *KVReport) aggregate() []kvAgg {
 	return out
 }
 
+// pairedBelow compares policy with other run by run at one fleet and
+// load point, the two runs of a repetition paired (they sent the same
+// dataset): in how many of the n pairs policy's TTFT P50 was the lower.
+func (r *KVReport) pairedBelow(fleet string, load kvLoad, policy, other string) (below, n int) {
+	ttft := map[string]map[int]float64{policy: {}, other: {}}
+	for _, run := range r.Runs {
+		if m, ok := ttft[run.Policy]; ok && run.Fleet == fleet && run.load() == load {
+			m[run.Rep] = run.Row.TTFTP50
+		}
+	}
+	for rep, t := range ttft[policy] {
+		if o, ok := ttft[other][rep]; ok {
+			n++
+			if t < o {
+				below++
+			}
+		}
+	}
+	return below, n
+}
+
 // writeTokenize writes the router tokenizer's cost in the kv_aware runs
 // (medians over repetitions) next to the TTFT P50 gap to cache_aware.
 func (r *KVReport) writeTokenize(b *bytes.Buffer) {
@@ -1025,6 +1083,15 @@ func points(v float64) string {
 	return fmt.Sprintf("%.1f", 100*v)
 }
 
+// datasets says, for the bound, that it sums several datasets ("" when
+// every repetition sent the same).
+func (r *KVReport) datasets() string {
+	if len(r.Bounds) > 1 && r.Config.SeedStep != 0 {
+		return fmt.Sprintf(", the %d repetitions' datasets together", len(r.Bounds))
+	}
+	return ""
+}
+
 // WriteMarkdown writes the report.
 func (r *KVReport) WriteMarkdown(w io.Writer) error {
 	c := r.Config
@@ -1038,13 +1105,17 @@ func (r *KVReport) WriteMarkdown(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, "Workload: %d groups × %d requests, %d-token system prompts, %d-token questions, %d output tokens; %s; groups interleaved (sybench `%s`).\n",
 		c.Groups, c.PerGroup, c.PrefixLen, c.QuestionLen, c.OutputLen, conv, c.flags(c.loads()[0]))
-	fmt.Fprintf(&b, "Workers: %d unified vllm-sims `%s`, then 2 prefill + 2 decode (NIXL) `%s` (the prefills together hold what the unified workers hold), preset default, KV events on. Each run starts with every worker's prefix cache reset and a new router; policies interleaved within each repetition; repetitions: %d (tables: medians).\n\n",
-		c.Unified, strings.Join(c.kvSimArgs(c.NumBlocks)[:7], " "), strings.Join(c.kvSimArgs(c.pdNumBlocks())[:7], " "), c.Repeats)
+	seeds := ""
+	if c.SeedStep != 0 && c.Repeats > 1 {
+		seeds = fmt.Sprintf(", repetition r sending the dataset of seed %d + (r − 1) × %d (the same for every policy and fleet)", c.Seed, c.SeedStep)
+	}
+	fmt.Fprintf(&b, "Workers: %d unified vllm-sims `%s`, then 2 prefill + 2 decode (NIXL) `%s` (the prefills together hold what the unified workers hold), preset default, KV events on. Each run starts with every worker's prefix cache reset and a new router; policies interleaved within each repetition; repetitions: %d%s (tables: medians).\n\n",
+		c.Unified, strings.Join(c.kvSimArgs(c.NumBlocks)[:7], " "), strings.Join(c.kvSimArgs(c.pdNumBlocks())[:7], " "), c.Repeats, seeds)
 	if c.Routers > 1 {
 		fmt.Fprintf(&b, "Routers: %d replicas with the same flags in front of each fleet; request i goes to replica i mod %d (as behind a load balancer). Each kv_aware replica follows every worker's events; each cache_aware replica grows its own tree from the requests it sees. Router CPU: the replicas' sum.\n\n", c.Routers, c.Routers)
 	}
-	fmt.Fprintf(&b, "**Best achievable hit rate: %s** (%d of %d prompt tokens). Each request is credited with the longest full-block prefix (at most its prompt less one token) it shares with any request sent before it, as if every block stayed cached and every request went where its prefix is; generated tokens never match (the resent answers are stand-ins). The workload has %d distinct blocks; the caches that count hold %d blocks (unified: %d × %d; PD prefills: 2 × %d), one unified worker %d; the longest prompt is %d tokens.\n\n",
-		pct(best), r.Bound.Hits, r.Bound.Queries, r.Bound.Blocks, c.Unified*c.NumBlocks, c.Unified, c.NumBlocks, c.pdNumBlocks(), c.NumBlocks, r.Bound.MaxPrompt)
+	fmt.Fprintf(&b, "**Best achievable hit rate: %s** (%d of %d prompt tokens%s). Each request is credited with the longest full-block prefix (at most its prompt less one token) it shares with any request sent before it, as if every block stayed cached and every request went where its prefix is; generated tokens never match (the resent answers are stand-ins). The workload has %d distinct blocks; the caches that count hold %d blocks (unified: %d × %d; PD prefills: 2 × %d), one unified worker %d; the longest prompt is %d tokens.\n\n",
+		pct(best), r.Bound.Hits, r.Bound.Queries, r.datasets(), r.Bound.Blocks, c.Unified*c.NumBlocks, c.Unified, c.NumBlocks, c.pdNumBlocks(), c.NumBlocks, r.Bound.MaxPrompt)
 	fmt.Fprintf(&b, "Hit rate, unified fleet = Δ`vllm:prefix_cache_hits` / Δ`vllm:prefix_cache_queries` over the run, read from the workers (`/sim/stats` `prefix_cache`, the same counters). PD fleet = 1 − (prompt tokens computed by any worker, Δ`/sim/stats` `prefill_tokens` of the prefills and the decodes) / (the workload's prompt tokens): a request the router sends to a decode alone (prefill bypass, `--pd-uncached-token-threshold`) is computed there, and a decode's own counters also count the split requests it only receives KV for. Evictions: every worker of the fleet. KV read by decodes = Δ`/sim/stats` `transfers.tokens_read` of the decodes / the workload's prompt tokens: as vLLM's NIXL connector, a decode reads only the blocks its own prefix cache lacks. A policy entry with a `--pd-` flag runs on the PD fleet only.\n\n")
 	fmt.Fprintf(&b, "| fleet | %s | policy | hit rate | best − hit (points) | TTFT P50 ms | TTFT P99 ms | TPOT P50 ms | req/s | evictions | failed | prefill bypassed | KV read by decodes | router CPU s / 1k req |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", c.loadColumn())
 	aggs := r.aggregate()
@@ -1061,8 +1132,9 @@ func (r *KVReport) WriteMarkdown(w io.Writer) error {
 			pct(a.HitRate), points(best-a.HitRate), map[bool]string{true: "met", false: "missed"}[best-a.HitRate <= 0.05])
 		for _, o := range aggs {
 			if o.Fleet == a.Fleet && o.Load == a.Load && o.Policy == "cache_aware" {
-				line += fmt.Sprintf("; TTFT P50 %s ms vs cache_aware %s ms (%s)", ms(a.TTFT50), ms(o.TTFT50),
-					map[bool]string{true: "below", false: "not below"}[a.TTFT50 < o.TTFT50])
+				below, n := r.pairedBelow(a.Fleet, a.Load, a.Policy, "cache_aware")
+				line += fmt.Sprintf("; TTFT P50 %s ms vs cache_aware %s ms (%s; lower in %d of %d repetitions)", ms(a.TTFT50), ms(o.TTFT50),
+					map[bool]string{true: "below", false: "not below"}[a.TTFT50 < o.TTFT50], below, n)
 			}
 		}
 		fmt.Fprintln(&b, line+".")

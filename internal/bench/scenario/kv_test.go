@@ -101,12 +101,15 @@ func TestKVRates(t *testing.T) {
 	rep := KVReport{Config: c, Bound: KVBound{Hits: 1, Queries: 2}, Runs: []KVRun{
 		{Fleet: "4 unified", Policy: "cache_aware", Concurrency: 64, Rate: 50, Rep: 1, Queries: 2, Hits: 1, Row: bench.SweepRow{TTFTP50: 20}},
 		{Fleet: "4 unified", Policy: "kv_aware", Concurrency: 64, Rate: 50, Rep: 1, Queries: 2, Hits: 1, Row: bench.SweepRow{TTFTP50: 19}},
+		{Fleet: "4 unified", Policy: "cache_aware", Concurrency: 64, Rate: 50, Rep: 2, Queries: 2, Hits: 1, Row: bench.SweepRow{TTFTP50: 18}},
+		{Fleet: "4 unified", Policy: "kv_aware", Concurrency: 64, Rate: 50, Rep: 2, Queries: 2, Hits: 1, Row: bench.SweepRow{TTFTP50: 18.5}},
+		{Fleet: "4 unified", Policy: "kv_aware", Concurrency: 64, Rate: 100, Rep: 1, Queries: 2, Hits: 1, Row: bench.SweepRow{TTFTP50: 1}},
 	}}
 	var b bytes.Buffer
 	if err := rep.WriteMarkdown(&b); err != nil {
 		t.Fatal(err)
 	}
-	for _, w := range []string{"| fleet | offered req/s | policy |", "| 4 unified | 50/s | kv_aware |", "- 4 unified 50/s: kv_aware hit rate", "(below)", "--request-rate 50 --max-concurrency 64"} {
+	for _, w := range []string{"| fleet | offered req/s | policy |", "| 4 unified | 50/s | kv_aware |", "- 4 unified 50/s: kv_aware hit rate", "(below; lower in 1 of 2 repetitions)", "--request-rate 50 --max-concurrency 64"} {
 		if !strings.Contains(b.String(), w) {
 			t.Errorf("report lacks %q:\n%s", w, b.String())
 		}
@@ -195,5 +198,43 @@ func TestKVBoundTokenizer(t *testing.T) {
 	c.Tokenizer = "/nonexistent/tokenizer.json"
 	if _, err := c.Bound(); err == nil {
 		t.Fatal("a missing tokenizer was accepted")
+	}
+}
+
+// TestKVBoundsPerRepetition: each repetition's bound is that of its own
+// seed (Seed + r × SeedStep), and the report's is their sum; with
+// SeedStep 0 every repetition has the first one's.
+func TestKVBoundsPerRepetition(t *testing.T) {
+	c := KVConfig{Groups: 2, PerGroup: 4, PrefixLen: 40, QuestionLen: 8, OutputLen: 8, BlockSize: 16, Seed: 3,
+		Repeats: 3, SeedStep: 5, Tokenizer: "../../tokenizer/testdata/tiny-llama.json"}
+	per, sum, err := c.Bounds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(per) != 3 {
+		t.Fatalf("%d bounds for 3 repetitions", len(per))
+	}
+	var hits, queries uint64
+	for r, b := range per {
+		cr := c
+		cr.Seed = 3 + 5*int64(r)
+		want, err := cr.Bound()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b != want {
+			t.Errorf("repetition %d: bound %+v, want seed %d's %+v", r, b, cr.Seed, want)
+		}
+		hits, queries = hits+b.Hits, queries+b.Queries
+	}
+	if per[0] == per[1] && per[1] == per[2] {
+		t.Errorf("three seeds, one bound %+v: the seeds were not used", per[0])
+	}
+	if sum.Hits != hits || sum.Queries != queries {
+		t.Errorf("sum %+v, want hits %d queries %d", sum, hits, queries)
+	}
+	c.SeedStep = 0
+	if per, _, err = c.Bounds(); err != nil || per[1] != per[0] || per[2] != per[0] {
+		t.Errorf("seed step 0: bounds %+v (%v), want the first one's thrice", per, err)
 	}
 }

@@ -446,7 +446,8 @@ func parseKV(args []string, o *Options, stderr io.Writer) (KVConfig, error) {
 	unified := fs.Bool("unified", !c.NoUnified, "run the unified fleet (--unified=false --pd: the PD fleet alone)")
 	fs.BoolVar(&c.Chat, "chat", c.Chat, "send the workload as chat completions (one user message); give a kv_aware router +--chat-template=internal/sim/chat_template.jinja to render them in-process")
 	fs.StringVar(&c.Tokenizer, "tokenizer", c.Tokenizer, "tokenizer.json every vllm-sim tokenizes prompts with (vllm-sim --tokenizer); add a policy NAME+--tokenizer-path=FILE to tokenize in the router ('' = the sims' word tokenizer)")
-	fs.Int64Var(&c.Seed, "seed", c.Seed, "dataset seed")
+	fs.Int64Var(&c.Seed, "seed", c.Seed, "dataset seed (of the first repetition)")
+	fs.Int64Var(&c.SeedStep, "seed-step", c.SeedStep, "repetition r sends the dataset of seed --seed + (r-1) × N (0: every repetition the same)")
 	fs.DurationVar(&c.PointTimeout, "point-max-duration", c.PointTimeout, "bound on one measured run")
 	if err := finishParse(fs, args); err != nil {
 		return c, err
