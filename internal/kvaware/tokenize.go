@@ -3,6 +3,7 @@ package kvaware
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -575,8 +576,15 @@ func plainString(p []byte) (string, bool) {
 		return "", false
 	}
 	in := p[1 : len(p)-1]
+	// Eight bytes at a time while none is special; the rest byte by byte.
+	i := 0
+	for ; i+8 <= len(in); i += 8 {
+		if special(binary.LittleEndian.Uint64(in[i:])) {
+			break
+		}
+	}
 	ascii := true
-	for _, c := range in {
+	for _, c := range in[i:] {
 		if c == '\\' || c == '"' || c < 0x20 {
 			return "", false
 		}
@@ -588,6 +596,19 @@ func plainString(p []byte) (string, bool) {
 		return "", false
 	}
 	return string(in), true
+}
+
+// special reports whether a byte of w is a quote, a backslash, a control
+// character or not ASCII (the bit tricks of "Bit Twiddling Hacks":
+// hasless and haszero, exact as a whole-word test).
+func special(w uint64) bool {
+	const ones, high = 0x0101010101010101, 0x8080808080808080
+	ctl := (w - 0x20*ones) &^ w & high
+	q := w ^ ('"' * ones)
+	quote := (q - ones) &^ q & high
+	b := w ^ ('\\' * ones)
+	backslash := (b - ones) &^ b & high
+	return ctl|quote|backslash|w&high != 0
 }
 
 // sameModel: once a local result was verified for a model, requests for

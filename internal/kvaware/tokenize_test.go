@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/switchyard-llm/switchyard/internal/chattmpl"
 	"github.com/switchyard-llm/switchyard/internal/rawjson"
@@ -372,6 +373,39 @@ func TestPlainString(t *testing.T) {
 		if ok {
 			if err := json.Unmarshal([]byte(tc.in), &want); err != nil || got != want {
 				t.Errorf("plainString(%q) = %q, json.Unmarshal %q (%v)", tc.in, got, want, err)
+			}
+		}
+	}
+}
+
+// TestPlainStringEveryPosition: the word-at-a-time scan misses no
+// special byte wherever it falls (each of them at each offset of a
+// 40-byte prompt, and in its last partial word), and agrees with
+// json.Unmarshal on what it accepts; special matches a byte-wise check of
+// every byte value in every lane.
+func TestPlainStringEveryPosition(t *testing.T) {
+	for v := range 256 {
+		for lane := range 8 {
+			w := uint64(v) << (8 * lane)
+			w |= 0x6161616161616161 &^ (0xff << (8 * lane)) // 'a' elsewhere
+			want := v == '"' || v == '\\' || v < 0x20 || v >= 0x80
+			if got := special(w); got != want {
+				t.Fatalf("special(%#016x) = %v, want %v (byte %#x in lane %d)", w, got, want, v, lane)
+			}
+		}
+	}
+	for _, sp := range []string{`"`, `\`, "\x01", "\x1f", "\xff", "é", "\x7f"} {
+		for pos := range 40 {
+			body := []byte(strings.Repeat("a", 40))
+			in := append(append(append([]byte{'"'}, body[:pos]...), sp...), append(body[pos:], '"')...)
+			got, ok := plainString(in)
+			var want string
+			err := json.Unmarshal(in, &want)
+			// Escapes and invalid UTF-8 (which json.Unmarshal replaces) are
+			// json.Unmarshal's to decode.
+			wantOK := err == nil && sp != `\\` && utf8.Valid(in)
+			if ok != wantOK || (ok && got != want) {
+				t.Fatalf("plainString(%q) = %q, %v; json.Unmarshal %q, %v", in, got, ok, want, err)
 			}
 		}
 	}
