@@ -2,13 +2,14 @@ package kvevents
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"net"
 	"sync"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/transport"
+
+	"github.com/switchyard-llm/switchyard/internal/zmtp"
 )
 
 // go-zeromq allocates a frame's declared size before reading it, so a
@@ -37,7 +38,9 @@ func (boundedDialer) Dial(ctx context.Context, d transport.Dialer, addr string) 
 	if limit <= 0 {
 		limit = 64 << 20
 	}
-	return &frameLimitConn{Conn: c, limit: uint64(limit), skip: 64}, nil
+	fc := &frameLimitConn{Conn: c, limit: uint64(limit)}
+	fc.frames.Skip(64) // the greeting
+	return fc, nil
 }
 
 func (boundedDialer) Listen(context.Context, string) (net.Listener, error) {
@@ -46,15 +49,12 @@ func (boundedDialer) Listen(context.Context, string) (net.Listener, error) {
 
 func (boundedDialer) Addr(ep string) (string, error) { return ep, nil }
 
-// frameLimitConn tracks ZMTP framing on the bytes read: skip bytes of the
-// current greeting or frame body remain, then a header (flags, then one
-// size byte, or eight with the LONG flag).
+// frameLimitConn follows the ZMTP framing of the bytes read and refuses
+// a frame over limit as soon as its header is read.
 type frameLimitConn struct {
 	net.Conn
-	limit uint64
-	skip  uint64 // body bytes (or greeting bytes) still to pass
-	hdr   [9]byte
-	hlen  int // header bytes seen so far
+	limit  uint64
+	frames zmtp.Scanner
 }
 
 func (c *frameLimitConn) Read(p []byte) (int, error) {
@@ -69,32 +69,12 @@ func (c *frameLimitConn) Read(p []byte) (int, error) {
 }
 
 func (c *frameLimitConn) scan(b []byte) error {
-	for len(b) > 0 {
-		if c.skip > 0 {
-			k := min(c.skip, uint64(len(b)))
-			c.skip -= k
-			b = b[k:]
-			continue
-		}
-		c.hdr[c.hlen] = b[0]
-		c.hlen++
-		b = b[1:]
-		long := c.hdr[0]&0x02 != 0
-		need := 2
-		if long {
-			need = 9
-		}
-		if c.hlen < need {
-			continue
-		}
-		size := uint64(c.hdr[1])
-		if long {
-			size = binary.BigEndian.Uint64(c.hdr[1:9])
-		}
-		if size > c.limit {
-			return fmt.Errorf("kvevents: ZMTP frame of %d bytes (limit %d)", size, c.limit)
-		}
-		c.skip, c.hlen = size, 0
+	return c.frames.Feed(b, c.check)
+}
+
+func (c *frameLimitConn) check(_ byte, size uint64) error {
+	if size > c.limit {
+		return fmt.Errorf("kvevents: ZMTP frame of %d bytes (limit %d)", size, c.limit)
 	}
 	return nil
 }

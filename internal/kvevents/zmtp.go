@@ -10,6 +10,8 @@ import (
 	"net"
 	"strings"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/zmtp"
 )
 
 // A subscription reads its publisher's ZMTP stream itself, on its own
@@ -72,28 +74,9 @@ func greeting() []byte {
 	return g
 }
 
-// frame is a frame of flags (MORE, COMMAND) and body, with its size in
-// the short or the long form.
-func frame(flags byte, body []byte) []byte {
-	var b []byte
-	if len(body) > 255 {
-		b = binary.BigEndian.AppendUint64([]byte{flags | 0x02}, uint64(len(body)))
-	} else {
-		b = []byte{flags, byte(len(body))}
-	}
-	return append(b, body...)
-}
-
 // command is a command frame of name and body.
 func command(name string, body []byte) []byte {
-	return frame(0x04, append(append([]byte{byte(len(name))}, name...), body...))
-}
-
-// property is a READY metadata property.
-func property(name, value string) []byte {
-	b := append([]byte{byte(len(name))}, name...)
-	b = binary.BigEndian.AppendUint32(b, uint32(len(value)))
-	return append(b, value...)
+	return zmtp.AppendFrame(nil, zmtp.FlagCommand, append(append([]byte{byte(len(name))}, name...), body...))
 }
 
 func (z *zmtpSub) handshake(ctx context.Context, topic string, timeout time.Duration) error {
@@ -117,7 +100,7 @@ func (z *zmtpSub) handshake(ctx context.Context, topic string, timeout time.Dura
 	if mech := strings.TrimRight(string(peer[12:32]), "\x00"); mech != "NULL" {
 		return fmt.Errorf("%w greeting: security mechanism %q (only NULL is supported)", errZMTP, mech)
 	}
-	ready := command("READY", property("Socket-Type", "SUB"))
+	ready := command("READY", zmtp.AppendProperty(nil, "Socket-Type", "SUB"))
 	if _, err := z.conn.Write(ready); err != nil {
 		return err
 	}
@@ -125,14 +108,14 @@ func (z *zmtpSub) handshake(ctx context.Context, topic string, timeout time.Dura
 	if err != nil {
 		return fmt.Errorf("%w handshake: %w", errZMTP, err)
 	}
-	if flags&0x04 == 0 || len(body) < 6 || string(body[:6]) != "\x05READY" {
-		if flags&0x04 != 0 && len(body) >= 6 && string(body[:6]) == "\x05ERROR" {
+	if flags&zmtp.FlagCommand == 0 || len(body) < 6 || string(body[:6]) != "\x05READY" {
+		if flags&zmtp.FlagCommand != 0 && len(body) >= 6 && string(body[:6]) == "\x05ERROR" {
 			return fmt.Errorf("%w handshake: the publisher refused: %q", errZMTP, body[6:])
 		}
 		return fmt.Errorf("%w handshake: no READY from the publisher", errZMTP)
 	}
 	// ZMTP 3.0 subscribes with a message: 1, then the topic prefix.
-	if _, err := z.conn.Write(frame(0x00, append([]byte{1}, topic...))); err != nil {
+	if _, err := z.conn.Write(zmtp.AppendFrame(nil, 0x00, append([]byte{1}, topic...))); err != nil {
 		return err
 	}
 	return z.conn.SetDeadline(time.Time{})
@@ -159,7 +142,7 @@ func (z *zmtpSub) header() (byte, uint64, error) {
 		return 0, 0, fmt.Errorf("%w: frame flags %#x", errZMTP, flags)
 	}
 	var size uint64
-	if flags&0x02 != 0 {
+	if flags&zmtp.FlagLong != 0 {
 		var b [8]byte
 		if _, err := io.ReadFull(z.r, b[:]); err != nil {
 			return 0, 0, err
@@ -188,7 +171,7 @@ func (z *zmtpSub) next() ([][]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		if flags&0x04 != 0 {
+		if flags&zmtp.FlagCommand != 0 {
 			if n > 0 {
 				return nil, fmt.Errorf("%w: a command inside a message", errZMTP)
 			}
@@ -213,7 +196,7 @@ func (z *zmtpSub) next() ([][]byte, error) {
 		}
 		z.frames[n] = buf
 		n++
-		if flags&0x01 == 0 {
+		if flags&zmtp.FlagMore == 0 {
 			return z.frames[:n], nil
 		}
 	}

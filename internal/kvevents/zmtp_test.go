@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/zmtp"
 )
 
 // countingConn serves data in reads of at most chunk bytes and counts
@@ -44,9 +46,9 @@ func (c *countingConn) Read(p []byte) (int, error) {
 
 // batchMessage is a published message: topic, 8-byte sequence, payload.
 func batchMessage(topic string, seq int, payload []byte) []byte {
-	b := frame(0x01, []byte(topic))
-	b = append(b, frame(0x01, binary.BigEndian.AppendUint64(nil, uint64(seq)))...)
-	return append(b, frame(0x00, payload)...)
+	b := zmtp.AppendFrame(nil, 0x01, []byte(topic))
+	b = append(b, zmtp.AppendFrame(nil, 0x01, binary.BigEndian.AppendUint64(nil, uint64(seq)))...)
+	return append(b, zmtp.AppendFrame(nil, 0x00, payload)...)
 }
 
 func TestZMTPSubNext(t *testing.T) {
@@ -93,7 +95,7 @@ func TestZMTPSubNext(t *testing.T) {
 		},
 		{
 			name:    "a command inside a message",
-			stream:  append(frame(0x01, []byte("t")), ping...),
+			stream:  append(zmtp.AppendFrame(nil, 0x01, []byte("t")), ping...),
 			chunk:   1 << 20,
 			wantErr: "a command inside a message",
 		},
@@ -105,7 +107,7 @@ func TestZMTPSubNext(t *testing.T) {
 		},
 		{
 			name:    "too many frames",
-			stream:  bytes.Repeat(frame(0x01, []byte("f")), maxMessageFrames+1),
+			stream:  bytes.Repeat(zmtp.AppendFrame(nil, 0x01, []byte("f")), maxMessageFrames+1),
 			chunk:   1 << 20,
 			wantErr: fmt.Sprintf("more than %d frames", maxMessageFrames),
 		},
@@ -211,7 +213,7 @@ func fakePub(t *testing.T, greeting, reply []byte) (endpoint string, sent <-chan
 }
 
 func TestZMTPSubHandshake(t *testing.T) {
-	ready := command("READY", property("Socket-Type", "PUB"))
+	ready := command("READY", zmtp.AppendProperty(nil, "Socket-Type", "PUB"))
 	tests := []struct {
 		name     string
 		greeting []byte
@@ -223,7 +225,7 @@ func TestZMTPSubHandshake(t *testing.T) {
 		{"ZMTP 2", append(greeting()[:10:10], append([]byte{2, 0}, greeting()[12:]...)...), ready, "not a ZMTP 3 peer"},
 		{"another mechanism", append(greeting()[:12:12], append([]byte("PLAIN"), make([]byte, 64-17)...)...), ready, `security mechanism "PLAIN"`},
 		{"an ERROR", greeting(), command("ERROR", []byte("\x07refused")), "the publisher refused"},
-		{"a message for a READY", greeting(), frame(0x00, []byte("hello")), "no READY"},
+		{"a message for a READY", greeting(), zmtp.AppendFrame(nil, 0x00, []byte("hello")), "no READY"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -240,7 +242,7 @@ func TestZMTPSubHandshake(t *testing.T) {
 			}
 			defer z.Close()
 			got := <-sent
-			want := append(append(greeting(), command("READY", property("Socket-Type", "SUB"))...), frame(0x00, []byte("\x01kv@"))...)
+			want := append(append(greeting(), command("READY", zmtp.AppendProperty(nil, "Socket-Type", "SUB"))...), zmtp.AppendFrame(nil, 0x00, []byte("\x01kv@"))...)
 			if !bytes.Equal(got, want) {
 				t.Errorf("the subscriber sent %q, want %q", got, want)
 			}

@@ -2,13 +2,14 @@ package sim
 
 import (
 	"context"
-	"encoding/binary"
 	"net"
 	"strings"
 	"sync"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/transport"
+
+	"github.com/switchyard-llm/switchyard/internal/zmtp"
 )
 
 // go-zeromq writes every frame of a message in two writes (its header,
@@ -78,14 +79,10 @@ const zmtpGreeting = 64
 // the held bytes are then written with one write.
 type coalescingConn struct {
 	net.Conn
-	mu      sync.Mutex
-	greet   int    // greeting bytes still to pass through
-	held    []byte // frames of the message being written
-	skip    uint64 // body bytes of the current frame not yet written
-	hdr     [9]byte
-	hlen    int  // header bytes of the next frame seen so far
-	more    bool // the current frame has the MORE flag
-	inFrame bool // a frame's header was complete: skip counts its body
+	mu     sync.Mutex
+	greet  int          // greeting bytes still to pass through
+	held   []byte       // frames of the message being written
+	frames zmtp.Scanner // the frames written after the greeting
 }
 
 func newCoalescingConn(c net.Conn) *coalescingConn {
@@ -121,33 +118,6 @@ func (c *coalescingConn) Write(p []byte) (int, error) {
 // track advances the framing over b and reports whether b ended where a
 // message (or command) does.
 func (c *coalescingConn) track(b []byte) bool {
-	for len(b) > 0 {
-		if c.inFrame {
-			k := min(c.skip, uint64(len(b)))
-			c.skip -= k
-			b = b[k:]
-			if c.skip == 0 {
-				c.inFrame = false
-			}
-			continue
-		}
-		c.hdr[c.hlen] = b[0]
-		c.hlen++
-		b = b[1:]
-		need := 2
-		if c.hdr[0]&0x02 != 0 { // LONG
-			need = 9
-		}
-		if c.hlen < need {
-			continue
-		}
-		c.skip = uint64(c.hdr[1])
-		if need == 9 {
-			c.skip = binary.BigEndian.Uint64(c.hdr[1:9])
-		}
-		c.more = c.hdr[0]&0x01 != 0 && c.hdr[0]&0x04 == 0 // a command has no MORE
-		c.hlen = 0
-		c.inFrame = c.skip > 0
-	}
-	return !c.inFrame && c.hlen == 0 && !c.more
+	_ = c.frames.Feed(b, nil) // no header callback, no error
+	return c.frames.AtMessageEnd()
 }

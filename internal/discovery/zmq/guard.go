@@ -18,6 +18,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/transport"
+	"github.com/switchyard-llm/switchyard/internal/zmtp"
 )
 
 // The guarded transport sits between go-zeromq and TCP. go-zeromq v0.17.0
@@ -393,13 +394,13 @@ func (c *guardConn) next() error {
 	if err != nil {
 		return err
 	}
-	if flags&^(flagMore|flagLong|flagCommand) != 0 {
+	if flags&^(zmtp.FlagMore|zmtp.FlagLong|zmtp.FlagCommand) != 0 {
 		return c.violation(ReasonDecode, fmt.Sprintf("ZMTP frame flags 0x%02x", flags))
 	}
 	c.hdr[0] = flags
 	hl := 2
 	var size uint64
-	if flags&flagLong != 0 {
+	if flags&zmtp.FlagLong != 0 {
 		if _, err := io.ReadFull(c.br, c.hdr[1:9]); err != nil {
 			return err
 		}
@@ -412,8 +413,8 @@ func (c *guardConn) next() error {
 		size = uint64(c.hdr[1])
 	}
 
-	if flags&flagCommand != 0 {
-		if flags&flagMore != 0 {
+	if flags&zmtp.FlagCommand != 0 {
+		if flags&zmtp.FlagMore != 0 {
 			return c.violation(ReasonDecode, "multipart ZMTP command")
 		}
 		if size > uint64(c.g.maxMsg) {
@@ -430,8 +431,8 @@ func (c *guardConn) next() error {
 				return c.handshakeErr("READY", err)
 			}
 			c.awaitOK = false
-			c.queue(outReady, frameHeader(c.hdr[:0:len(c.hdr)], flagCommand, len(ready)), ready)
-		case isCommand(body, "PING"):
+			c.queue(outReady, zmtp.AppendFrameHeader(c.hdr[:0:len(c.hdr)], zmtp.FlagCommand, len(ready)), ready)
+		case zmtp.IsCommand(body, "PING"):
 			return c.pong(body)
 		default:
 			c.queue(outLast, c.hdr[:hl], body) // go-zeromq delivers a CmdMsg; the listener drops it
@@ -451,7 +452,7 @@ func (c *guardConn) next() error {
 		return c.violation(ReasonFrames, fmt.Sprintf("message of more than %d frames", maxFramesPerMsg))
 	}
 	kind := outPart
-	if flags&flagMore == 0 {
+	if flags&zmtp.FlagMore == 0 {
 		kind = outLast
 		c.msgBytes, c.msgFrames = 0, 0
 	}
@@ -513,7 +514,7 @@ func (c *guardConn) pong(ping []byte) error {
 		ctx = ping[7:min(len(ping), 7+16)]
 	}
 	frame := make([]byte, 0, 2+5+len(ctx))
-	frame = append(frame, flagCommand, byte(5+len(ctx)), 4, 'P', 'O', 'N', 'G')
+	frame = append(frame, zmtp.FlagCommand, byte(5+len(ctx)), 4, 'P', 'O', 'N', 'G')
 	frame = append(frame, ctx...)
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
@@ -589,10 +590,6 @@ func isGuardError(err error) bool {
 	return ok
 }
 
-func isCommand(body []byte, name string) bool {
-	return len(body) >= 1+len(name) && int(body[0]) == len(name) && string(body[1:1+len(name)]) == name
-}
-
 // canonicalReady validates a READY command body and returns the READY
 // go-zeromq is given instead: only Socket-Type and Identity, spelled as
 // go-zeromq looks them up. go-zeromq parses properties with unchecked
@@ -600,7 +597,7 @@ func isCommand(body []byte, name string) bool {
 // panics on a missing or unknown Socket-Type; passing the original bytes
 // would leave it to interpret what the guard had validated.
 func canonicalReady(body []byte) ([]byte, error) {
-	if !isCommand(body, "READY") {
+	if !zmtp.IsCommand(body, "READY") {
 		return nil, errors.New("first command is not READY")
 	}
 	p := body[6:]
@@ -636,25 +633,9 @@ func canonicalReady(body []byte) ([]byte, error) {
 		return nil, errors.New("READY without Socket-Type")
 	}
 	out := append([]byte{5}, "READY"...)
-	out = appendProp(out, "Socket-Type", sockType)
+	out = zmtp.AppendProperty(out, "Socket-Type", sockType)
 	if hasID {
-		out = appendProp(out, "Identity", identity)
+		out = zmtp.AppendProperty(out, "Identity", identity)
 	}
 	return out, nil
-}
-
-func appendProp(b []byte, k, v string) []byte {
-	b = append(b, byte(len(k)))
-	b = append(b, k...)
-	b = binary.BigEndian.AppendUint32(b, uint32(len(v)))
-	return append(b, v...)
-}
-
-// frameHeader encodes a ZMTP frame header for a body of n bytes.
-func frameHeader(dst []byte, flags byte, n int) []byte {
-	if n > 255 {
-		dst = append(dst, flags|flagLong)
-		return binary.BigEndian.AppendUint64(dst, uint64(n))
-	}
-	return append(dst, flags, byte(n))
 }

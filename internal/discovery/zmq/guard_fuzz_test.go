@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/security/null"
+	"github.com/switchyard-llm/switchyard/internal/zmtp"
 )
 
 // memConn is a peer whose bytes are fixed; writes are discarded.
@@ -30,12 +31,12 @@ func (c *memConn) SetWriteDeadline(time.Time) error { return nil }
 // go-zeromq's own handshake and frame reader: nothing may panic or allocate
 // past the limit (bare go-zeromq fails this within seconds).
 func FuzzGuardedZMTP(f *testing.F) {
-	reg := zmtpFrame(0, must(f, newFormat("P", "READ")))
-	ping := zmtpFrame(flagCommand, append(append([]byte{4}, "PING"...), 0, 1, 'c'))
+	reg := zmtp.AppendFrame(nil, 0, must(f, newFormat("P", "READ")))
+	ping := zmtp.AppendFrame(nil, zmtp.FlagCommand, append(append([]byte{4}, "PING"...), 0, 1, 'c'))
 	f.Add(append(append(append(zmtpGreeting(), dealerReady...), reg...), ping...))
-	f.Add(append(append(zmtpGreeting(), zmtpReady(zmtpProp("Socket-Type", "FOO"))...), reg...))
-	f.Add(append(zmtpGreeting(), zmtpFrame(flagCommand, append(append([]byte{5}, "READY"...), 1))...))
-	f.Add(append(append(zmtpGreeting(), dealerReady...), flagLong, 0, 0, 0x01, 0, 0, 0, 0, 0))
+	f.Add(append(append(zmtpGreeting(), zmtpReady(zmtp.AppendProperty(nil, "Socket-Type", "FOO"))...), reg...))
+	f.Add(append(zmtpGreeting(), zmtp.AppendFrame(nil, zmtp.FlagCommand, append(append([]byte{5}, "READY"...), 1))...))
+	f.Add(append(append(zmtpGreeting(), dealerReady...), zmtp.FlagLong, 0, 0, 0x01, 0, 0, 0, 0, 0))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		g := newGuard(4096, 16, time.Second, func(string, string) {})
 		gc := g.track(&memConn{r: bytes.NewReader(b)})

@@ -2,7 +2,6 @@ package zmq
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/worker"
+	"github.com/switchyard-llm/switchyard/internal/zmtp"
 )
 
 type lenv struct {
@@ -438,28 +438,12 @@ func zmtpGreeting() []byte {
 	return g
 }
 
-func zmtpFrame(flags byte, body []byte) []byte {
-	if len(body) > 255 {
-		h := make([]byte, 9)
-		h[0] = flags | flagLong
-		binary.BigEndian.PutUint64(h[1:], uint64(len(body)))
-		return append(h, body...)
-	}
-	return append([]byte{flags, byte(len(body))}, body...)
-}
-
-func zmtpProp(k, v string) []byte {
-	b := append([]byte{byte(len(k))}, k...)
-	b = binary.BigEndian.AppendUint32(b, uint32(len(v)))
-	return append(b, v...)
-}
-
 func zmtpReady(props ...[]byte) []byte {
 	b := append([]byte{5}, "READY"...)
 	for _, p := range props {
 		b = append(b, p...)
 	}
-	return zmtpFrame(flagCommand, b)
+	return zmtp.AppendFrame(nil, zmtp.FlagCommand, b)
 }
 
 // rawPeer connects and exchanges greetings; it returns the conn after the
@@ -495,7 +479,7 @@ func readFrame(t *testing.T, c net.Conn) (byte, []byte) {
 	if _, err := io.ReadFull(c, h); err != nil {
 		t.Fatalf("read frame: %v", err)
 	}
-	if h[0]&flagLong != 0 {
+	if h[0]&zmtp.FlagLong != 0 {
 		t.Fatal("long frame from server")
 	}
 	body := make([]byte, h[1])
@@ -515,7 +499,7 @@ func expectClosed(t *testing.T, c net.Conn, within time.Duration) {
 	}
 }
 
-var dealerReady = zmtpReady(zmtpProp("Socket-Type", "DEALER"), zmtpProp("Identity", ""))
+var dealerReady = zmtpReady(zmtp.AppendProperty(nil, "Socket-Type", "DEALER"), zmtp.AppendProperty(nil, "Identity", ""))
 
 func TestCloseStopsRun(t *testing.T) {
 	l, err := New(Options{Address: "127.0.0.1:0", Registry: worker.NewRegistry(worker.BreakerConfig{}), Connector: ConnectorNIXL})
@@ -570,14 +554,14 @@ func pingPong(t *testing.T, e *lenv) net.Conn {
 	ping := append([]byte{4}, "PING"...)
 	ping = append(ping, 0, 10) // TTL
 	ping = append(ping, "ctx-123"...)
-	if _, err := c.Write(zmtpFrame(flagCommand, ping)); err != nil {
+	if _, err := c.Write(zmtp.AppendFrame(nil, zmtp.FlagCommand, ping)); err != nil {
 		t.Fatal(err)
 	}
 	flags, body := readFrame(t, c)
-	if flags != flagCommand || string(body) != "\x04PONGctx-123" {
+	if flags != zmtp.FlagCommand || string(body) != "\x04PONGctx-123" {
 		t.Fatalf("got %x %q, want PONG with the context", flags, body)
 	}
-	if _, err := c.Write(zmtpFrame(0, moriMsg(t, "P", "127.0.0.1:8600", ModeRead))); err != nil {
+	if _, err := c.Write(zmtp.AppendFrame(nil, 0, moriMsg(t, "P", "127.0.0.1:8600", ModeRead))); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "registration after PING", func() bool { return e.reg.Get("http://127.0.0.1:8600") != nil })

@@ -21,10 +21,3 @@ type routerSocket interface {
 	// idempotent and returns once the socket is closed.
 	Close() error
 }
-
-// ZMTP 3 frame flags (guard.go and the tests' raw peers).
-const (
-	flagMore    = 0x01
-	flagLong    = 0x02
-	flagCommand = 0x04
-)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/worker"
+	"github.com/switchyard-llm/switchyard/internal/zmtp"
 )
 
 func TestCZMQAddressForms(t *testing.T) {
@@ -75,7 +76,7 @@ func TestCZMQOversizedMessage(t *testing.T) {
 	c := rawPeer(t, e.l.Addr(), dealerReady)
 	big := moriMsg(t, "P", "127.0.0.1:8601", ModeRead)
 	big = append(big, make([]byte, 1024)...) // trailing bytes: a decode drop if it got through
-	if _, err := c.Write(zmtpFrame(0, big)); err != nil {
+	if _, err := c.Write(zmtp.AppendFrame(nil, 0, big)); err != nil {
 		t.Fatal(err)
 	}
 	expectClosed(t, c, 2*time.Second)
@@ -93,9 +94,9 @@ func TestCZMQOversizedMessage(t *testing.T) {
 // it open; TCP keep-alive ends it if its peer is gone.
 func TestCZMQIdentityHandover(t *testing.T) {
 	e := startListener(t, func(o *Options) { o.Connector = ConnectorP2PNCCL })
-	ready := zmtpReady(zmtpProp("Socket-Type", "DEALER"), zmtpProp("Identity", "127.0.0.1:21001"))
+	ready := zmtpReady(zmtp.AppendProperty(nil, "Socket-Type", "DEALER"), zmtp.AppendProperty(nil, "Identity", "127.0.0.1:21001"))
 	reg := func(http string) []byte {
-		return zmtpFrame(0, must(t, map[string]any{"type": "P", "http_address": http, "zmq_address": "127.0.0.1:21001"}))
+		return zmtp.AppendFrame(nil, 0, must(t, map[string]any{"type": "P", "http_address": http, "zmq_address": "127.0.0.1:21001"}))
 	}
 	old := rawPeer(t, e.l.Addr(), ready)
 	if _, err := old.Write(reg("127.0.0.1:8610")); err != nil {

@@ -11,13 +11,15 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/zmtp"
 )
 
 func TestGuardPingPong(t *testing.T) {
 	e := startListener(t, nil)
 	c := pingPong(t, e)
 	// Other commands are passed up and dropped by the listener.
-	if _, err := c.Write(zmtpFrame(flagCommand, append([]byte{5}, "HELLO"...))); err != nil {
+	if _, err := c.Write(zmtp.AppendFrame(nil, zmtp.FlagCommand, append([]byte{5}, "HELLO"...))); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "command drop", func() bool { return e.dropped(t, ReasonCommand) == 1 })
@@ -33,22 +35,22 @@ func TestGuardRejectsHostilePeers(t *testing.T) {
 		reason string
 	}{
 		// Each of these crashes or wedges bare go-zeromq v0.17.0.
-		{"unknown socket type", zmtpReady(zmtpProp("Socket-Type", "FOO")), nil, ReasonHandshake},
-		{"no socket type", zmtpReady(zmtpProp("Identity", "x")), nil, ReasonHandshake},
-		{"truncated property", zmtpFrame(flagCommand, append(append([]byte{5}, "READY"...), 1)), nil, ReasonHandshake},
-		{"incompatible socket type", zmtpReady(zmtpProp("Socket-Type", "PUB")), nil, ReasonHandshake},
-		{"data before READY", zmtpFrame(0, []byte("hi")), nil, ReasonHandshake},
+		{"unknown socket type", zmtpReady(zmtp.AppendProperty(nil, "Socket-Type", "FOO")), nil, ReasonHandshake},
+		{"no socket type", zmtpReady(zmtp.AppendProperty(nil, "Identity", "x")), nil, ReasonHandshake},
+		{"truncated property", zmtp.AppendFrame(nil, zmtp.FlagCommand, append(append([]byte{5}, "READY"...), 1)), nil, ReasonHandshake},
+		{"incompatible socket type", zmtpReady(zmtp.AppendProperty(nil, "Socket-Type", "PUB")), nil, ReasonHandshake},
+		{"data before READY", zmtp.AppendFrame(nil, 0, []byte("hi")), nil, ReasonHandshake},
 		{"huge frame header", dealerReady, func() []byte {
 			h := make([]byte, 9)
-			h[0] = flagLong
+			h[0] = zmtp.FlagLong
 			binary.BigEndian.PutUint64(h[1:], 1<<62)
 			return h
 		}(), ReasonOversized},
-		{"oversized message", dealerReady, zmtpFrame(0, make([]byte, DefaultMaxMessageBytes+1)), ReasonOversized},
+		{"oversized message", dealerReady, zmtp.AppendFrame(nil, 0, make([]byte, DefaultMaxMessageBytes+1)), ReasonOversized},
 		{"too many frames", dealerReady, func() []byte {
 			var b []byte
 			for range maxFramesPerMsg + 1 {
-				b = append(b, zmtpFrame(flagMore, []byte("x"))...)
+				b = append(b, zmtp.AppendFrame(nil, zmtp.FlagMore, []byte("x"))...)
 			}
 			return b
 		}(), ReasonFrames},
@@ -127,10 +129,10 @@ func TestRawGoZeroMQCommandFrames(t *testing.T) {
 	e := startListener(t, func(o *Options) { o.rawTCP = true })
 	c := rawPeer(t, e.l.Addr(), dealerReady)
 	ping := append(append([]byte{4}, "PING"...), 0, 10)
-	if _, err := c.Write(zmtpFrame(flagCommand, ping)); err != nil {
+	if _, err := c.Write(zmtp.AppendFrame(nil, zmtp.FlagCommand, ping)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Write(zmtpFrame(0, moriMsg(t, "P", "127.0.0.1:8900", ModeRead))); err != nil {
+	if _, err := c.Write(zmtp.AppendFrame(nil, 0, moriMsg(t, "P", "127.0.0.1:8900", ModeRead))); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "registration", func() bool { return e.reg.Get("http://127.0.0.1:8900") != nil })
