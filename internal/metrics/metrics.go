@@ -26,8 +26,9 @@ var DurationBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	workerGen atomic.Uint64 // see WorkerGeneration
-	workers   sync.Map      // childKey → child (see workerChild)
+	tokens    atomic.Pointer[[2]prometheus.Counter] // TokensTotal's prompt and completion children (Tokens)
+	workerGen atomic.Uint64                         // see WorkerGeneration
+	workers   sync.Map                              // childKey → child (see workerChild)
 
 	// HTTP surface
 	RequestsTotal   *prometheus.CounterVec   // route
@@ -105,6 +106,17 @@ type Metrics struct {
 	DiscoveryAdded         prometheus.Counter
 	DiscoveryRemoved       *prometheus.CounterVec // reason
 	DiscoveryHeld          prometheus.Gauge
+}
+
+// Tokens returns TokensTotal's prompt and completion children, resolved
+// on first use (so the series appear with the first usage counted).
+func (m *Metrics) Tokens() (prompt, completion prometheus.Counter) {
+	if t := m.tokens.Load(); t != nil {
+		return t[0], t[1]
+	}
+	t := &[2]prometheus.Counter{m.TokensTotal.WithLabelValues("prompt"), m.TokensTotal.WithLabelValues("completion")}
+	m.tokens.Store(t)
+	return t[0], t[1]
 }
 
 // New creates and registers every metric on reg. It also registers the Go

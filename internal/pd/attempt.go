@@ -1,7 +1,6 @@
 package pd
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -116,7 +115,7 @@ type attemptRun struct {
 	pr  *Pair
 
 	order  Order
-	labels []string // connector, order: PD timing metric labels
+	labels [2]string // connector, order: PD timing metric labels
 	pBody  []byte
 
 	// pctx is the prefill's context: PrefillTimeout, or cancelled when
@@ -151,13 +150,16 @@ type attemptRun struct {
 	pDone    atomic.Bool     // the concurrent prefill answered with success
 	dResp    *http.Response  // D's response once its status is known
 	first    []byte          // D's first chunk
+	clv      [1]string       // the Content-Length value writeHead sets
+	usage    proxy.Usage     // D's token usage (the prefill's 1-token leg is never counted)
+	dBody    firstThenBody   // what relay reads: first, then D's body
 	firstEOF bool            // D's body ended with the first read
 }
 
 func (e *Engine) newAttemptRun(ctx context.Context, w http.ResponseWriter, st *reqState, pr *Pair) *attemptRun {
 	order := e.conn.Order(pr.P)
 	a := &attemptRun{e: e, ctx: ctx, w: w, st: st, pr: pr, order: order,
-		labels: []string{e.conn.Name(), order.String()},
+		labels: [2]string{e.conn.Name(), order.String()},
 		pBody:  prefillBody(st.kind, st.obj, e.conn.PrefillParams(pr)),
 		prof:   e.newProfiler(pr),
 	}
@@ -609,40 +611,57 @@ func (a *attemptRun) relay() *failure {
 	}
 	e, st := a.e, a.st
 	body := a.writeHead()
-	// token usage: the decode's own report (the prefill's 1-token leg is never counted)
-	observeUsage, finishUsage := proxy.NewUsageObserver(e.m)
-	res := proxy.Relay(a.ctx, e.migWriter(st, a.w, a.dResp), readCloser{body, a.dResp.Body}, proxy.RelayOptions{
-		IdleTimeout: e.o.StreamIdleTimeout,
-		Stream:      st.stream,
-		Observe:     observeUsage,
-		OnFirstByte: a.onFirstByte,
-	})
-	finishUsage(res.UpstreamErr == nil && res.DownstreamOK && a.dResp.StatusCode < 300)
+	// Token usage is the decode's own report. The options are made here,
+	// so their hooks stay on this frame.
+	ro := proxy.RelayOptions{IdleTimeout: e.o.StreamIdleTimeout, Stream: st.stream, OnFirstByte: a.onFirstByte}
+	if a.usage.Start(e.m); a.usage.On() {
+		ro.Observe = a.usage.Observe
+	}
+	res := proxy.Relay(a.ctx, e.migWriter(st, a.w, a.dResp), body, ro)
+	a.usage.Finish(res.UpstreamErr == nil && res.DownstreamOK && a.dResp.StatusCode < 300)
 	a.afterRelay(&res)
 	return nil
 }
 
 // writeHead writes D's status and headers (not flushed yet) and returns
-// D's body, its first chunk included.
-func (a *attemptRun) writeHead() io.Reader {
+// D's body, its first chunk included; closing it closes D's body.
+func (a *attemptRun) writeHead() io.ReadCloser {
 	dResp := a.dResp
 	h := a.w.Header()
 	proxy.CopyResponseHeaders(h, dResp.Header)
 	if !a.st.stream && dResp.ContentLength >= 0 {
 		// a short body then closes the connection instead of looking complete
-		h.Set("Content-Length", strconv.FormatInt(dResp.ContentLength, 10))
+		a.clv[0] = strconv.FormatInt(dResp.ContentLength, 10)
+		h["Content-Length"] = a.clv[:1:1]
 	}
 	a.w.WriteHeader(dResp.StatusCode)
 
-	var body io.Reader = dResp.Body
+	a.dBody = firstThenBody{first: a.first, rest: dResp.Body, c: dResp.Body}
 	if a.firstEOF {
-		body = http.NoBody
+		a.dBody.rest = http.NoBody
 	}
-	if len(a.first) > 0 {
-		body = io.MultiReader(bytes.NewReader(a.first), body)
-	}
-	return body
+	return &a.dBody
 }
+
+// firstThenBody reads D's first chunk (read while the KV was awaited), then
+// the rest of D's body; Close (Relay's idle timer) closes D's body. A
+// field of the attempt, so relaying allocates no reader.
+type firstThenBody struct {
+	first []byte
+	rest  io.Reader
+	c     io.Closer
+}
+
+func (b *firstThenBody) Read(p []byte) (int, error) {
+	if len(b.first) > 0 {
+		n := copy(p, b.first)
+		b.first = b.first[n:]
+		return n, nil
+	}
+	return b.rest.Read(p)
+}
+
+func (b *firstThenBody) Close() error { return b.c.Close() }
 
 // onFirstByte observes the time to the first token of a stream.
 func (a *attemptRun) onFirstByte() {
@@ -911,14 +930,6 @@ func (e *Engine) countRoute(route string) {
 		e.inc(e.m.PDRequests, route)
 	}
 }
-
-// readCloser lets Relay's idle timer close the upstream body.
-type readCloser struct {
-	io.Reader
-	c io.Closer
-}
-
-func (r readCloser) Close() error { return r.c.Close() }
 
 func snippet(b []byte) string {
 	s := strings.TrimSpace(string(limit(b, 512)))

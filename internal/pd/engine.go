@@ -29,7 +29,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net/http"
 	"runtime/debug"
 	"sort"
@@ -162,7 +161,7 @@ type Engine struct {
 	// the two legs (nil without metrics); series holds the other children
 	// a request updates (series.go).
 	inflightPrefill, inflightDecode prometheus.Gauge
-	series                          sync.Map
+	series                          seriesCache
 	rr                              atomic.Uint64
 	hash                            []string
 
@@ -625,27 +624,7 @@ func (e *Engine) pickPair(r *http.Request, c *proxy.Call, st *reqState, exclude 
 	if len(snap.Decode) == 0 {
 		return nil, sel("no decode workers available (none registered)")
 	}
-	ex := make(map[string]bool, len(exclude)+4)
-	for k := range exclude {
-		ex[k] = true
-	}
-	var pWhy, dWhy string
-	for _, w := range snap.Prefill {
-		if err := e.conn.Eligible(w); err != nil {
-			ex[w.Key()] = true
-			if pWhy == "" {
-				pWhy = err.Error()
-			}
-		}
-	}
-	for _, w := range snap.Decode {
-		if err := e.conn.Eligible(w); err != nil {
-			ex[w.Key()] = true
-			if dWhy == "" {
-				dWhy = err.Error()
-			}
-		}
-	}
+	ex, pWhy, dWhy := e.ineligible(snap, exclude)
 	hdr := e.policyHeaders(r)
 	avoid := st.avoid // and workers with an unconfirmed connect failure
 	if sus := worker.WithSuspects(snap.All, st.avoid); sus != nil {
@@ -665,7 +644,6 @@ func (e *Engine) pickPair(r *http.Request, c *proxy.Call, st *reqState, exclude 
 			return pr, nil
 		}
 	}
-	ex0 := maps.Clone(ex) // scanPairs adds the prefills it passed over
 	req := e.newPolicyRequest(st, hdr, c, ex)
 	pr, fallback, modeMsg := e.scanPairs(req, snap, st, exclude, dWhy, true)
 	if pr != nil {
@@ -676,6 +654,7 @@ func (e *Engine) pickPair(r *http.Request, c *proxy.Call, st *reqState, exclude 
 		e.normalPick()
 		return fallback, nil
 	}
+	ex0, _, _ := e.ineligible(snap, exclude) // ex has the prefills scanPairs passed over
 	if pr := e.panicPair(e.newPolicyRequest(st, hdr, c, ex0), snap, st); pr != nil {
 		st.panicked = true
 		return pr, nil
@@ -684,6 +663,28 @@ func (e *Engine) pickPair(r *http.Request, c *proxy.Call, st *reqState, exclude 
 		return nil, sel(modeMsg)
 	}
 	return nil, sel(describe("prefill", snap.Prefill, exclude, pWhy))
+}
+
+// ineligible returns exclude plus the workers the connector cannot use
+// (a new map), and the first reason given for a prefill and a decode.
+func (e *Engine) ineligible(snap *worker.Snapshot, exclude map[string]bool) (ex map[string]bool, pWhy, dWhy string) {
+	ex = make(map[string]bool, len(exclude)+4)
+	for k := range exclude {
+		ex[k] = true
+	}
+	mark := func(ws []*worker.Worker, why *string) {
+		for _, w := range ws {
+			if err := e.conn.Eligible(w); err != nil {
+				ex[w.Key()] = true
+				if *why == "" {
+					*why = err.Error()
+				}
+			}
+		}
+	}
+	mark(snap.Prefill, &pWhy)
+	mark(snap.Decode, &dWhy)
+	return ex, pWhy, dWhy
 }
 
 // scanPairs looks for a pair none of whose workers req excludes and whose
@@ -737,17 +738,7 @@ func (e *Engine) scanPairs(req *policy.Request, snap *worker.Snapshot, st *reqSt
 			continue
 		}
 		alt := *req
-		alt.Exclude = e.withBadPairs(ex, st, pk)
-		for k := range e.pairs.suspects(pk, dc.Workers) {
-			alt.Exclude[k] = true
-		}
-		if e.warm != nil && e.warm.nCold.Load() > 0 {
-			for _, d := range dc.Workers {
-				if e.warm.cold(p.Worker, d) {
-					alt.Exclude[d.Key()] = true
-				}
-			}
-		}
+		alt.Exclude = e.decodeExclude(ex, st, p.Worker, dc.Workers)
 		if d, err := e.o.DecodePolicy.Pick(&alt, dc); err == nil && d.Worker != nil {
 			return e.newPair(p, d), nil, ""
 		}
@@ -806,6 +797,31 @@ func (e *Engine) panicPair(req *policy.Request, snap *worker.Snapshot, st *reqSt
 		d = choice(w, "panic: no decode worker healthy and closed-circuit")
 	}
 	return e.newPair(p, d)
+}
+
+// decodeExclude is what a decode pick with prefill p excludes: ex, the
+// decodes whose pair with p failed during this request, is suspect
+// (pair health) or still warming up. ex itself when that adds nothing
+// (the common case: no map is made), else a copy with the additions.
+func (e *Engine) decodeExclude(ex map[string]bool, st *reqState, p *worker.Worker, ds []*worker.Worker) map[string]bool {
+	pk := p.Key()
+	sus := e.pairs.suspects(pk, ds)
+	cold := e.warm != nil && e.warm.nCold.Load() > 0
+	if len(st.badPairs) == 0 && len(sus) == 0 && !cold {
+		return ex
+	}
+	out := e.withBadPairs(ex, st, pk)
+	for k := range sus {
+		out[k] = true
+	}
+	if cold {
+		for _, d := range ds {
+			if e.warm.cold(p, d) {
+				out[d.Key()] = true
+			}
+		}
+	}
+	return out
 }
 
 // withBadPairs returns a copy of ex plus the decodes whose pair with the

@@ -131,11 +131,23 @@ var (
 	falsy = []byte("false")
 )
 
+// The token-limit fields of completions and chat requests the prefill leg
+// clamps (clampEdits).
+var (
+	completionMirrors = []string{"max_completion_tokens"}
+	completionMins    = []string{"min_tokens", "min_completion_tokens"}
+)
+
 // clampEdits caps the token-limit fields of obj for the prefill leg:
 // max set to 1 (added if absent), mirrors set to 1 when present, minimums
 // clamped to at most 1.
 func clampEdits(o *rawjson.Object, max string, mirrors, mins []string) []rawjson.Edit {
-	edits := []rawjson.Edit{rawjson.Set(max, one)}
+	return appendClampEdits(nil, o, max, mirrors, mins)
+}
+
+// appendClampEdits is clampEdits appending to edits.
+func appendClampEdits(edits []rawjson.Edit, o *rawjson.Object, max string, mirrors, mins []string) []rawjson.Edit {
+	edits = append(edits, rawjson.Set(max, one))
 	for _, k := range mirrors {
 		if o.Has(k) {
 			edits = append(edits, rawjson.Set(k, one))
@@ -152,12 +164,13 @@ func clampEdits(o *rawjson.Object, max string, mirrors, mins []string) []rawjson
 // prefillBody rewrites the client body for the prefill leg (REFERENCE §4.3,
 // fixed): one generated token, no streaming, params set when non-nil.
 func prefillBody(kind routeKind, o *rawjson.Object, params []byte) []byte {
-	var edits []rawjson.Edit
+	var buf [8]rawjson.Edit // room for the most edits made here: no allocation
+	edits := buf[:0]
 	switch kind {
 	case routeCompletions, routeChat:
-		edits = clampEdits(o, "max_tokens", []string{"max_completion_tokens"}, []string{"min_tokens", "min_completion_tokens"})
+		edits = appendClampEdits(edits, o, "max_tokens", completionMirrors, completionMins)
 	case routeResponses:
-		edits = []rawjson.Edit{rawjson.Set("max_output_tokens", one)}
+		edits = append(edits, rawjson.Set("max_output_tokens", one))
 	case routeGenerate:
 		sp := o.Get("sampling_params")
 		var nsp []byte
@@ -169,7 +182,7 @@ func prefillBody(kind routeKind, o *rawjson.Object, params []byte) []byte {
 		if nsp == nil {
 			nsp = []byte(`{"max_tokens":1}`)
 		}
-		edits = []rawjson.Edit{rawjson.Set("sampling_params", nsp)}
+		edits = append(edits, rawjson.Set("sampling_params", nsp))
 	}
 	edits = append(edits, rawjson.Set("stream", falsy), rawjson.Delete("stream_options"))
 	if params != nil {

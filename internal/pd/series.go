@@ -1,6 +1,11 @@
 package pd
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // The PD timing histograms and the per-route counters a request updates
 // are resolved once per label set and kept in Engine.series: their labels
@@ -14,6 +19,44 @@ type seriesKey struct {
 	a, b string
 }
 
+// seriesCache holds the children resolved so far. A lookup reads an
+// immutable map through one atomic load (no lock, no hashing of an
+// interface key as sync.Map does); a new child, rare since label sets are
+// few, copies the map under mu.
+type seriesCache struct {
+	mu       sync.Mutex
+	observer atomic.Pointer[map[seriesKey]prometheus.Observer]
+	counter  atomic.Pointer[map[seriesKey]prometheus.Counter]
+}
+
+// cached returns m's child for k, resolving it with resolve (under mu) the
+// first time.
+func cached[V any](mu *sync.Mutex, m *atomic.Pointer[map[seriesKey]V], k seriesKey, resolve func() V) V {
+	if cur := m.Load(); cur != nil {
+		if v, ok := (*cur)[k]; ok {
+			return v
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	cur := m.Load()
+	if cur != nil {
+		if v, ok := (*cur)[k]; ok {
+			return v
+		}
+	}
+	next := make(map[seriesKey]V, 8)
+	if cur != nil {
+		for kk, v := range *cur {
+			next[kk] = v
+		}
+	}
+	v := resolve()
+	next[k] = v
+	m.Store(&next)
+	return v
+}
+
 // observe records v in vec's child of labels a (and b, for a vector of two
 // labels).
 func (e *Engine) observe(vec *prometheus.HistogramVec, v float64, a string, b ...string) {
@@ -21,28 +64,19 @@ func (e *Engine) observe(vec *prometheus.HistogramVec, v float64, a string, b ..
 	if len(b) > 0 {
 		k.b = b[0]
 	}
-	if o, ok := e.series.Load(k); ok {
-		o.(prometheus.Observer).Observe(v)
-		return
-	}
-	var o prometheus.Observer
-	if len(b) > 0 {
-		o = vec.WithLabelValues(a, b[0])
-	} else {
-		o = vec.WithLabelValues(a)
-	}
-	e.series.Store(k, o)
+	o := cached(&e.series.mu, &e.series.observer, k, func() prometheus.Observer {
+		if len(b) > 0 {
+			return vec.WithLabelValues(a, b[0])
+		}
+		return vec.WithLabelValues(a)
+	})
 	o.Observe(v)
 }
 
 // inc adds one to vec's child of label a.
 func (e *Engine) inc(vec *prometheus.CounterVec, a string) {
-	k := seriesKey{vec: vec, a: a}
-	if c, ok := e.series.Load(k); ok {
-		c.(prometheus.Counter).Inc()
-		return
-	}
-	c := vec.WithLabelValues(a)
-	e.series.Store(k, c)
+	c := cached(&e.series.mu, &e.series.counter, seriesKey{vec: vec, a: a}, func() prometheus.Counter {
+		return vec.WithLabelValues(a)
+	})
 	c.Inc()
 }

@@ -64,8 +64,14 @@ func parseHead(head string, req *http.Request) (*http.Response, bool) {
 	}
 	n--
 	hdr := make(http.Header, n)
-	vals := make([]string, n)
-	resp := &http.Response{Status: status, StatusCode: code, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+	// The response and its values in one allocation when they fit.
+	rh := new(respHead)
+	vals := rh.vals[:]
+	if n > len(rh.vals) {
+		vals = make([]string, n)
+	}
+	resp := &rh.resp
+	*resp = http.Response{Status: status, StatusCode: code, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: hdr, Request: req, ContentLength: -1}
 	for i := 0; rest != ""; i++ {
 		line, rest, _ = strings.Cut(rest, "\r\n")
@@ -83,6 +89,13 @@ func parseHead(head string, req *http.Request) (*http.Response, bool) {
 		hdr[k] = vals[i : i+1 : i+1]
 	}
 	return resp, frameBody(resp)
+}
+
+// respHead is a parsed response with room for the values of its first
+// header lines (uvicorn's and Go's JSON and SSE heads have 3-5).
+type respHead struct {
+	resp http.Response
+	vals [6]string
 }
 
 // validHeaderKey: a non-empty token (obs-fold lines start with a space and

@@ -6,27 +6,59 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 )
 
-// NewUsageObserver returns the hooks that record vllm_router_tokens_total
-// for one relayed response, as the regular path does: observe is a
-// RelayOptions.Observe hook (it keeps the response's last bytes), and
-// finish(count) reads the last usage object from them and, when count is
-// true (the relay completed with a 2xx), adds its prompt_tokens and
-// completion_tokens. finish must be called exactly once; observe must not
-// be called after it. With m == nil, observe is nil and finish does nothing.
-func NewUsageObserver(m *metrics.Metrics) (observe func([]byte), finish func(count bool)) {
+// Usage records vllm_router_tokens_total for one relayed response, as
+// the regular path does: Observe is a RelayOptions.Observe hook (it keeps
+// the response's last bytes), and Finish(count) reads the last usage
+// object from them and, when count is true (the relay completed with a
+// 2xx), adds its prompt_tokens and completion_tokens. A value (a field of
+// the caller's) that Start readies: nothing is allocated per response.
+// Without metrics Start leaves it off: Observe must then not be set as a
+// hook (On reports false) and Finish does nothing.
+type Usage struct {
+	m    *metrics.Metrics
+	tail *usageTail
+}
+
+// Start readies u for one response (m nil: off).
+func (u *Usage) Start(m *metrics.Metrics) {
 	if m == nil {
+		return
+	}
+	u.m = m
+	u.tail = tailPool.Get().(*usageTail)
+	u.tail.reset()
+}
+
+// On reports whether u records (Start was given metrics).
+func (u *Usage) On() bool { return u.tail != nil }
+
+// Observe keeps b's bytes (a RelayOptions.Observe hook).
+func (u *Usage) Observe(b []byte) { u.tail.observe(b) }
+
+// Finish counts the response's usage when count is true and ends u.
+func (u *Usage) Finish(count bool) {
+	if u.tail == nil {
+		return
+	}
+	if count {
+		if pt, ct, ok := parseUsage(u.tail.bytes()); ok {
+			addUsage(u.m, pt, ct)
+		}
+	}
+	tailPool.Put(u.tail)
+	u.tail = nil
+}
+
+// NewUsageObserver returns a Usage's two hooks for one response: observe
+// (nil when m is nil) and finish, to be called exactly once; observe must
+// not be called after it.
+func NewUsageObserver(m *metrics.Metrics) (observe func([]byte), finish func(count bool)) {
+	u := new(Usage)
+	u.Start(m)
+	if !u.On() {
 		return nil, func(bool) {}
 	}
-	tail := tailPool.Get().(*usageTail)
-	tail.reset()
-	return tail.observe, func(count bool) {
-		if count {
-			if pt, ct, ok := parseUsage(tail.bytes()); ok {
-				addUsage(m, pt, ct)
-			}
-		}
-		tailPool.Put(tail)
-	}
+	return u.Observe, u.Finish
 }
 
 // CountUsage records vllm_router_tokens_total from the last usage object in
@@ -41,8 +73,9 @@ func CountUsage(m *metrics.Metrics, body []byte) {
 }
 
 func addUsage(m *metrics.Metrics, prompt, completion int64) {
-	m.TokensTotal.WithLabelValues("prompt").Add(float64(prompt))
-	m.TokensTotal.WithLabelValues("completion").Add(float64(completion))
+	p, c := m.Tokens()
+	p.Add(float64(prompt))
+	c.Add(float64(completion))
 }
 
 // usageTailSize bounds what the usage observer keeps: the usage object is at

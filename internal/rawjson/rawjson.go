@@ -383,22 +383,50 @@ func Delete(key string) Edit { return Edit{Key: key, Delete: true} }
 // Apply returns a new document with the edits applied. Existing members are
 // replaced in place (every occurrence of a repeated key is rewritten, so the
 // result is unambiguous); new members are appended before the closing brace
-// in the order given. Untouched bytes are copied verbatim.
+// in the order given. Of several edits of one key, the last is applied.
+// Untouched bytes are copied verbatim.
 func (o *Object) Apply(edits ...Edit) []byte {
 	if len(edits) == 0 {
 		return o.src
 	}
-	byKey := make(map[string]int, len(edits))
-	for i, e := range edits {
-		byKey[e.Key] = i
+	// The last edit of a key is the one applied. A few edits are found by
+	// a scan, more through a map.
+	var byKey map[string]int
+	if len(edits) > editScan {
+		byKey = make(map[string]int, len(edits))
+		for i, e := range edits {
+			byKey[e.Key] = i
+		}
 	}
-	out := make([]byte, 0, len(o.src)+64*len(edits))
+	find := func(k string) (int, bool) {
+		if byKey != nil {
+			i, ok := byKey[k]
+			return i, ok
+		}
+		for i := len(edits) - 1; i >= 0; i-- {
+			if edits[i].Key == k {
+				return i, true
+			}
+		}
+		return 0, false
+	}
+	grow := 0 // room for the edits: key, quotes, colon, comma and value
+	for _, e := range edits {
+		grow += len(e.Key) + len(e.Value) + 4
+	}
+	out := make([]byte, 0, len(o.src)+grow)
 	out = append(out, o.src[:o.open+1]...)
-	used := make([]bool, len(edits))
+	var usedBuf [editScan]bool
+	used := usedBuf[:0]
+	if len(edits) > editScan {
+		used = make([]bool, len(edits))
+	} else {
+		used = usedBuf[:len(edits)]
+	}
 	pos := o.open + 1
 	wrote := false // a member has been written to out
 	for _, m := range o.members {
-		idx, touched := byKey[m.Key]
+		idx, touched := find(m.Key)
 		if !touched {
 			// copy from the previous position (separators, whitespace) to the member end
 			seg := o.src[pos:m.end]
@@ -432,6 +460,9 @@ func (o *Object) Apply(edits ...Edit) []byte {
 		if used[i] || e.Delete {
 			continue
 		}
+		if last, _ := find(e.Key); last != i {
+			continue // a later edit of the key is the one applied
+		}
 		if wrote {
 			out = append(out, ',')
 		}
@@ -444,6 +475,9 @@ func (o *Object) Apply(edits ...Edit) []byte {
 	out = append(out, o.src[pos:]...)
 	return out
 }
+
+// editScan is the most edits Apply finds by a scan, without a map.
+const editScan = 8
 
 func trimLeadingComma(seg []byte) []byte {
 	i := 0

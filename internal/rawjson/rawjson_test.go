@@ -31,6 +31,10 @@ func TestApply(t *testing.T) {
 		{"unicode and escapes untouched", `{"p":"h\u00e9\"llo","stream":true}`, []Edit{Set("stream", []byte(`false`))}, `{"p":"h\u00e9\"llo","stream":false}`},
 		{"repeated key both rewritten", `{"a":1,"a":2}`, []Edit{Set("a", []byte(`3`))}, `{"a":3,"a":3}`},
 		{"nested untouched", `{"o":{"max_tokens":5},"max_tokens":7}`, []Edit{Set("max_tokens", []byte(`1`))}, `{"o":{"max_tokens":5},"max_tokens":1}`},
+		{"a key edited twice: the last edit", `{"a":1,"b":2}`, []Edit{Set("a", []byte(`3`)), Delete("b"), Set("a", []byte(`4`))}, `{"a":4}`},
+		// more edits than Apply scans for (editScan): found through a map
+		{"many edits", `{"k0":0,"k3":0,"k9":0,"x":1}`, manyEdits(10), `{"k0":"v0","k3":"v3","k9":"v9","x":1,"k1":"v1","k2":"v2","k4":"v4","k5":"v5","k6":"v6","k7":"v7","k8":"v8"}`},
+		{"many edits, a key twice: the last edit", `{"k0":0,"x":1}`, append(manyEdits(editScan), Delete("x"), Set("k0", []byte(`7`))), `{"k0":7,"k1":"v1","k2":"v2","k3":"v3","k4":"v4","k5":"v5","k6":"v6","k7":"v7"}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -46,6 +50,15 @@ func TestApply(t *testing.T) {
 			}
 		})
 	}
+}
+
+// manyEdits sets k0..k(n-1) to "v0".."v(n-1)".
+func manyEdits(n int) []Edit {
+	var es []Edit
+	for i := range n {
+		es = append(es, Set(fmt.Sprintf("k%d", i), []byte(fmt.Sprintf(`"v%d"`, i))))
+	}
+	return es
 }
 
 func TestParseErrors(t *testing.T) {

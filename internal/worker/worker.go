@@ -280,6 +280,15 @@ func (w *Worker) Key() string { return w.key }
 // (nil if URL is not of that form). Callers must not modify it.
 func (w *Worker) BaseURL() *url.URL { return w.base }
 
+// HostPort returns host:port of the base URL, from the URL parsed once
+// when it has that form (Spec.HostPort parses it each call).
+func (w *Worker) HostPort() string {
+	if w.base != nil {
+		return w.base.Host
+	}
+	return w.Spec.HostPort()
+}
+
 // Endpoint returns the full URL for path on this worker (never with @rank).
 func (w *Worker) Endpoint(path string) string { return w.URL + path }
 
