@@ -1,7 +1,8 @@
 // Package fdpoll tells a handler, without a goroutine of its own, that a
 // connection became readable or its peer closed it: the connections'
 // descriptors sit in an epoll set of the poller's own (EPOLLIN|EPOLLRDHUP,
-// one-shot), and one goroutine per poller waits on it. A connection also
+// or EPOLLRDHUP alone for a poller made with NewFor(Hangup); one-shot),
+// and one goroutine per poller waits on it. A connection also
 // stays in Go's runtime poller: a handler reads it as usual, through its
 // net.Conn, after the event.
 //
@@ -16,6 +17,10 @@
 // Off Linux New returns nil, and a nil *Poller registers nothing: callers
 // fall back to a goroutine or a timer.
 package fdpoll
+
+// Events is what a poller's registrations ask to be told of (Readable,
+// Hangup).
+type Events uint32
 
 // Handler receives a registered connection's event, on the poller's
 // goroutine: it must not block (hand longer work to a goroutine).

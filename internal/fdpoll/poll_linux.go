@@ -10,27 +10,39 @@ type Poller struct {
 	epfd int
 	wake [2]int // a pipe: a byte on wake[1] stops the loop
 
+	events uint32 // what a registration asks for (Events), one-shot
+
 	mu     sync.Mutex
 	byFd   map[int32]Handler
 	closed bool
 	done   chan struct{}
 }
 
-const events = syscall.EPOLLIN | syscall.EPOLLRDHUP | syscall.EPOLLONESHOT
+// Readable and Hangup are what a poller's registrations ask to be told
+// of. EPOLLHUP and EPOLLERR (a reset) are reported either way.
+const (
+	Readable Events = syscall.EPOLLIN | syscall.EPOLLRDHUP // data arrived or the peer closed
+	Hangup   Events = syscall.EPOLLRDHUP                   // the peer closed (data does not count)
+)
 
-// New returns a running poller, or nil when the system refuses one.
-func New() *Poller {
+// New returns a running poller telling of Readable, or nil when the
+// system refuses one.
+func New() *Poller { return NewFor(Readable) }
+
+// NewFor returns a running poller telling its handlers of ev, or nil when
+// the system refuses one.
+func NewFor(ev Events) *Poller {
 	epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil
 	}
-	p := &Poller{epfd: epfd, byFd: make(map[int32]Handler), done: make(chan struct{})}
+	p := &Poller{epfd: epfd, events: uint32(ev) | syscall.EPOLLONESHOT, byFd: make(map[int32]Handler), done: make(chan struct{})}
 	if err := syscall.Pipe2(p.wake[:], syscall.O_NONBLOCK|syscall.O_CLOEXEC); err != nil {
 		syscall.Close(epfd)
 		return nil
 	}
-	ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(p.wake[0])}
-	if err := syscall.EpollCtl(epfd, syscall.EPOLL_CTL_ADD, p.wake[0], &ev); err != nil {
+	wake := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(p.wake[0])}
+	if err := syscall.EpollCtl(epfd, syscall.EPOLL_CTL_ADD, p.wake[0], &wake); err != nil {
 		p.closeFds()
 		return nil
 	}
@@ -125,7 +137,7 @@ func (p *Poller) ctl(rc syscall.RawConn, h Handler, op int) (fd int32, ok bool) 
 		}
 		fd = int32(u)
 		p.byFd[fd] = h
-		ev := syscall.EpollEvent{Events: events, Fd: fd}
+		ev := syscall.EpollEvent{Events: p.events, Fd: fd}
 		if syscall.EpollCtl(p.epfd, op, int(u), &ev) == nil {
 			ok = true
 			return

@@ -113,3 +113,31 @@ func TestStopTellsRegisteredHandlers(t *testing.T) {
 	}
 	nilP.Stop()
 }
+
+// TestHangupPoller: a poller made for Hangup is not told of data, only of
+// the peer's close (after data, too) and of a reset.
+func TestHangupPoller(t *testing.T) {
+	p := NewFor(Hangup)
+	if p == nil {
+		t.Skip("no epoll set on this system")
+	}
+	defer p.Stop()
+	_, server, rc := pair(t)
+	h := make(chanHandler, 4)
+	if _, ok := p.Add(rc, h); !ok {
+		t.Fatal("Add failed")
+	}
+	server.Write([]byte("x"))
+	expect(t, h, false, "data")
+	server.Close()
+	expect(t, h, true, "peer closed with data unread")
+
+	_, server2, rc2 := pair(t)
+	h2 := make(chanHandler, 4)
+	if _, ok := p.Add(rc2, h2); !ok {
+		t.Fatal("Add failed")
+	}
+	server2.(*net.TCPConn).SetLinger(0) // the close resets the connection
+	server2.Close()
+	expect(t, h2, true, "peer reset")
+}

@@ -127,6 +127,7 @@ func (c *conn) serve() {
 // owns it, and forgets it.
 func (c *conn) finish() {
 	c.s.trackConn(c, false)
+	c.watch.release() // before the close: the descriptor's number may be reused
 	c.stopCtx()
 	if !c.hijacked && !c.handedOff {
 		c.r = c.w // what is left unread goes with the connection

@@ -34,11 +34,14 @@
 // Instead of a background read: once the request body has been read to its
 // end, a timer fires after 10 ms (a request answered sooner costs nothing
 // more). On Linux it then puts the connection's descriptor into an epoll set
-// of the server's (EPOLLRDHUP|EPOLLIN, one-shot), waited on by one goroutine
-// per server (poll_linux.go); elsewhere the timer keeps peeking with
-// doubling backoff capped at 200 ms. Either way the verdict is a peek
-// (recvfrom MSG_PEEK|MSG_DONTWAIT, never blocking): EOF or a connection
-// error cancels the request's context (context.Canceled); a
+// of the server's (EPOLLRDHUP, one-shot: the peer's close or reset, not its
+// data), waited on by one goroutine per server (fdpoll), where it stays
+// until the connection closes: the connection's later requests are watched
+// with no timer and no system call. Elsewhere, and on a connection whose
+// hangup was reported while no request was watched, the timer keeps peeking
+// with doubling backoff capped at 200 ms (watch.go). Either way the verdict
+// is a peek (recvfrom MSG_PEEK|MSG_DONTWAIT, never blocking): EOF or a
+// connection error cancels the request's context (context.Canceled); a
 // pipelined request stops the watch. Connections that are not syscall.Conn
 // get no watch.
 //

@@ -73,6 +73,56 @@ func TestDisconnectCancelsContext(t *testing.T) {
 	}
 }
 
+// TestDisconnectOnAWatchedConnection: a connection stays in the poller's
+// set after a request that ran long enough to put it there; its next
+// request is still cancelled when the client closes the connection, or
+// half-closes it after the request (as net/http's background read takes
+// it), and a slow request meanwhile is not.
+func TestDisconnectOnAWatchedConnection(t *testing.T) {
+	for _, half := range []bool{false, true} {
+		t.Run(map[bool]string{false: "close", true: "half-close"}[half], func(t *testing.T) {
+			cause := make(chan error, 1)
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/slow" {
+					select {
+					case <-r.Context().Done():
+						io.WriteString(w, "cancelled")
+					case <-time.After(60 * time.Millisecond):
+						io.WriteString(w, "done")
+					}
+					return
+				}
+				<-r.Context().Done()
+				cause <- context.Cause(r.Context())
+			})
+			_, addr := startH1(t, h, nil)
+			c := dial(t, addr)
+			br := bufio.NewReader(c)
+			for range 2 { // long enough to be registered, then served registered
+				io.WriteString(c, get("/slow", ""))
+				if got := readResponse(t, br); got != "done" {
+					t.Fatalf("/slow: %q", got)
+				}
+			}
+			io.WriteString(c, get("/wait", ""))
+			if half {
+				c.CloseWrite()
+			} else {
+				time.Sleep(20 * time.Millisecond) // the handler is waiting
+				c.Close()
+			}
+			select {
+			case err := <-cause:
+				if !errors.Is(err, context.Canceled) {
+					t.Errorf("cause = %v, want context.Canceled", err)
+				}
+			case <-time.After(2 * time.Second):
+				t.Fatal("context not cancelled within 2s of the client closing")
+			}
+		})
+	}
+}
+
 func TestPipelinedRequestDoesNotCancel(t *testing.T) {
 	// The second request comes in the first's write (already buffered), or
 	// while the first handler runs (seen by the watch's peek).

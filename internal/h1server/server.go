@@ -44,7 +44,7 @@ func (s *Server) init() {
 		s.listeners = make(map[net.Listener]struct{})
 		s.conns = make(map[*conn]struct{})
 		s.fbLn = newChanListener()
-		s.poll = fdpoll.New()
+		s.poll = fdpoll.NewFor(fdpoll.Hangup)
 		s.fbDone = make(chan struct{})
 		s.fb = &http.Server{
 			Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.handler().ServeHTTP(w, r) }),
