@@ -1,6 +1,7 @@
 package pd
 
 import (
+	"maps"
 	"sync"
 	"sync/atomic"
 
@@ -45,11 +46,9 @@ func cached[V any](mu *sync.Mutex, m *atomic.Pointer[map[seriesKey]V], k seriesK
 			return v
 		}
 	}
-	next := make(map[seriesKey]V, 8)
+	next := map[seriesKey]V{}
 	if cur != nil {
-		for kk, v := range *cur {
-			next[kk] = v
-		}
+		next = maps.Clone(*cur)
 	}
 	v := resolve()
 	next[k] = v

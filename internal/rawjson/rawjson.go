@@ -417,7 +417,7 @@ func (o *Object) Apply(edits ...Edit) []byte {
 	out := make([]byte, 0, len(o.src)+grow)
 	out = append(out, o.src[:o.open+1]...)
 	var usedBuf [editScan]bool
-	used := usedBuf[:0]
+	var used []bool
 	if len(edits) > editScan {
 		used = make([]bool, len(edits))
 	} else {
