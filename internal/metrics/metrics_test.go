@@ -335,7 +335,7 @@ func TestEveryMetricRecorded(t *testing.T) {
 	used := src.String()
 	// Fields recorded through the accessors that cache their children.
 	accessor := map[string]string{"RunningRequests": "Running", "CBOutcomes": "Outcome",
-		"PDPrefillReqs": "PDLegRequests", "PDDecodeReqs": "PDLegRequests"}
+		"PDPrefillReqs": "PDLegRequests", "PDDecodeReqs": "PDLegRequests", "TokensTotal": "Tokens"}
 	for _, f := range fields {
 		re := regexp.MustCompile(`(?m)^(m|Metrics)\.` + f + `$`)
 		if a, ok := accessor[f]; ok {

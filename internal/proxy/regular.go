@@ -88,9 +88,8 @@ type Regular struct {
 	m      *metrics.Metrics
 	role   string
 	// Hot-path metric children with fixed labels, looked up once.
-	inflightRole            prometheus.Gauge
-	tokPrompt, tokCompleted prometheus.Counter
-	ttft                    sync.Map // route -> prometheus.Observer (mode "regular")
+	inflightRole prometheus.Gauge
+	ttft         sync.Map // route -> prometheus.Observer (mode "regular")
 }
 
 var _ Dispatcher = (*Regular)(nil)
@@ -115,8 +114,7 @@ func NewRegular(o RegularOptions) *Regular {
 	p.budget = newRetryBudget(o.Retry, nil)
 	if p.m != nil {
 		p.inflightRole = p.m.WorkerInFlight.WithLabelValues(p.role)
-		p.tokPrompt = p.m.TokensTotal.WithLabelValues("prompt")
-		p.tokCompleted = p.m.TokensTotal.WithLabelValues("completion")
+		p.m.Tokens() // the series are exported from the start
 	}
 	return p
 }
@@ -771,12 +769,13 @@ func (p *Regular) relay(ctx context.Context, w http.ResponseWriter, rs *reqSpec,
 	// The options are made here, not in a helper: their closures stay on
 	// this frame (a helper returning them would allocate both).
 	var ro RelayOptions
-	var tail *usageTail
-	if rs.gen && p.m != nil {
-		tail = tailPool.Get().(*usageTail)
-		tail.reset()
-		defer tailPool.Put(tail)
-		ro.Observe = tail.observe
+	var usage Usage
+	if rs.gen {
+		usage.Start(p.m)
+	}
+	defer usage.Finish(false) // a no-op once counted below
+	if usage.On() {
+		ro.Observe = usage.Observe
 	}
 	if sse {
 		ro.IdleTimeout = p.o.StreamIdleTimeout
@@ -812,12 +811,7 @@ func (p *Regular) relay(ctx context.Context, w http.ResponseWriter, rs *reqSpec,
 	switch {
 	case res.UpstreamErr == nil:
 		slot.outcome(resp.StatusCode < 500)
-		if tail != nil && resp.StatusCode < 300 {
-			if pt, ct, ok := parseUsage(tail.bytes()); ok {
-				p.tokPrompt.Add(float64(pt))
-				p.tokCompleted.Add(float64(ct))
-			}
-		}
+		usage.Finish(resp.StatusCode < 300)
 	case !res.DownstreamOK: // the client went away: says nothing about the worker
 		slot.outcome(true)
 		if p.m != nil {
