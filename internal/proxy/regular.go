@@ -759,8 +759,6 @@ func isSSE(h http.Header) bool {
 		(len(ct) == len(sse) || ct[len(sse)] == ';' || ct[len(sse)] == ' ')
 }
 
-var tailPool = sync.Pool{New: func() any { return new(usageTail) }}
-
 // relay writes the chosen response to the client and records its outcome.
 func (p *Regular) relay(ctx context.Context, w http.ResponseWriter, rs *reqSpec, wk *worker.Worker, resp *http.Response, slot *attemptSlot) {
 	defer slot.release()

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"sync"
 
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 )
@@ -109,6 +110,9 @@ func (t *usageTail) observe(p []byte) {
 		t.full = true
 	}
 }
+
+// tailPool holds the tails of finished responses.
+var tailPool = sync.Pool{New: func() any { return new(usageTail) }}
 
 func (t *usageTail) reset() { t.pos, t.full = 0, false }
 
