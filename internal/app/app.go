@@ -28,6 +28,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/config"
 	"github.com/switchyard-llm/switchyard/internal/discovery/k8s"
 	"github.com/switchyard-llm/switchyard/internal/discovery/zmq"
+	"github.com/switchyard-llm/switchyard/internal/gctune"
 	"github.com/switchyard-llm/switchyard/internal/health"
 	"github.com/switchyard-llm/switchyard/internal/history"
 	"github.com/switchyard-llm/switchyard/internal/igw"
@@ -86,11 +87,26 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	for _, w := range cfg.Warnings() {
 		log.Warn(w)
 	}
+	defer startGCTuning(cfg, log, os.LookupEnv).Stop()
 	a, err := build(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
 	return a.run(ctx)
+}
+
+// startGCTuning installs --gc-heap-floor-mb's floor over Go's default
+// GOGC of 100, unless it is 0 or the environment sets GOGC (the
+// operator's own choice); nil when not installed (Stop does nothing).
+func startGCTuning(cfg *config.Config, log *slog.Logger, lookup func(string) (string, bool)) *gctune.Tuner {
+	if cfg.GCHeapFloorMB <= 0 {
+		return nil
+	}
+	if v, ok := lookup("GOGC"); ok {
+		log.Info("GOGC is set: --gc-heap-floor-mb left off", "GOGC", v)
+		return nil
+	}
+	return gctune.Start(uint64(cfg.GCHeapFloorMB)<<20, 100)
 }
 
 // resolveUpstreamKey sets cfg.APIKey for --backend openai: --api-key, else

@@ -179,6 +179,7 @@ type Config struct {
 	LogFormat                  string   `json:"log_format"`
 	EnablePprof                bool     `json:"enable_pprof"`             // /debug/pprof/ on the metrics listener
 	HTTPServer                 string   `json:"http_server"`              // the client listener's HTTP/1.1 server
+	GCHeapFloorMB              int      `json:"gc_heap_floor_mb"`         // Go GC heap floor (0 = Go's default pacing)
 	PrefillTimeoutSecs         float64  `json:"prefill_timeout_secs"`     // 0 = only the overall deadline
 	KVWaitTimeoutSecs          float64  `json:"kv_wait_timeout_secs"`     // 0 = none (default 300)
 	StreamIdleTimeoutSecs      float64  `json:"stream_idle_timeout_secs"` // 0 = none (default 300)
@@ -306,6 +307,7 @@ func Default() *Config {
 		ShutdownTimeoutSecs:        30,
 		LogFormat:                  LogFormatText,
 		HTTPServer:                 HTTPServerBuiltin,
+		GCHeapFloorMB:              32,
 		ConnectTimeoutSecs:         3,
 		KVWaitTimeoutSecs:          300,
 		StreamIdleTimeoutSecs:      300,

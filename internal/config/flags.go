@@ -113,6 +113,7 @@ func baseFlagDefs(c *Config) []flagDef {
 		{extra: true, name: "shutdown-timeout-secs", meta: "SECS", usage: "Graceful shutdown deadline for in-flight requests", value: flt(&c.ShutdownTimeoutSecs)},
 		{extra: true, name: "log-format", meta: "FORMAT", usage: "Log format", value: enum(&c.LogFormat, logFormatNames)},
 		{extra: true, name: "http-server", meta: "SERVER", usage: "HTTP/1.1 server of the client listener: builtin (default; internal/h1server: no goroutine but the connection's, buffers pooled between reads, docs/BENCHMARKS.md section 11) or net/http", value: enum(&c.HTTPServer, httpServerNames)},
+		{extra: true, name: "gc-heap-floor-mb", meta: "MIB", usage: "Go garbage collector heap floor: while the live heap is small, collect no earlier than at MIB MiB of heap (GOGC raised; docs/BENCHMARKS.md section 24). 0 = Go's default pacing; a GOGC environment variable also turns it off", value: num(&c.GCHeapFloorMB)},
 		{extra: true, name: "enable-pprof", usage: "Serve Go's net/http/pprof profiles under /debug/pprof/ on the metrics listener (--prometheus-host/--prometheus-port); off by default", value: boo(&c.EnablePprof)},
 		{extra: true, name: "prefill-timeout-secs", meta: "SECS", usage: "Deadline for the prefill leg (0 = only the overall deadline)", value: flt(&c.PrefillTimeoutSecs)},
 		{extra: true, name: "kv-wait-timeout-secs", meta: "SECS", usage: "PD: deadline for a streaming decode's first byte, i.e. for its KV to arrive (0 = none)", value: flt(&c.KVWaitTimeoutSecs)},

@@ -251,6 +251,7 @@ func (c *Config) validateExtras(add func(*Error)) {
 		{"--queue-size", c.QueueSize},
 		{"--pd-max-failovers", c.PDMaxFailovers},
 		{"--max-migrations", c.MaxMigrations},
+		{"--gc-heap-floor-mb", c.GCHeapFloorMB},
 		{"--flow-worker-max-inflight", c.FlowWorkerMaxInFlight},
 		{"--flow-headroom", c.FlowHeadroom},
 		{"--flow-prefill-reserve", c.FlowPrefillReserve},
