@@ -4,7 +4,7 @@
 # runtime's exact allocation counts per request (go_memstats_mallocs_total
 # and go_memstats_alloc_bytes_total from the router's /metrics, read around
 # each run: counted, not sampled) and garbage collections per 1,000
-# requests (go_gc_duration_seconds_count). One zero-latency vllm-sim (regular) or a
+# requests (go_gc_duration_seconds_count), and the router's RSS after each run. One zero-latency vllm-sim (regular) or a
 # NIXL prefill and decode pair (pd), one router per build in front of it,
 # interleaved wrk runs (2 threads, CONNS connections, 1-token
 # /v1/completions). Needs wrk (scripts/install-peers.sh) and vllm-sim in
@@ -43,10 +43,10 @@ for r in $(seq 1 "$reps"); do
     g0=$(metric "$mp" go_gc_duration_seconds_count)
     out=$(wrk -t2 -c"$conns" -d"${secs}s" --latency --timeout 10s -s "$dir/c.lua" "http://127.0.0.1:${ports[$i]}/v1/completions" 2>&1)
     c1=$(cpu "$pid"); m1=$(metric "$mp" go_memstats_mallocs_total); b1=$(metric "$mp" go_memstats_alloc_bytes_total)
-    g1=$(metric "$mp" go_gc_duration_seconds_count)
+    g1=$(metric "$mp" go_gc_duration_seconds_count); rss=$(awk '/^VmRSS/{print $2}' "/proc/$pid/status")
     n=$(awk '/requests in/{print $1}' <<< "$out"); rps=$(awk '/Requests\/sec/{print $2}' <<< "$out")
     non2xx=$(awk '/Non-2xx/{print $4}' <<< "$out")
-    awk -v r="$r" -v l="${labels[$i]}" -v rps="$rps" -v n="$n" -v c="$((c1 - c0))" -v hz="$hz" -v m="$((m1 - m0))" -v b="$((b1 - b0))" -v e="${non2xx:-0}" -v g="$((g1 - g0))" \
-      'BEGIN { printf "rep=%s %s req/s=%s cpu_us/req=%.1f mallocs/req=%.1f bytes/req=%.0f gc/1k=%.2f non2xx=%s\n", r, l, rps, c * 1e6 / hz / n, m / n, b / n, g * 1000 / n, e }'
+    awk -v r="$r" -v l="${labels[$i]}" -v rps="$rps" -v n="$n" -v c="$((c1 - c0))" -v hz="$hz" -v m="$((m1 - m0))" -v b="$((b1 - b0))" -v e="${non2xx:-0}" -v g="$((g1 - g0))" -v rss="$rss" \
+      'BEGIN { printf "rep=%s %s req/s=%s cpu_us/req=%.1f mallocs/req=%.1f bytes/req=%.0f gc/1k=%.2f rss_mib=%.0f non2xx=%s\n", r, l, rps, c * 1e6 / hz / n, m / n, b / n, g * 1000 / n, rss / 1024, e }'
   done
 done

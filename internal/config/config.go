@@ -307,7 +307,7 @@ func Default() *Config {
 		ShutdownTimeoutSecs:        30,
 		LogFormat:                  LogFormatText,
 		HTTPServer:                 HTTPServerBuiltin,
-		GCHeapFloorMB:              32,
+		GCHeapFloorMB:              16,
 		ConnectTimeoutSecs:         3,
 		KVWaitTimeoutSecs:          300,
 		StreamIdleTimeoutSecs:      300,

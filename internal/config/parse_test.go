@@ -84,7 +84,7 @@ func TestDefaults(t *testing.T) {
 		ShutdownTimeoutSecs:            30,
 		LogFormat:                      "text",
 		HTTPServer:                     "builtin",
-		GCHeapFloorMB:                  32,
+		GCHeapFloorMB:                  16,
 		ConnectTimeoutSecs:             3,
 		KVWaitTimeoutSecs:              300,
 		StreamIdleTimeoutSecs:          300,

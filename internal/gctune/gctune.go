@@ -7,7 +7,7 @@
 // Why a router wants it: a proxy's live heap is a few MiB (its connections'
 // state), while it allocates a few KiB per request, so at the default
 // GOGC=100 it collects tens of times a second under load, for almost no
-// garbage each time. With a 32 MiB floor it collects several times less
+// garbage each time. With a 16 MiB floor it collects several times less
 // often for at most the floor in extra heap, and where memory matters (the
 // live heap of thousands of open streams is above the floor) it paces as
 // Go's default does. GOMEMLIMIT, when set, still bounds the heap.
