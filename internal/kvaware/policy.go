@@ -20,6 +20,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/kvevents"
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/policy"
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
@@ -138,21 +139,31 @@ type prepared struct {
 // model tokenizes alike; they are asked in turn, and an unreachable one is
 // passed over) and computes its block keys.
 func (p *Policy) Prepare(ctx context.Context, req *policy.Request, c policy.Candidates) {
-	if req.Tokens != nil {
-		req.Prepared = &prepared{keys: p.o.Index.BlockKeys(req.Tokens, "")}
+	o, err := req.Obj, error(nil)
+	if o == nil && (req.Tokens == nil || len(req.Body) > 0) {
+		if o, err = rawjson.Parse(req.Body); err != nil {
+			req.TokenErr = fmt.Errorf("%w: %w", ErrNotTokenizable, err)
+			return
+		}
+	}
+	salt := ""
+	if o != nil {
+		var ok bool
+		if salt, ok = CacheSalt(o); !ok {
+			req.TokenErr = fmt.Errorf("%w: a cache_salt the engine refuses", ErrNotTokenizable)
+			return
+		}
+	}
+	if req.Tokens != nil { // given with the request (no body: no salt)
+		req.Prepared = &prepared{keys: p.o.Index.SaltedBlockKeys(req.Tokens, "", salt)}
 		return
 	}
-	var err error
 	for _, base := range p.tokenizeAt(req, c, 3) {
 		var toks []uint32
-		if req.Obj != nil {
-			toks, err = p.o.Tokenizer.TokensOf(ctx, base, req.Path, req.Obj)
-		} else {
-			toks, err = p.o.Tokenizer.Tokens(ctx, base, req.Path, req.Body)
-		}
+		toks, err = p.o.Tokenizer.TokensOf(ctx, base, req.Path, o)
 		if err == nil {
 			req.Tokens = toks
-			req.Prepared = &prepared{keys: p.o.Index.BlockKeys(toks, "")}
+			req.Prepared = &prepared{keys: p.o.Index.SaltedBlockKeys(toks, "", salt)}
 			return
 		}
 		if errors.Is(err, ErrNotTokenizable) || ctx.Err() != nil {

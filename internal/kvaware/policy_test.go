@@ -16,6 +16,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/kvevents"
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/policy"
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
@@ -197,6 +198,89 @@ func TestKVAwarePicksTheWorkerHoldingThePrefix(t *testing.T) {
 	}
 }
 
+// TestKVAwareCacheSalt: a salted prompt is drawn to the worker whose
+// events stored it under the same salt (vLLM mixes the salt into the
+// first block's hash), never to one holding the same tokens unsalted or
+// under another salt, and an unsalted prompt not to the salted blocks.
+func TestKVAwareCacheSalt(t *testing.T) {
+	ts := newTokenizeServer(t)
+	x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 4})
+	ws := mkWorkers(ts.URL, "http://b:1", "http://c:1")
+	c := policy.Candidates{Gen: 1, Workers: ws}
+	p := newPolicy(t, x, func(o *Options) { o.HasEvents = func(string) bool { return true } })
+	prompt := words(40, "w")
+	toks := wordIDs(prompt)
+	storeFor(x, ws[0].Key(), toks, 8) // A: unsalted
+	salted := func(key, salt string) {
+		e := kvevents.BlockStored{BlockSize: 4, LoRAID: -1, TokenIDs: toks[:32], Extra: make([]kvevents.BlockExtra, 8)}
+		e.Extra[0].Salt = salt
+		for i := range 8 {
+			e.BlockHashes = append(e.BlockHashes, kvevents.BytesHash(fmt.Appendf(nil, "%s/%s/%d", key, salt, i)))
+		}
+		x.Apply(key, []kvevents.Event{e})
+	}
+	salted(ws[1].Key(), "tenant-1") // B
+	salted(ws[2].Key(), "tenant-2") // C
+	for _, tc := range []struct {
+		salt string // JSON value, "" for none
+		want *worker.Worker
+	}{
+		{"", ws[0]},
+		{`"tenant-1"`, ws[1]},
+		{`"tenant-2"`, ws[2]},
+		{"null", ws[0]},
+	} {
+		body := completion(prompt)
+		if tc.salt != "" {
+			body = append(body[:len(body)-1], `,"cache_salt":`+tc.salt+`}`...)
+		}
+		req := &policy.Request{Path: "/v1/completions", Body: body}
+		policy.Prepare(t.Context(), p, req, c)
+		ch, err := p.Pick(req, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ch.Worker != tc.want || !strings.HasPrefix(ch.Reason, "kv match 8/10 blocks") {
+			t.Errorf("salt %s: picked %v (%s), want %v", tc.salt, ch.Worker.Key(), ch.Reason, tc.want.Key())
+		}
+	}
+	// A salt no worker stored matches nothing.
+	req := &policy.Request{Path: "/v1/completions", Body: append(completion(prompt)[:len(completion(prompt))-1], `,"cache_salt":"tenant-3"}`...)}
+	policy.Prepare(t.Context(), p, req, c)
+	if got := p.CachedBlocks(req); len(got) != 0 {
+		t.Fatalf("tenant-3 matched %v", got)
+	}
+}
+
+func TestCacheSalt(t *testing.T) {
+	for _, tc := range []struct {
+		body, salt string
+		ok         bool
+	}{
+		{`{}`, "", true},
+		{`{"cache_salt":null}`, "", true},
+		{`{"cache_salt":"t1"}`, "t1", true},
+		{`{"cache_salt":"\u00e9t\u00e9"}`, "été", true},
+		{`{"cache_salt":"` + strings.Repeat("é", 128) + `"}`, strings.Repeat("é", 128), true},
+		{`{"cache_salt":"` + strings.Repeat("a", 129) + `"}`, "", false},
+		{`{"cache_salt":""}`, "", false},
+		{`{"cache_salt":7}`, "", false},
+		{`{"cache_salt":["a"]}`, "", false},
+		{`{"cache_salt":"a@b"}`, "", false},
+		{`{"cache_salt":"a\\b"}`, "", false},
+		{`{"cache_salt":"a\u0000"}`, "", false},
+		{`{"cache_salt":"a\u002fb"}`, "", false},
+	} {
+		o, err := rawjson.Parse([]byte(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if salt, ok := CacheSalt(o); salt != tc.salt || ok != tc.ok {
+			t.Errorf("%s: %q %v, want %q %v", tc.body, salt, ok, tc.salt, tc.ok)
+		}
+	}
+}
+
 // TestKVAwareTieBreak: costs within the tie band count as equal, and
 // among those a new prefix goes to the worker holding fewer blocks (where
 // it evicts least); a worker whose load puts it outside the band is passed
@@ -357,7 +441,7 @@ func TestKVAwareFallsBack(t *testing.T) {
 		{"batch of prompts", "/v1/completions", `{"prompt":["a b","c d"]}`, "not tokenized"},
 		{"media in chat", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, "not tokenized"},
 		{"unknown route", "/v1/embeddings", `{"input":"x"}`, "not tokenized"},
-		{"cache salt", "/v1/completions", `{"prompt":"a b c d","cache_salt":"s"}`, "not tokenized"},
+		{"a cache salt the engine refuses", "/v1/completions", `{"prompt":"a b c d","cache_salt":"a/b"}`, "not tokenized"},
 		{"no worker has events", "/v1/completions", `{"prompt":"a b c d e f g h"}`, "no candidate publishes KV events"},
 	}
 	for _, tc := range cases {

@@ -450,6 +450,23 @@ var (
 	completionFields = []string{"model", "prompt", "add_special_tokens"}
 )
 
+// CacheSalt returns the request's cache_salt ("" when it has none), which
+// vLLM mixes into the hash of the prompt's first block (and so of every
+// block after it): ok is false for a value vLLM refuses with a 400 (not a
+// non-empty string, more than 128 characters, '@', '/', '\\' or NUL:
+// vllm/entrypoints/generate/base/protocol.py validate_cache_salt), whose
+// blocks no engine will store.
+func CacheSalt(o *rawjson.Object) (salt string, ok bool) {
+	if !o.Has("cache_salt") || o.IsNull("cache_salt") {
+		return "", true
+	}
+	s, ok := o.String("cache_salt")
+	if !ok || s == "" || utf8.RuneCountInString(s) > 128 || strings.ContainsAny(s, "@/\\\x00") {
+		return "", false
+	}
+	return s, true
+}
+
 // Tokens returns the prompt's token ids for a request to path with body,
 // asking the engine at baseURL when the prompt is not cached.
 func (t *Tokenizer) Tokens(ctx context.Context, baseURL, path string, body []byte) ([]uint32, error) {
@@ -462,11 +479,6 @@ func (t *Tokenizer) Tokens(ctx context.Context, baseURL, path string, body []byt
 
 // TokensOf is Tokens for a body the caller has already parsed.
 func (t *Tokenizer) TokensOf(ctx context.Context, baseURL, path string, o *rawjson.Object) ([]uint32, error) {
-	if o.Has("cache_salt") {
-		// vLLM keys salted blocks apart (extra_keys) where the router's
-		// chain cannot: predicting a hit would be a guess.
-		return nil, fmt.Errorf("%w: cache_salt", ErrNotTokenizable)
-	}
 	var fields []string
 	switch {
 	case strings.HasSuffix(path, "/chat/completions"):

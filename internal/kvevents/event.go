@@ -62,6 +62,23 @@ type BlockStored struct {
 	LoRAID      int64 // -1 when absent
 	LoRAName    string
 	Medium      string
+	// Extra is what each block's hash mixes in beside its tokens (vLLM's
+	// extra_keys, one entry per block): nil when no block has any.
+	Extra []BlockExtra
+}
+
+// BlockExtra is one block's extra hash keys as the router models them.
+// vLLM publishes them untagged, in order: the LoRA name (when the event's
+// lora_name is set), (mm_identifier, offset) pairs, the request's
+// cache_salt (its first block only) and prompt-embeds digests
+// (vllm/v1/core/kv_cache_utils.py to_event_extra_keys).
+type BlockExtra struct {
+	// Salt is the cache_salt the block's hash starts from ("" for none).
+	Salt string
+	// Opaque: keys the router cannot compute from a request (a multimodal
+	// item, prompt embeddings, a shape it does not know), so no request's
+	// key will ever equal the block's.
+	Opaque bool
 }
 
 // BlockRemoved: the engine evicted these blocks from Medium.
@@ -94,6 +111,7 @@ const (
 	maxEventsPerBatch = 1 << 16
 	maxBlockSize      = 1 << 16
 	maxDepth          = 16
+	maxExtraPerBlock  = 64
 )
 
 // ErrUnknownEvent marks an event whose tag this decoder does not know; the
@@ -176,6 +194,18 @@ type fieldSet struct {
 	loraID    int64
 	loraName  string
 	medium    string
+	extra     []rawExtra
+}
+
+// rawExtra is one block's extra_keys entry as read, before the LoRA name
+// (which decides how to read the strings) is known: in the named encoding
+// lora_name may come after extra_keys.
+type rawExtra struct {
+	present bool
+	strs    int    // string items
+	first   string // the first two string items
+	second  string
+	opaque  bool // an item that is not a string
 }
 
 // read decodes the field called name (a string conversion in a switch
@@ -205,6 +235,8 @@ func (f *fieldSet) read(r *mpread.Reader, name []byte) error {
 		f.loraName, err = readOptStr(r)
 	case "medium":
 		f.medium, err = readMedium(r)
+	case "extra_keys":
+		f.extra, err = readExtraKeys(r)
 	default:
 		err = r.Skip(maxDepth)
 	}
@@ -216,7 +248,7 @@ func (f *fieldSet) read(r *mpread.Reader, name []byte) error {
 
 // Field order of the positional encoding (vLLM's declaration order).
 var (
-	storedFields  = fieldNames("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name")
+	storedFields  = fieldNames("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys")
 	removedFields = fieldNames("block_hashes", "medium")
 )
 
@@ -327,8 +359,12 @@ func (f *fieldSet) event(tag string, nfields int) (Event, error) {
 		if len(f.tokens) != len(f.hashes)*f.blockSize {
 			return nil, fmt.Errorf("BlockStored: %d token ids for %d blocks of %d", len(f.tokens), len(f.hashes), f.blockSize)
 		}
+		extra, err := f.blockExtra()
+		if err != nil {
+			return nil, err
+		}
 		return BlockStored{BlockHashes: f.hashes, Parent: f.parent, TokenIDs: f.tokens, BlockSize: f.blockSize,
-			LoRAID: f.loraID, LoRAName: f.loraName, Medium: f.medium}, nil
+			LoRAID: f.loraID, LoRAName: f.loraName, Medium: f.medium, Extra: extra}, nil
 	case "BlockRemoved":
 		return BlockRemoved{BlockHashes: f.hashes, Medium: f.medium}, nil
 	}
@@ -436,4 +472,92 @@ func float(r *mpread.Reader) (float64, error) {
 	}
 	v, err := r.Int64()
 	return float64(v), err
+}
+
+// readExtraKeys reads extra_keys: null, or an array with one entry per
+// block, each null or an array of untagged keys.
+func readExtraKeys(r *mpread.Reader) ([]rawExtra, error) {
+	if r.Nil() {
+		return nil, nil
+	}
+	n, err := r.ArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	var out []rawExtra
+	for i := range n {
+		if r.Nil() {
+			continue
+		}
+		if out == nil {
+			out = make([]rawExtra, n)
+		}
+		if out[i], err = readExtraEntry(r); err != nil {
+			return nil, fmt.Errorf("block %d: %w", i, err)
+		}
+	}
+	return out, nil
+}
+
+func readExtraEntry(r *mpread.Reader) (rawExtra, error) {
+	m, err := r.ArrayLen()
+	if err != nil {
+		return rawExtra{}, err
+	}
+	if m > maxExtraPerBlock {
+		return rawExtra{}, fmt.Errorf("%d extra keys (max %d)", m, maxExtraPerBlock)
+	}
+	e := rawExtra{present: true}
+	for range m {
+		c, err := r.Peek()
+		if err != nil {
+			return rawExtra{}, err
+		}
+		if mpread.FamilyOf(c) != mpread.Str {
+			e.opaque = true // an (mm_identifier, offset) pair, a digest
+			if err := r.Skip(maxDepth); err != nil {
+				return rawExtra{}, err
+			}
+			continue
+		}
+		s, err := r.Str()
+		if err != nil {
+			return rawExtra{}, err
+		}
+		switch e.strs {
+		case 0:
+			e.first = string(s)
+		case 1:
+			e.second = string(s)
+		}
+		e.strs++
+	}
+	return e, nil
+}
+
+// blockExtra interprets the extra keys read, one per block: a string item
+// is the LoRA name when the event names one (first), then the salt; a
+// salt may only start a sequence (vLLM adds it to the block at token 0).
+func (f *fieldSet) blockExtra() ([]BlockExtra, error) {
+	if f.extra == nil {
+		return nil, nil
+	}
+	if len(f.extra) != len(f.hashes) {
+		return nil, fmt.Errorf("BlockStored: %d extra_keys entries for %d blocks", len(f.extra), len(f.hashes))
+	}
+	out := make([]BlockExtra, len(f.extra))
+	for i, e := range f.extra {
+		if !e.present {
+			continue
+		}
+		strs, first := e.strs, e.first
+		if f.loraName != "" && strs > 0 && first == f.loraName {
+			strs, first = strs-1, e.second
+		}
+		out[i].Opaque = e.opaque || strs > 1 || (strs == 1 && (i > 0 || f.parent != 0))
+		if strs == 1 && !out[i].Opaque {
+			out[i].Salt = first
+		}
+	}
+	return out, nil
 }

@@ -85,11 +85,11 @@ func TestDecodeBatch(t *testing.T) {
 			Batch{TS: 2, DPRank: -1, Events: []Event{
 				BlockStored{BlockHashes: []Hash{9223372036854775808, Hash(^uint64(4))}, Parent: 42, TokenIDs: u32(seq(100, 4)), BlockSize: 2, LoRAID: -1},
 			}}, 0},
-		{"named maps, unknown fields skipped",
+		{"named maps, unknown fields skipped, a multimodal block opaque",
 			[]any{3.25, []any{
 				func() map[string]any {
 					m := namedStored([]any{h1}, h2, seq(7, 4), 4, "CPU")
-					m["extra_keys"] = []any{[]any{"mm", "x", 3}}
+					m["extra_keys"] = []any{[]any{[]any{"image-digest", 3}}}
 					m["group_idx"] = 1
 					return m
 				}(),
@@ -97,9 +97,53 @@ func TestDecodeBatch(t *testing.T) {
 				map[string]any{"type": "AllBlocksCleared"},
 			}, nil},
 			Batch{TS: 3.25, DPRank: -1, Events: []Event{
-				BlockStored{BlockHashes: []Hash{BytesHash(h1)}, Parent: BytesHash(h2), TokenIDs: u32(seq(7, 4)), BlockSize: 4, LoRAID: -1, Medium: "CPU"},
+				BlockStored{BlockHashes: []Hash{BytesHash(h1)}, Parent: BytesHash(h2), TokenIDs: u32(seq(7, 4)), BlockSize: 4, LoRAID: -1, Medium: "CPU",
+					Extra: []BlockExtra{{Opaque: true}}},
 				BlockRemoved{BlockHashes: []Hash{BytesHash(h1)}, Medium: "CPU"},
 				AllBlocksCleared{},
+			}}, 0},
+		// extra_keys as vLLM 0.32 publishes them (to_event_extra_keys):
+		// untagged, the LoRA name first when lora_name is set, the salt on
+		// the block at token 0 only, multimodal pairs and embedding digests.
+		{"positional, a salted sequence's first block, trailing group fields",
+			[]any{1.0, []any{append(positionalStored([]any{h1, h2}, nil, seq(0, 8), 4, nil, "GPU"), nil, []any{[]any{"tenant-a"}, nil}, 0)}},
+			Batch{TS: 1, DPRank: -1, Events: []Event{
+				BlockStored{BlockHashes: []Hash{BytesHash(h1), BytesHash(h2)}, TokenIDs: u32(seq(0, 8)), BlockSize: 4, LoRAID: -1, Medium: "GPU",
+					Extra: []BlockExtra{{Salt: "tenant-a"}, {}}},
+			}}, 0},
+		{"named, LoRA name then salt; the LoRA name alone is no salt",
+			[]any{1.0, []any{func() map[string]any {
+				m := namedStored([]any{h1, h2}, nil, seq(0, 8), 4, "GPU")
+				m["lora_name"], m["lora_id"] = "sql", 3
+				m["extra_keys"] = []any{[]any{"sql", "tenant-b"}, []any{"sql"}}
+				return m
+			}()}},
+			Batch{TS: 1, DPRank: -1, Events: []Event{
+				BlockStored{BlockHashes: []Hash{BytesHash(h1), BytesHash(h2)}, TokenIDs: u32(seq(0, 8)), BlockSize: 4, LoRAID: 3, LoRAName: "sql", Medium: "GPU",
+					Extra: []BlockExtra{{Salt: "tenant-b"}, {}}},
+			}}, 0},
+		{"named, extra_keys before lora_name in the map",
+			[]any{1.0, []any{map[string]any{"type": "BlockStored", "extra_keys": []any{[]any{"sql"}}, "block_hashes": []any{h1},
+				"parent_block_hash": nil, "token_ids": seq(0, 4), "block_size": 4, "lora_name": "sql"}}},
+			Batch{TS: 1, DPRank: -1, Events: []Event{
+				BlockStored{BlockHashes: []Hash{BytesHash(h1)}, TokenIDs: u32(seq(0, 4)), BlockSize: 4, LoRAID: -1, LoRAName: "sql",
+					Extra: []BlockExtra{{}}},
+			}}, 0},
+		{"opaque: a digest, a salt after the first block, two strings, a pair beside a salt",
+			[]any{1.0, []any{append(positionalStored([]any{h1, h2, h1, h2}, 9, seq(0, 16), 4, nil, nil), nil,
+				[]any{[]any{[]byte{1, 2}}, []any{"late-salt"}, []any{"a", "b"}, []any{[]any{"img", 0}, "s"}})}},
+			Batch{TS: 1, DPRank: -1, Events: []Event{
+				BlockStored{BlockHashes: []Hash{BytesHash(h1), BytesHash(h2), BytesHash(h1), BytesHash(h2)}, Parent: 9, TokenIDs: u32(seq(0, 16)), BlockSize: 4, LoRAID: -1,
+					Extra: []BlockExtra{{Opaque: true}, {Opaque: true}, {Opaque: true}, {Opaque: true}}},
+			}}, 0},
+		{"extra_keys null, or every entry null",
+			[]any{1.0, []any{
+				append(positionalStored([]any{h1}, nil, seq(0, 4), 4, nil, nil), nil, nil),
+				append(positionalStored([]any{h1}, nil, seq(0, 4), 4, nil, nil), nil, []any{nil}),
+			}},
+			Batch{TS: 1, DPRank: -1, Events: []Event{
+				BlockStored{BlockHashes: []Hash{BytesHash(h1)}, TokenIDs: u32(seq(0, 4)), BlockSize: 4, LoRAID: -1},
+				BlockStored{BlockHashes: []Hash{BytesHash(h1)}, TokenIDs: u32(seq(0, 4)), BlockSize: 4, LoRAID: -1},
 			}}, 0},
 		{"unknown event types are skipped, the rest kept",
 			[]any{1.0, []any{[]any{"SomethingNew", 1, 2}, map[string]any{"type": "AlsoNew"}, []any{"AllBlocksCleared"}}},
@@ -136,6 +180,12 @@ func TestDecodeBatchRejects(t *testing.T) {
 		{"map without type", enc(t, []any{1.0, []any{map[string]any{"block_hashes": []any{}}}}), "without a type"},
 		{"named stored missing fields", enc(t, []any{1.0, []any{map[string]any{"type": "BlockStored", "block_hashes": []any{[]byte("a")}}}}), "BlockStored without"},
 		{"trailing bytes", append(enc(t, []any{1.0, []any{}}), 0x01), "trailing"},
+		{"extra_keys entries do not match blocks", enc(t, []any{1.0, []any{append(positionalStored([]any{[]byte("a")}, nil, seq(0, 4), 4, nil, nil), nil,
+			[]any{[]any{"s"}, nil})}}), "2 extra_keys entries for 1 blocks"},
+		{"too many extra keys in a block", enc(t, []any{1.0, []any{append(positionalStored([]any{[]byte("a")}, nil, seq(0, 4), 4, nil, nil), nil,
+			[]any{make([]any, 65)})}}), "65 extra keys"},
+		{"extra_keys entry not an array", enc(t, []any{1.0, []any{append(positionalStored([]any{[]byte("a")}, nil, seq(0, 4), 4, nil, nil), nil,
+			[]any{"s"})}}), "extra_keys"},
 		// An array header claiming 2^32-1 elements in a few bytes.
 		{"hostile array length", []byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff}, "truncated"},
 		{"hostile string length", []byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x91, 0xdb, 0xff, 0xff, 0xff, 0xff}, "truncated"},
@@ -163,6 +213,8 @@ func nest(n int) any {
 func FuzzDecodeBatch(f *testing.F) {
 	f.Add(enc(f, []any{1.5, []any{positionalStored([]any{[]byte("a"), 7}, nil, seq(0, 8), 4, nil, "GPU"), []any{"AllBlocksCleared"}}, 0}))
 	f.Add(enc(f, []any{1.5, []any{namedStored([]any{[]byte("a")}, 3, seq(0, 4), 4, nil)}}))
+	f.Add(enc(f, []any{1.5, []any{append(positionalStored([]any{[]byte("a"), 7}, nil, seq(0, 8), 4, nil, "GPU"), "l",
+		[]any{[]any{"l", "salt"}, []any{[]any{"img", 0}}})}}))
 	f.Add([]byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		batch, _, err := DecodeBatch(b)

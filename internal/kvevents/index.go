@@ -123,7 +123,7 @@ func NewIndex(o IndexOptions) *Index {
 	}
 	x := &Index{blockSize: o.BlockSize, seed: o.Seed, max: o.MaxEntries,
 		blocks: map[uint64]holders{}, workers: map[string]*workerBlocks{}, byID: map[int32]string{}}
-	x.root0 = x.rootOf("")
+	x.root0 = x.rootOf("", "")
 	return x
 }
 
@@ -131,12 +131,18 @@ func NewIndex(o IndexOptions) *Index {
 func (x *Index) BlockSize() int { return x.blockSize }
 
 // BlockKeys returns the chained key of every full block of tokens: key i
-// hashes key i-1 (or the seed and LoRA name for the first block) and the
-// block's token ids.
+// hashes key i-1 (or the seed and the LoRA name for the first block) and
+// the block's token ids.
 func (x *Index) BlockKeys(tokens []uint32, lora string) []uint64 {
+	return x.SaltedBlockKeys(tokens, lora, "")
+}
+
+// SaltedBlockKeys is BlockKeys for a request with a cache_salt, which
+// vLLM mixes into its first block's hash (and so into every later one).
+func (x *Index) SaltedBlockKeys(tokens []uint32, lora, salt string) []uint64 {
 	n := len(tokens) / x.blockSize
 	keys := make([]uint64, n)
-	prev := x.root(lora)
+	prev := x.root(lora, salt)
 	buf := make([]byte, 8+4*x.blockSize)
 	for i := range n {
 		prev = x.chain(buf, prev, tokens[i*x.blockSize:(i+1)*x.blockSize])
@@ -145,20 +151,37 @@ func (x *Index) BlockKeys(tokens []uint32, lora string) []uint64 {
 	return keys
 }
 
-func (x *Index) root(lora string) uint64 {
-	if lora == "" {
+func (x *Index) root(lora, salt string) uint64 {
+	if lora == "" && salt == "" {
 		return x.root0
 	}
-	return x.rootOf(lora)
+	return x.rootOf(lora, salt)
 }
 
-func (x *Index) rootOf(lora string) uint64 {
+// rootOf hashes the seed, the LoRA name and, when there is one, 0xff (a
+// byte no UTF-8 string holds, so no pair of names runs into another) and
+// the salt.
+func (x *Index) rootOf(lora, salt string) uint64 {
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], x.seed)
 	d := xxhash.New()
 	_, _ = d.Write(b[:])
 	_, _ = d.WriteString(lora)
+	if salt != "" {
+		_, _ = d.Write([]byte{0xff})
+		_, _ = d.WriteString(salt)
+	}
 	return d.Sum64()
+}
+
+// opaque is the key of a block whose hash mixes in keys the router cannot
+// compute from a request (BlockExtra.Opaque): derived from the key its
+// tokens would have, by a step no request's keys take.
+func opaque(key uint64) uint64 {
+	var b [9]byte
+	binary.LittleEndian.PutUint64(b[:], key)
+	b[8] = 0xff
+	return xxhash.Sum64(b[:])
 }
 
 func (x *Index) chain(buf []byte, prev uint64, block []uint32) uint64 {
@@ -221,7 +244,10 @@ func (x *Index) storeLocked(w *workerBlocks, e BlockStored) {
 		x.stats.BlockSizeMismatch += uint64(len(e.BlockHashes))
 		return
 	}
-	prev := x.root(e.LoRAName)
+	prev := x.root(e.LoRAName, "")
+	if len(e.Extra) > 0 && e.Parent == 0 {
+		prev = x.root(e.LoRAName, e.Extra[0].Salt)
+	}
 	if e.Parent != 0 {
 		p, ok := w.engine[e.Parent]
 		if !ok {
@@ -234,6 +260,9 @@ func (x *Index) storeLocked(w *workerBlocks, e BlockStored) {
 	buf := make([]byte, 8+4*x.blockSize)
 	for i, h := range e.BlockHashes {
 		prev = x.chain(buf, prev, e.TokenIDs[i*x.blockSize:(i+1)*x.blockSize])
+		if len(e.Extra) > 0 && e.Extra[i].Opaque {
+			prev = opaque(prev)
+		}
 		ref, had := w.engine[h]
 		if had && ref.key == prev {
 			ref.add(bit)

@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -90,6 +91,55 @@ func TestIndexLoRAAndSeedSeparate(t *testing.T) {
 	y := NewIndex(IndexOptions{BlockSize: 4, Seed: 7})
 	if x.BlockKeys(prompt, "")[0] == y.BlockKeys(prompt, "")[0] {
 		t.Fatal("the seed does not change block keys")
+	}
+}
+
+// TestIndexExtraKeys: a salted sequence's blocks (the salt on its first
+// block, as vLLM publishes it) match the same salt's keys only, their
+// children too; a block with keys the router cannot compute (multimodal)
+// and everything chained after it match nothing.
+func TestIndexExtraKeys(t *testing.T) {
+	const bs = 4
+	prompt := u32(seq(1, 16)) // 4 blocks
+	salted := func(name, lora, salt string) []Event {
+		first := stored(name, prompt, bs, 0, 2)
+		first.LoRAName = lora
+		first.Extra = []BlockExtra{{Salt: salt}, {}}
+		rest := stored(name, prompt, bs, 2, 4) // a later step: no extra keys
+		rest.LoRAName = lora
+		return []Event{first, rest}
+	}
+	x := NewIndex(IndexOptions{BlockSize: bs})
+	x.Apply("A", salted("a", "", "tenant-a"))
+	x.Apply("B", salted("b", "sql", "tenant-a"))
+	x.Apply("C", []Event{stored("c", prompt, bs, 0, 4)})
+	mm := stored("d", prompt, bs, 0, 4)
+	mm.Extra = []BlockExtra{{}, {Opaque: true}, {}, {}}
+	x.Apply("D", []Event{mm})
+	for _, tc := range []struct {
+		lora, salt string
+		want       map[string]int
+	}{
+		{"", "", map[string]int{"C": 4, "D": 1}},
+		{"", "tenant-a", map[string]int{"A": 4}},
+		{"", "tenant-b", nil},
+		{"sql", "tenant-a", map[string]int{"B": 4}},
+		{"sql", "", nil},
+	} {
+		got := x.Match(x.SaltedBlockKeys(prompt, tc.lora, tc.salt))
+		if len(got) == 0 {
+			got = nil
+		}
+		if d := cmp.Diff(tc.want, got); d != "" {
+			t.Errorf("lora %q salt %q (-want +got):\n%s", tc.lora, tc.salt, d)
+		}
+	}
+	// A salt is not a LoRA name run into a prompt, nor the reverse.
+	if x.SaltedBlockKeys(prompt, "ab", "")[0] == x.SaltedBlockKeys(prompt, "a", "b")[0] {
+		t.Fatal("lora ab and lora a + salt b share a root")
+	}
+	if !slices.Equal(x.BlockKeys(prompt, "sql"), x.SaltedBlockKeys(prompt, "sql", "")) {
+		t.Fatal("BlockKeys is not the unsalted SaltedBlockKeys")
 	}
 }
 

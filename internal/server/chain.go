@@ -78,6 +78,13 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if !s.admitRequest(w, rw, r, st) {
 		return
 	}
+	if st.route.kind == kindGenerate && r.URL.Path == st.route.label {
+		// classify matched a generation route's pattern with the path as
+		// it is (not one the mux redirects to its clean form): its handler
+		// is this one, which the mux would look up a second time.
+		s.handleGenerate(rw, r)
+		return
+	}
 	s.mux.ServeHTTP(rw, r)
 }
 

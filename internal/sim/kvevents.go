@@ -354,6 +354,11 @@ func (p *kvPublisher) encodeEvent(enc *msgpack.Encoder, ev engine.KVEvent) {
 			{"medium", medium},
 			{"lora_name", null},
 		}
+		// vLLM 0.32 publishes both on every stored block: extra_keys of
+		// one entry per block (to_event_extra_keys of a list of Nones is
+		// that list), group_idx 0 for a single KV cache group.
+		fields = append(fields, field{"extra_keys", func() { encodeExtraKeys(enc, ev) }},
+			field{"group_idx", func() { _ = enc.EncodeInt(0) }})
 	case engine.BlockRemoved:
 		tag = "BlockRemoved"
 		fields = []field{{"block_hashes", hashes}, {"medium", medium}}
@@ -379,6 +384,22 @@ func (p *kvPublisher) encodeEvent(enc *msgpack.Encoder, ev engine.KVEvent) {
 	for _, f := range fields {
 		_ = enc.EncodeString(f.name)
 		f.put()
+	}
+}
+
+// encodeExtraKeys writes a BlockStored's extra_keys as vLLM's
+// to_event_extra_keys does: one entry per block, null for a block without
+// extra keys, else the tuple of its untagged keys; a salted sequence's first
+// block has (salt,).
+func encodeExtraKeys(enc *msgpack.Encoder, ev engine.KVEvent) {
+	_ = enc.EncodeArrayLen(len(ev.Hashes))
+	for i := range ev.Hashes {
+		if i > 0 || ev.Salt == "" {
+			_ = enc.EncodeNil()
+			continue
+		}
+		_ = enc.EncodeArrayLen(1)
+		_ = enc.EncodeString(ev.Salt)
 	}
 }
 

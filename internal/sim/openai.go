@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/switchyard-llm/switchyard/internal/rawjson"
 	"github.com/switchyard-llm/switchyard/internal/sim/oracle"
@@ -92,7 +93,8 @@ type genReq struct {
 	stream          bool
 	includeUsage    bool
 	continuousUsage bool
-	returnTokenIDs  bool // vLLM's return_token_ids: prompt_token_ids and token_ids in the response
+	returnTokenIDs  bool   // vLLM's return_token_ids: prompt_token_ids and token_ids in the response
+	cacheSalt       string // vLLM's cache_salt ("" for none), an extra key of the first block's hash
 	kvRaw           json.RawMessage
 	kv              kvParams
 	xRequestID      string
@@ -137,6 +139,7 @@ type rawGen struct {
 	Priority         *int            `json:"priority"`
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 	ReturnTokenIDs   *bool           `json:"return_token_ids"`
+	CacheSalt        json.RawMessage `json:"cache_salt"`
 	// Chat template options (vLLM): add_generation_prompt defaults to true.
 	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
 	ContinueFinalMessage *bool `json:"continue_final_message"`
@@ -175,6 +178,44 @@ func decodeBody(body []byte, v any) *apiError {
 	return nil
 }
 
+// vLLM's cache_salt limits (entrypoints/generate/base/protocol.py).
+const (
+	maxCacheSaltLen     = 128 // characters
+	cacheSaltForbidden  = "@/\\\x00"
+	errCacheSaltNotStr  = "Parameter 'cache_salt' must be a non-empty string if provided. (parameter=cache_salt)"
+	errCacheSaltTooLong = "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL. (parameter=cache_salt)"
+)
+
+// decodeSalted is decodeBody for a body with a cache_salt field (salt
+// points into v). The salt is checked first, as vLLM's before-validator
+// does: a bad salt is reported before a type error in another field (a
+// type error does not stop json.Unmarshal from filling the other fields).
+func decodeSalted(body []byte, v any, salt *json.RawMessage) (string, *apiError) {
+	derr := decodeBody(body, v)
+	s, serr := parseCacheSalt(*salt)
+	if serr != nil {
+		return "", serr
+	}
+	return s, derr
+}
+
+// parseCacheSalt is vLLM's validate_cache_salt: absent or null is no
+// salt; anything but a non-empty string, or a string over 128 characters
+// or holding '@', '/', '\' or NUL, is a 400.
+func parseCacheSalt(raw json.RawMessage) (string, *apiError) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil || s == "" {
+		return "", &apiError{status: http.StatusBadRequest, typ: "BadRequestError", message: errCacheSaltNotStr, param: "cache_salt"}
+	}
+	if utf8.RuneCountInString(s) > maxCacheSaltLen || strings.ContainsAny(s, cacheSaltForbidden) {
+		return "", &apiError{status: http.StatusBadRequest, typ: "BadRequestError", message: errCacheSaltTooLong, param: "cache_salt"}
+	}
+	return s, nil
+}
+
 // missingMessages is vLLM 0.32's 400 for a chat body without messages:
 // FastAPI's request validation error, as its handler renders it.
 func missingMessages(body []byte) *apiError {
@@ -191,9 +232,11 @@ func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *api
 		g.api = apiChat
 	}
 	var raw rawGen
-	if aerr := decodeBody(body, &raw); aerr != nil {
+	salt, aerr := decodeSalted(body, &raw, &raw.CacheSalt)
+	if aerr != nil {
 		return g, aerr
 	}
+	g.cacheSalt = salt
 	g.kvRaw = raw.KVTransferParams
 	kv, err := decodeKVParams(raw.KVTransferParams)
 	if err != nil {

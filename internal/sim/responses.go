@@ -32,6 +32,7 @@ type rawResponses struct {
 	Store           json.RawMessage `json:"store"`
 	PreviousID      *string         `json:"previous_response_id"`
 	Priority        *int            `json:"priority"`
+	CacheSalt       json.RawMessage `json:"cache_salt"`
 }
 
 // parseResponses validates a /v1/responses body. The prompt is the chat
@@ -41,9 +42,11 @@ type rawResponses struct {
 func (in *Instance) parseResponses(body []byte, xrid string) (*genReq, *apiError) {
 	g := &genReq{api: apiResponses, xRequestID: xrid}
 	var raw rawResponses
-	if aerr := decodeBody(body, &raw); aerr != nil {
+	salt, aerr := decodeSalted(body, &raw, &raw.CacheSalt)
+	if aerr != nil {
 		return g, aerr
 	}
+	g.cacheSalt = salt
 	store, aerr := parseStore(raw.Store)
 	if aerr != nil {
 		return g, aerr

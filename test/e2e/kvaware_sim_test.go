@@ -227,6 +227,68 @@ func TestKVAwareSimPrefixFollowsTheCache(t *testing.T) {
 	}
 }
 
+// postSalted sends a completion with a cache_salt ("" for none) to base
+// and returns the route receipt.
+func postSalted(t *testing.T, base, prompt, salt string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	body := fmt.Sprintf(`{"model":"sim-model","prompt":%q,"max_tokens":1`, prompt)
+	if salt != "" {
+		body += fmt.Sprintf(`,"cache_salt":%q`, salt)
+	}
+	st, h, b := post(t, ctx, base+"/v1/completions", body+"}")
+	if st != 200 {
+		t.Fatalf("completion to %s (salt %q): %d %s", base, salt, st, b)
+	}
+	return h.Get("X-Switchyard-Route")
+}
+
+// TestKVAwareSimCacheSalt: one sim caches a prompt plain, the other the
+// same prompt under a cache_salt (each sent to it directly). The router
+// indexes both as the sims report them (distinct blocks), then sends the
+// plain prompt to the first, the salted one to the second, and finds
+// nothing for the prompt under another salt; the sims' prefix-cache hits
+// say the engines agree.
+func TestKVAwareSimCacheSalt(t *testing.T) {
+	a, b := startKVSim(t, 256), startKVSim(t, 256)
+	r := startRouter(t, "--policy", "kv_aware", "--route-receipt", "--kv-block-size", fmt.Sprint(simKVBlock),
+		"--kv-speculative-indexing=false", "--worker-urls", a.URL(), b.URL(),
+		"--kv-events-endpoints", a.kvEndpoints(t), b.kvEndpoints(t))
+	r.WaitReady(t, 10*time.Second)
+	for i, s := range []*sim{a, b} {
+		direct(t, s, words(fmt.Sprintf("warm%d-", i), 20), 1)
+	}
+	waitPublishing(t, r, a, b)
+
+	prompt := words("tenant-sys", 200) // 12 full blocks
+	postSalted(t, a.URL(), prompt, "")
+	postSalted(t, b.URL(), prompt, "t1")
+	waitIndexed(t, r, a, b)
+	hits := func(s *sim) uint64 { return s.kvStats(t).Engines[0].PrefixCache.Hits }
+	for _, tc := range []struct {
+		salt  string
+		to    *sim
+		match string
+	}{
+		{"", a, "kv match 12/12 blocks"},
+		{"t1", b, "kv match 12/12 blocks"},
+		{"t2", nil, "kv match 0/12 blocks"},
+	} {
+		ha, hb := hits(a), hits(b)
+		got := postSalted(t, r.Base, prompt, tc.salt)
+		if !strings.Contains(got, tc.match) || (tc.to != nil && !servedBy(got, tc.to)) {
+			t.Fatalf("salt %q routed %q, want %q", tc.salt, got, tc.match)
+		}
+		if tc.to == nil {
+			continue
+		}
+		if d := hits(tc.to) - map[*sim]uint64{a: ha, b: hb}[tc.to]; d < 192 {
+			t.Fatalf("salt %q: the holder's prefix-cache hits rose by %d, want >= 192", tc.salt, d)
+		}
+	}
+}
+
 // TestKVAwareSimPDBypassThreshold: nixl PD sims publishing events; with
 // --pd-uncached-token-threshold N a request bypasses the prefill exactly
 // when its uncached part (on the decode) is shorter than N tokens.

@@ -134,7 +134,17 @@ func rawEvents(t *testing.T, ctx context.Context, e *kvEngine) <-chan kvevents.B
 // it succeeds; it returns the route receipt header.
 func complete(t *testing.T, base, prompt string, maxTokens int) string {
 	t.Helper()
-	body, _ := json.Marshal(map[string]any{"model": modelDir, "prompt": prompt, "max_tokens": maxTokens, "temperature": 0})
+	return completeSalted(t, base, prompt, maxTokens, "")
+}
+
+// completeSalted is complete with a cache_salt ("" for none).
+func completeSalted(t *testing.T, base, prompt string, maxTokens int, salt string) string {
+	t.Helper()
+	req := map[string]any{"model": modelDir, "prompt": prompt, "max_tokens": maxTokens, "temperature": 0}
+	if salt != "" {
+		req["cache_salt"] = salt
+	}
+	body, _ := json.Marshal(req)
 	code, hdr, b := post(t, ctxT(t, 60*time.Second), base+"/v1/completions", string(body))
 	if code != 200 {
 		t.Fatalf("%s: %d %s", base, code, b)
@@ -274,6 +284,7 @@ func TestKVEventsFromRealEngine(t *testing.T) {
 		t.Errorf("index match %v, want %d blocks on both engines", m, n)
 	}
 	t.Logf("prompt of %d tokens: %d blocks stored on each engine, engine hashes equal, router index matches all", len(toks), n)
+	checkSaltedEvents(t, a, evA, prompt, toks, hashesA)
 
 	// The router follows both engines' events.
 	r := kb.StartRouter(t, "--worker-urls", a.URL(), b.URL(), "--policy", "kv_aware", "--route-receipt",
@@ -327,6 +338,25 @@ func TestKVEventsFromRealEngine(t *testing.T) {
 		}
 		t.Logf("prompt held by %s: %s", holder.name, rc)
 	}
+	// A salted prompt b holds draws the same salt there, and nothing else.
+	qs := "A tenant's own system prompt, kept apart by its cache salt. " + prompt
+	qsn := len(engineTokens(t, b, qs)) / kvBlockSize
+	before0 := blocks(b)
+	completeSalted(t, b.URL(), qs, 1, "tenant-9")
+	harness.WaitFor(t, 60*time.Second, 50*time.Millisecond, "the router indexing b's salted blocks", func() bool {
+		return blocks(b) >= before0+qsn
+	})
+	rc9 := completeSalted(t, r.Base, qs, 1, "tenant-9")
+	if !servedBy(rc9, b) || !strings.Contains(rc9, fmt.Sprintf("kv match %d/", qsn)) {
+		t.Errorf("salted prompt held by b routed %q, want b with %d blocks matched", rc9, qsn)
+	}
+	for _, salt := range []string{"", "tenant-8"} {
+		if rc := completeSalted(t, r.Base, qs, 1, salt); !strings.Contains(rc, "kv match 0/") {
+			t.Errorf("the prompt with salt %q matched blocks stored under tenant-9: %q", salt, rc)
+		}
+	}
+	t.Logf("salted prompt held by kv-b, same salt: %s", rc9)
+
 	// A new prompt through the router, then again: the second goes where
 	// the first went, for the blocks that engine reported.
 	q := "A prompt nobody has seen: " + strings.Repeat("fresh tokens for the router to place and then find again ", 5)
@@ -350,4 +380,46 @@ func TestKVEventsFromRealEngine(t *testing.T) {
 		t.Errorf("repeated prompt routed %q, want %s (first: %q)", rc, to.name, first)
 	}
 	t.Logf("new prompt first routed %q, repeated %q", first, rc)
+}
+
+// checkSaltedEvents: the prompt sent again with a cache_salt is stored
+// again under other hashes (vLLM mixes the salt into the first block's
+// hash), its first event carries the salt in extra_keys on its first block
+// only, and an index of those events matches the prompt's salted keys,
+// not its plain ones.
+func checkSaltedEvents(t *testing.T, e *kvEngine, events <-chan kvevents.BlockStored, prompt string, toks []uint32, plain []kvevents.Hash) {
+	t.Helper()
+	n := len(toks) / kvBlockSize
+	completeSalted(t, e.URL(), prompt, 1, "tenant-1")
+	salted := storedFor(t, e, events, toks, n)
+	var hashes []kvevents.Hash
+	for i, ev := range salted {
+		hashes = append(hashes, ev.BlockHashes...)
+		for j, x := range ev.Extra {
+			want := kvevents.BlockExtra{}
+			if i == 0 && j == 0 {
+				want.Salt = "tenant-1"
+			}
+			if x != want {
+				t.Errorf("salted event %d block %d: extra %+v, want %+v", i, j, x, want)
+			}
+		}
+	}
+	if len(salted[0].Extra) == 0 || salted[0].Parent != 0 {
+		t.Fatalf("salted prompt's first event: parent %#x, extra %+v; want no parent and the salt", salted[0].Parent, salted[0].Extra)
+	}
+	if slices.Equal(hashes, plain) {
+		t.Errorf("salted and plain prompt stored under the same hashes")
+	}
+	idx := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: kvBlockSize})
+	for _, ev := range salted {
+		idx.Apply(e.name, []kvevents.Event{ev})
+	}
+	if m := idx.Match(idx.SaltedBlockKeys(toks, "", "tenant-1")); m[e.name] != n {
+		t.Errorf("salted keys match %v, want %d blocks", m, n)
+	}
+	if m := idx.Match(idx.BlockKeys(toks, "")); len(m) != 0 {
+		t.Errorf("plain keys match the salted blocks: %v", m)
+	}
+	t.Logf("salted prompt: %d blocks stored under new hashes, the salt in the first block's extra_keys, index matches the salted keys only", n)
 }

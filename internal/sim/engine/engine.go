@@ -83,6 +83,10 @@ type Request struct {
 	// Tokens are the prompt's token ids (len PromptTokens). Optional: a
 	// request without them takes no part in prefix caching.
 	Tokens []uint32
+	// CacheSalt is vLLM's cache_salt ("" for none): part of the hash of the
+	// request's first block, so requests share cached blocks only with
+	// requests of the same salt.
+	CacheSalt string
 	// OutputToken returns the id of generated token i (its blocks are
 	// cached as they fill). Optional.
 	OutputToken func(i int) uint32

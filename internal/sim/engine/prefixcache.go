@@ -30,16 +30,34 @@ type BlockHash [32]byte
 var noneHash = BlockHash(sha256.Sum256([]byte("vllm-none-hash")))
 
 // ChainHash is the hash of a block with these token ids after parent (nil:
-// the first block of a sequence).
+// the first block of a sequence), without extra keys.
 func ChainHash(parent *BlockHash, tokens []uint32) BlockHash {
+	return blockHash(parent, tokens, "")
+}
+
+// FirstBlockHash is the hash of a sequence's first block under a request's
+// cache_salt: vLLM adds ("cache_salt", salt) to the extra keys of the block
+// at token 0 only, so the salt changes every hash of the chain. An empty
+// salt is ChainHash(nil, tokens).
+func FirstBlockHash(salt string, tokens []uint32) BlockHash {
+	return blockHash(nil, tokens, salt)
+}
+
+// saltKey separates a salted block's token ids from its salt.
+const saltKey = "\x00cache_salt\x00"
+
+func blockHash(parent *BlockHash, tokens []uint32, salt string) BlockHash {
 	p := noneHash
 	if parent != nil {
 		p = *parent
 	}
-	buf := make([]byte, len(p)+4*len(tokens))
+	buf := make([]byte, len(p)+4*len(tokens), len(p)+4*len(tokens)+len(saltKey)+len(salt))
 	copy(buf, p[:])
 	for i, t := range tokens {
 		binary.LittleEndian.PutUint32(buf[len(p)+4*i:], t)
+	}
+	if salt != "" {
+		buf = append(append(buf, saltKey...), salt...)
 	}
 	return sha256.Sum256(buf)
 }
@@ -63,6 +81,10 @@ type KVEvent struct {
 	Parent *BlockHash
 	// Tokens holds the token ids of every stored block, BlockSize each.
 	Tokens []uint32
+	// Salt is the cache_salt in the extra keys of the first stored block
+	// ("" for none); only a block that starts a sequence (Parent nil) has
+	// one. BlockStored only.
+	Salt string
 }
 
 // KVEventBatch is the events of one engine step.
@@ -191,11 +213,12 @@ func (h *Handle) tokenRange(from, to int) []uint32 {
 func (e *Engine) extendHashes(h *Handle, n int) {
 	bs := e.p.BlockSize
 	for k := len(h.pc.hashes); (k+1)*bs <= n; k++ {
-		var parent *BlockHash
-		if k > 0 {
-			parent = &h.pc.hashes[k-1]
+		tokens := h.tokenRange(k*bs, (k+1)*bs)
+		if k == 0 {
+			h.pc.hashes = append(h.pc.hashes, FirstBlockHash(h.req.CacheSalt, tokens))
+			continue
 		}
-		h.pc.hashes = append(h.pc.hashes, ChainHash(parent, h.tokenRange(k*bs, (k+1)*bs)))
+		h.pc.hashes = append(h.pc.hashes, ChainHash(&h.pc.hashes[k-1], tokens))
 	}
 }
 
@@ -274,6 +297,8 @@ func (e *Engine) cacheBlocks(h *Handle, n int) {
 	if from > 0 {
 		p := h.pc.hashes[from-1]
 		ev.Parent = &p
+	} else {
+		ev.Salt = h.req.CacheSalt
 	}
 	e.pool.events = append(e.pool.events, ev)
 }

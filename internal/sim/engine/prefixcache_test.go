@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -49,14 +50,17 @@ func (l *eventLog) take() []KVEvent {
 }
 
 // chain is the hash chain of tokens' full blocks of size bs.
-func chain(tokens []uint32, bs int) []BlockHash {
+func chain(tokens []uint32, bs int) []BlockHash { return saltedChain(tokens, bs, "") }
+
+// saltedChain is chain for a request with a cache_salt.
+func saltedChain(tokens []uint32, bs int, salt string) []BlockHash {
 	var out []BlockHash
 	for k := 0; (k+1)*bs <= len(tokens); k++ {
-		var parent *BlockHash
-		if k > 0 {
-			parent = &out[k-1]
+		if k == 0 {
+			out = append(out, FirstBlockHash(salt, tokens[:bs]))
+			continue
 		}
-		out = append(out, ChainHash(parent, tokens[k*bs:(k+1)*bs]))
+		out = append(out, ChainHash(&out[k-1], tokens[k*bs:(k+1)*bs]))
 	}
 	return out
 }
@@ -280,4 +284,63 @@ func TestPrefixCachePreemptedRequestReusesItsBlocks(t *testing.T) {
 	if s.PrefillTokens >= sOff.PrefillTokens {
 		t.Fatalf("prefill tokens %d with caching, %d without: the preempted request recomputed its cached blocks", s.PrefillTokens, sOff.PrefillTokens)
 	}
+}
+
+func TestFirstBlockHashSalt(t *testing.T) {
+	tokens := seqTokens(0, 16)
+	plain := ChainHash(nil, tokens)
+	if FirstBlockHash("", tokens) != plain {
+		t.Fatal("an empty salt changes the first block's hash")
+	}
+	s1, s2 := FirstBlockHash("s1", tokens), FirstBlockHash("s2", tokens)
+	if s1 == plain || s2 == plain || s1 == s2 {
+		t.Fatalf("salted hashes collide: plain %x, s1 %x, s2 %x", plain, s1, s2)
+	}
+}
+
+// TestCacheSaltSeparatesCachedBlocks: vLLM's cache_salt is an extra key of
+// a request's first block, so requests share cached blocks only with
+// requests of the same salt (no salt being a salt of its own), and a
+// salted request's BlockStored carries the salt on the sequence's first
+// block only.
+func TestCacheSaltSeparatesCachedBlocks(t *testing.T) {
+	a := seqTokens(100, 48) // 3 blocks; at most 2 can hit
+	b := append(append([]uint32(nil), a[:16]...), seqTokens(900, 32)...)
+	plain, s1, s2 := chain(a, 16), saltedChain(a, 16, "s1"), saltedChain(a, 16, "s2")
+	s1b := saltedChain(b, 16, "s1")
+	for _, h := range plain {
+		if slices.Contains(s1, h) || slices.Contains(s2, h) {
+			t.Fatal("a salted chain shares a hash with the unsalted one")
+		}
+	}
+	steps := []struct {
+		name, salt string
+		tokens     []uint32
+		cached     int
+		events     []KVEvent
+	}{
+		{"unsalted", "", a, 0, []KVEvent{{Kind: BlockStored, Hashes: plain, Tokens: a}}},
+		{"salted misses unsalted blocks", "s1", a, 0, []KVEvent{{Kind: BlockStored, Hashes: s1, Tokens: a, Salt: "s1"}}},
+		{"same salt hits", "s1", a, 32, []KVEvent{{Kind: BlockStored, Hashes: s1[2:], Parent: &s1[1], Tokens: a[32:]}}},
+		{"other salt misses", "s2", a, 0, []KVEvent{{Kind: BlockStored, Hashes: s2, Tokens: a, Salt: "s2"}}},
+		{"unsalted hits its own", "", a, 32, []KVEvent{{Kind: BlockStored, Hashes: plain[2:], Parent: &plain[1], Tokens: a[32:]}}},
+		{"same salt, first block shared", "s1", b, 16, []KVEvent{{Kind: BlockStored, Hashes: s1b[1:], Parent: &s1b[0], Tokens: b[16:]}}},
+	}
+	withCacheEngine(t, cacheParams(1000), func(t *testing.T, e *Engine, log *eventLog) {
+		hits := 0
+		for _, st := range steps {
+			h := submit(t, e, &Request{ID: st.name, PromptTokens: len(st.tokens), Tokens: st.tokens, MaxTokens: 1, CacheSalt: st.salt})
+			waitFinished(h)
+			if got := h.CachedTokens(); got != st.cached {
+				t.Errorf("%s: %d cached tokens, want %d", st.name, got, st.cached)
+			}
+			if diff := cmp.Diff(st.events, log.take()); diff != "" {
+				t.Errorf("%s: events (-want +got):\n%s", st.name, diff)
+			}
+			hits += st.cached
+		}
+		if ps := e.PrefixCacheStats(); ps.Queries != 6*48 || ps.Hits != uint64(hits) {
+			t.Fatalf("stats %+v, want %d queries, %d hits", ps, 6*48, hits)
+		}
+	})
 }
