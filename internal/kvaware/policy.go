@@ -146,16 +146,19 @@ func (p *Policy) Prepare(ctx context.Context, req *policy.Request, c policy.Cand
 			return
 		}
 	}
-	salt := ""
+	salt, lora := "", ""
 	if o != nil {
 		var ok bool
 		if salt, ok = CacheSalt(o); !ok {
 			req.TokenErr = fmt.Errorf("%w: a cache_salt the engine refuses", ErrNotTokenizable)
 			return
 		}
+		if m, _ := o.String("model"); p.o.Index.IsLoRA(m) {
+			lora = m // vLLM serves a LoRA adapter under its name
+		}
 	}
 	if req.Tokens != nil { // given with the request (no body: no salt)
-		req.Prepared = &prepared{keys: p.o.Index.SaltedBlockKeys(req.Tokens, "", salt)}
+		req.Prepared = &prepared{keys: p.o.Index.SaltedBlockKeys(req.Tokens, lora, salt)}
 		return
 	}
 	for _, base := range p.tokenizeAt(req, c, 3) {
@@ -163,7 +166,7 @@ func (p *Policy) Prepare(ctx context.Context, req *policy.Request, c policy.Cand
 		toks, err = p.o.Tokenizer.TokensOf(ctx, base, req.Path, o)
 		if err == nil {
 			req.Tokens = toks
-			req.Prepared = &prepared{keys: p.o.Index.SaltedBlockKeys(toks, "", salt)}
+			req.Prepared = &prepared{keys: p.o.Index.SaltedBlockKeys(toks, lora, salt)}
 			return
 		}
 		if errors.Is(err, ErrNotTokenizable) || ctx.Err() != nil {

@@ -252,6 +252,70 @@ func TestKVAwareCacheSalt(t *testing.T) {
 	}
 }
 
+// TestKVAwareLoRA: a request naming a LoRA adapter the engines have
+// stored blocks for (events' lora_name) is keyed with the adapter, as vLLM
+// keys its blocks: drawn to the adapter's blocks, not the base model's
+// with the same tokens, and the base model's requests the other way.
+func TestKVAwareLoRA(t *testing.T) {
+	ts := newTokenizeServer(t)
+	x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 4})
+	ws := mkWorkers(ts.URL, "http://b:1")
+	c := policy.Candidates{Gen: 1, Workers: ws}
+	p := newPolicy(t, x, func(o *Options) { o.HasEvents = func(string) bool { return true } })
+	prompt := words(40, "w")
+	toks := wordIDs(prompt)
+	storeFor(x, ws[0].Key(), toks, 8) // A: the base model's blocks
+	e := kvevents.BlockStored{BlockSize: 4, LoRAID: 1, LoRAName: "sql", TokenIDs: toks[:32]}
+	for i := range 8 {
+		e.BlockHashes = append(e.BlockHashes, kvevents.BytesHash(fmt.Appendf(nil, "lora/%d", i)))
+	}
+	x.Apply(ws[1].Key(), []kvevents.Event{e}) // B: the adapter's
+	for _, tc := range []struct {
+		model string
+		want  *worker.Worker
+	}{{"m", ws[0]}, {"sql", ws[1]}} {
+		b, _ := json.Marshal(map[string]any{"model": tc.model, "prompt": prompt, "max_tokens": 5})
+		req := &policy.Request{Path: "/v1/completions", Body: b}
+		policy.Prepare(t.Context(), p, req, c)
+		ch, err := p.Pick(req, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ch.Worker != tc.want || !strings.HasPrefix(ch.Reason, "kv match 8/10 blocks") || strings.Contains(ch.Reason, "elsewhere") {
+			t.Errorf("model %s: picked %v (%s), want %v and no blocks elsewhere", tc.model, ch.Worker.Key(), ch.Reason, tc.want.Key())
+		}
+	}
+}
+
+// TestKVAwareTokenizesWhereTheModelIsServed: an engine answering 404 to
+// /tokenize does not serve the request's model (an adapter loaded on some
+// engines only): the next candidate is asked, whichever the rotation
+// starts with.
+func TestKVAwareTokenizesWhereTheModelIsServed(t *testing.T) {
+	var asked404 atomic.Int64
+	missing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked404.Add(1)
+		http.Error(w, `{"error":{"message":"The model `+"`sql`"+` does not exist.","code":404}}`, http.StatusNotFound)
+	}))
+	t.Cleanup(missing.Close)
+	ts := newTokenizeServer(t)
+	x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 4})
+	ws := mkWorkers(missing.URL, ts.URL)
+	c := policy.Candidates{Gen: 1, Workers: ws}
+	p := newPolicy(t, x, nil)
+	for i := range 4 { // the rotation starts at each worker in turn
+		b, _ := json.Marshal(map[string]any{"model": "sql", "prompt": words(8+i, "w"), "max_tokens": 5})
+		req := &policy.Request{Path: "/v1/completions", Body: b}
+		policy.Prepare(t.Context(), p, req, c)
+		if req.TokenErr != nil || len(req.Tokens) != 8+i {
+			t.Fatalf("request %d: tokens %v, err %v", i, req.Tokens, req.TokenErr)
+		}
+	}
+	if asked404.Load() != 2 || p.S.TokenizeErrors.Load() != 2 {
+		t.Fatalf("the 404 engine asked %d times, %d tokenize errors; want 2 and 2", asked404.Load(), p.S.TokenizeErrors.Load())
+	}
+}
+
 func TestCacheSalt(t *testing.T) {
 	for _, tc := range []struct {
 		body, salt string

@@ -773,7 +773,12 @@ func (t *Tokenizer) ask(ctx context.Context, baseURL string, body []byte) ([]uin
 	if err != nil {
 		return nil, fmt.Errorf("tokenize at %s: %w", baseURL, err)
 	}
-	if resp.StatusCode != http.StatusOK {
+	switch {
+	case resp.StatusCode == http.StatusNotFound:
+		// This engine does not serve the model (a LoRA adapter loaded on
+		// some engines only): another may.
+		return nil, fmt.Errorf("tokenize at %s: status %d: %.200s", baseURL, resp.StatusCode, b)
+	case resp.StatusCode != http.StatusOK:
 		return nil, fmt.Errorf("%w: tokenize at %s: status %d: %.200s", ErrNotTokenizable, baseURL, resp.StatusCode, b)
 	}
 	var out struct {

@@ -25,7 +25,8 @@ type Index struct {
 	max       int
 
 	mu      sync.RWMutex
-	blocks  map[uint64]holders // block key → ids of the workers holding it
+	loras   map[string]struct{} // LoRA names stored blocks were keyed with
+	blocks  map[uint64]holders  // block key → ids of the workers holding it
 	workers map[string]*workerBlocks
 	byID    map[int32]string
 	nextID  int32
@@ -121,7 +122,7 @@ func NewIndex(o IndexOptions) *Index {
 	if o.MaxEntries <= 0 {
 		o.MaxEntries = 10_000_000
 	}
-	x := &Index{blockSize: o.BlockSize, seed: o.Seed, max: o.MaxEntries,
+	x := &Index{blockSize: o.BlockSize, seed: o.Seed, max: o.MaxEntries, loras: map[string]struct{}{},
 		blocks: map[uint64]holders{}, workers: map[string]*workerBlocks{}, byID: map[int32]string{}}
 	x.root0 = x.rootOf("", "")
 	return x
@@ -244,6 +245,9 @@ func (x *Index) storeLocked(w *workerBlocks, e BlockStored) {
 		x.stats.BlockSizeMismatch += uint64(len(e.BlockHashes))
 		return
 	}
+	if _, ok := x.loras[e.LoRAName]; !ok && e.LoRAName != "" && len(x.loras) < maxLoRANames {
+		x.loras[e.LoRAName] = struct{}{}
+	}
 	prev := x.root(e.LoRAName, "")
 	if len(e.Extra) > 0 && e.Parent == 0 {
 		prev = x.root(e.LoRAName, e.Extra[0].Salt)
@@ -351,6 +355,25 @@ func (x *Index) Clear(worker string) {
 	if w := x.workers[worker]; w != nil {
 		x.clearLocked(w)
 	}
+}
+
+// maxLoRANames bounds the LoRA names remembered (vLLM's --max-loras is
+// per engine and usually single digits; a fleet's adapters are a list an
+// operator manages).
+const maxLoRANames = 4096
+
+// IsLoRA reports whether some engine stored blocks for a LoRA adapter of
+// this name: vLLM names an adapter's requests by it (the request's model)
+// and keys their blocks with it, so a request for it needs the adapter's
+// keys (BlockKeys's lora), not the base model's.
+func (x *Index) IsLoRA(name string) bool {
+	if name == "" {
+		return false
+	}
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	_, ok := x.loras[name]
+	return ok
 }
 
 // RemoveWorker forgets a worker that left the fleet.

@@ -88,6 +88,9 @@ func TestIndexLoRAAndSeedSeparate(t *testing.T) {
 	if got := x.Match(x.BlockKeys(prompt, "sql-adapter")); got["A"] != 2 {
 		t.Fatalf("LoRA lookup: %v", got)
 	}
+	if !x.IsLoRA("sql-adapter") || x.IsLoRA("other") || x.IsLoRA("") {
+		t.Fatal("IsLoRA does not follow the stored events' LoRA names")
+	}
 	y := NewIndex(IndexOptions{BlockSize: 4, Seed: 7})
 	if x.BlockKeys(prompt, "")[0] == y.BlockKeys(prompt, "")[0] {
 		t.Fatal("the seed does not change block keys")

@@ -126,7 +126,7 @@ func TestCacheSaltCachedTokens(t *testing.T) {
 // and null on the others; an event without a salted first block has
 // extra_keys of nulls, as vLLM 0.32 publishes them (block_pool.py
 // _build_block_stored_event: to_event_extra_keys([None, ...]) is that
-// list), then group_idx 0.
+// list), then group_idx 0 and kv_cache_spec_kind.
 func TestCacheSaltKVEvents(t *testing.T) {
 	for _, encoding := range []string{EncodingNamed, EncodingPositional} {
 		t.Run(encoding, func(t *testing.T) {
@@ -173,8 +173,8 @@ func TestCacheSaltKVEvents(t *testing.T) {
 				if diff := cmp.Diff(w.extra, w.ev.extraKeys); diff != "" || !w.ev.hasExtra {
 					t.Errorf("%s: extra_keys present %v (-want +got):\n%s", w.name, w.ev.hasExtra, diff)
 				}
-				if encoding == EncodingPositional && w.ev.fields != 10 {
-					t.Errorf("%s: positional event of %d elements, want 10 (tag, 7 fields, extra_keys, group_idx)", w.name, w.ev.fields)
+				if encoding == EncodingPositional && w.ev.fields != 11 {
+					t.Errorf("%s: positional event of %d elements, want 11 (tag, 7 fields, extra_keys, group_idx, kv_cache_spec_kind)", w.name, w.ev.fields)
 				}
 			}
 			for _, h := range salted.hashes {

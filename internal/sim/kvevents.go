@@ -354,11 +354,13 @@ func (p *kvPublisher) encodeEvent(enc *msgpack.Encoder, ev engine.KVEvent) {
 			{"medium", medium},
 			{"lora_name", null},
 		}
-		// vLLM 0.32 publishes both on every stored block: extra_keys of
+		// vLLM 0.32 publishes these on every stored block: extra_keys of
 		// one entry per block (to_event_extra_keys of a list of Nones is
-		// that list), group_idx 0 for a single KV cache group.
+		// that list), group_idx 0 and kv_cache_spec_kind "full_attention"
+		// for a model with one KV cache group of full attention.
 		fields = append(fields, field{"extra_keys", func() { encodeExtraKeys(enc, ev) }},
-			field{"group_idx", func() { _ = enc.EncodeInt(0) }})
+			field{"group_idx", func() { _ = enc.EncodeInt(0) }},
+			field{"kv_cache_spec_kind", func() { _ = enc.EncodeString("full_attention") }})
 	case engine.BlockRemoved:
 		tag = "BlockRemoved"
 		fields = []field{{"block_hashes", hashes}, {"medium", medium}}

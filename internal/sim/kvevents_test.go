@@ -385,7 +385,7 @@ func TestEventEncoding(t *testing.T) {
 			if !ok || m["type"] != "BlockStored" || m["medium"] != "GPU" {
 				t.Errorf("named event %#v", first)
 			}
-		} else if a, ok := first.([]any); !ok || len(a) != 10 || a[0] != "BlockStored" { // + extra_keys, group_idx
+		} else if a, ok := first.([]any); !ok || len(a) != 11 || a[0] != "BlockStored" { // + extra_keys, group_idx, kv_cache_spec_kind
 			t.Errorf("positional event %#v", first)
 		}
 	}

@@ -2,11 +2,15 @@ package interop
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
+	"math/rand/v2"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -34,6 +38,9 @@ func (e *kvEngine) endpoints() string {
 // startKVEngines starts two unified engines with --kv-events-config (the
 // ZMQ publisher binds, as vLLM does for an endpoint with "*") and stops them
 // when t ends.
+// kvLoRA is the LoRA adapter the second KV engine serves (startKVEngines).
+const kvLoRA = "sql"
+
 func startKVEngines(t *testing.T) (a, b *kvEngine) {
 	t.Helper()
 	ports, err := freePorts(6)
@@ -41,11 +48,15 @@ func startKVEngines(t *testing.T) (a, b *kvEngine) {
 		t.Fatal(err)
 	}
 	logDir := t.TempDir()
+	adapter := writeLoRAAdapter(t, t.TempDir())
 	var es []*kvEngine
 	for i, name := range []string{"kv-a", "kv-b"} {
 		e := &kvEngine{engine: newEngine(name, ports[3*i], 0, "", logDir), pub: ports[3*i+1], replay: ports[3*i+2]}
 		e.args = append(e.args, "--kv-events-config", fmt.Sprintf(
 			`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:%d","replay_endpoint":"tcp://*:%d","topic":"kv"}`, e.pub, e.replay))
+		if i == 1 {
+			e.args = append(e.args, "--enable-lora", "--lora-modules", kvLoRA+"="+adapter, "--max-lora-rank", "8", "--max-loras", "1")
+		}
 		if err := e.start(); err != nil {
 			t.Fatal(err)
 		}
@@ -140,7 +151,14 @@ func complete(t *testing.T, base, prompt string, maxTokens int) string {
 // completeSalted is complete with a cache_salt ("" for none).
 func completeSalted(t *testing.T, base, prompt string, maxTokens int, salt string) string {
 	t.Helper()
-	req := map[string]any{"model": modelDir, "prompt": prompt, "max_tokens": maxTokens, "temperature": 0}
+	return completeAs(t, base, modelDir, prompt, maxTokens, salt)
+}
+
+// completeAs is complete for a model (the base model's or a LoRA
+// adapter's name) with a cache_salt ("" for none).
+func completeAs(t *testing.T, base, model, prompt string, maxTokens int, salt string) string {
+	t.Helper()
+	req := map[string]any{"model": model, "prompt": prompt, "max_tokens": maxTokens, "temperature": 0}
 	if salt != "" {
 		req["cache_salt"] = salt
 	}
@@ -285,6 +303,7 @@ func TestKVEventsFromRealEngine(t *testing.T) {
 	}
 	t.Logf("prompt of %d tokens: %d blocks stored on each engine, engine hashes equal, router index matches all", len(toks), n)
 	checkSaltedEvents(t, a, evA, prompt, toks, hashesA)
+	checkLoRAEvents(t, b, evB, prompt, toks, hashesB)
 
 	// The router follows both engines' events.
 	r := kb.StartRouter(t, "--worker-urls", a.URL(), b.URL(), "--policy", "kv_aware", "--route-receipt",
@@ -357,6 +376,24 @@ func TestKVEventsFromRealEngine(t *testing.T) {
 	}
 	t.Logf("salted prompt held by kv-b, same salt: %s", rc9)
 
+	// A prompt b stored for its LoRA adapter (events' lora_name) draws the
+	// adapter's requests there; the base model's requests match nothing.
+	ql := "An adapter's own prompt, keyed apart by the adapter's name. " + prompt
+	qln := len(engineTokens(t, b, ql)) / kvBlockSize
+	before1 := blocks(b)
+	completeAs(t, b.URL(), kvLoRA, ql, 1, "")
+	harness.WaitFor(t, 60*time.Second, 50*time.Millisecond, "the router indexing b's adapter blocks", func() bool {
+		return blocks(b) >= before1+qln
+	})
+	rcl := completeAs(t, r.Base, kvLoRA, ql, 1, "")
+	if !servedBy(rcl, b) || !strings.Contains(rcl, fmt.Sprintf("kv match %d/", qln)) {
+		t.Errorf("the adapter's prompt held by b routed %q, want b with %d blocks matched", rcl, qln)
+	}
+	if rc := completeAs(t, r.Base, modelDir, ql, 1, ""); !strings.Contains(rc, "kv match 0/") {
+		t.Errorf("the base model's request matched the adapter's blocks: %q", rc)
+	}
+	t.Logf("prompt held by kv-b for adapter %s: %s", kvLoRA, rcl)
+
 	// A new prompt through the router, then again: the second goes where
 	// the first went, for the blocks that engine reported.
 	q := "A prompt nobody has seen: " + strings.Repeat("fresh tokens for the router to place and then find again ", 5)
@@ -422,4 +459,86 @@ func checkSaltedEvents(t *testing.T, e *kvEngine, events <-chan kvevents.BlockSt
 		t.Errorf("plain keys match the salted blocks: %v", m)
 	}
 	t.Logf("salted prompt: %d blocks stored under new hashes, the salt in the first block's extra_keys, index matches the salted keys only", n)
+}
+
+// checkLoRAEvents: the prompt sent to the engine's LoRA adapter is stored
+// under other hashes, its events name the adapter (lora_name, and
+// extra_keys holding only that name, which is no salt), and an index of
+// them matches the adapter's keys, not the base model's.
+func checkLoRAEvents(t *testing.T, e *kvEngine, events <-chan kvevents.BlockStored, prompt string, toks []uint32, base []kvevents.Hash) {
+	t.Helper()
+	n := len(toks) / kvBlockSize
+	completeAs(t, e.URL(), kvLoRA, prompt, 1, "")
+	stored := storedFor(t, e, events, toks, n)
+	var hashes []kvevents.Hash
+	for i, ev := range stored {
+		hashes = append(hashes, ev.BlockHashes...)
+		if ev.LoRAName != kvLoRA {
+			t.Errorf("adapter event %d: lora_name %q, want %q", i, ev.LoRAName, kvLoRA)
+		}
+		for j, x := range ev.Extra {
+			if x != (kvevents.BlockExtra{}) {
+				t.Errorf("adapter event %d block %d: extra %+v, want none beyond the adapter's name", i, j, x)
+			}
+		}
+	}
+	if slices.Equal(hashes, base) {
+		t.Errorf("the adapter's and the base model's blocks have the same hashes")
+	}
+	idx := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: kvBlockSize})
+	for _, ev := range stored {
+		idx.Apply(e.name, []kvevents.Event{ev})
+	}
+	if m := idx.Match(idx.BlockKeys(toks, kvLoRA)); m[e.name] != n || !idx.IsLoRA(kvLoRA) {
+		t.Errorf("adapter keys match %v (IsLoRA %v), want %d blocks", m, idx.IsLoRA(kvLoRA), n)
+	}
+	if m := idx.Match(idx.BlockKeys(toks, "")); len(m) != 0 {
+		t.Errorf("base keys match the adapter's blocks: %v", m)
+	}
+	t.Logf("adapter %s: %d blocks stored under new hashes with its name, index matches its keys only", kvLoRA, n)
+}
+
+// writeLoRAAdapter writes a PEFT LoRA adapter for the tiny model (rank 8
+// on q_proj and v_proj of its 2 layers, random weights) into dir and
+// returns dir: adapter_config.json and adapter_model.safetensors (an
+// 8-byte header length, a JSON header, the float32 tensors).
+func writeLoRAAdapter(t *testing.T, dir string) string {
+	t.Helper()
+	const rank, hidden = 8, 128
+	cfg := `{"peft_type":"LORA","r":8,"lora_alpha":16,"target_modules":["q_proj","v_proj"],"lora_dropout":0.0,"bias":"none","task_type":"CAUSAL_LM"}`
+	if err := os.WriteFile(filepath.Join(dir, "adapter_config.json"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	type tensor struct {
+		DType   string `json:"dtype"`
+		Shape   []int  `json:"shape"`
+		Offsets [2]int `json:"data_offsets"`
+	}
+	header := map[string]tensor{}
+	var data []byte
+	rng := rand.New(rand.NewPCG(1, 2))
+	add := func(name string, rows, cols int) {
+		start := len(data)
+		for range rows * cols {
+			data = binary.LittleEndian.AppendUint32(data, math.Float32bits(float32(rng.NormFloat64()*0.1)))
+		}
+		header[name] = tensor{"F32", []int{rows, cols}, [2]int{start, len(data)}}
+	}
+	for layer := range 2 {
+		for _, m := range []string{"q_proj", "v_proj"} {
+			p := fmt.Sprintf("base_model.model.model.layers.%d.self_attn.%s", layer, m)
+			add(p+".lora_A.weight", rank, hidden)
+			add(p+".lora_B.weight", hidden, rank)
+		}
+	}
+	h, err := json.Marshal(header)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := binary.LittleEndian.AppendUint64(nil, uint64(len(h)))
+	out = append(append(out, h...), data...)
+	if err := os.WriteFile(filepath.Join(dir, "adapter_model.safetensors"), out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
