@@ -137,7 +137,9 @@ type prepared struct {
 
 // Prepare tokenizes the prompt at one of the candidates (any engine of the
 // model tokenizes alike; they are asked in turn, and an unreachable one is
-// passed over) and computes its block keys.
+// passed over) and computes its block keys, rooted as vLLM roots the
+// prompt's block hashes: in the request's cache_salt, and in its model's
+// name when that names a LoRA adapter the engines have stored blocks for.
 func (p *Policy) Prepare(ctx context.Context, req *policy.Request, c policy.Candidates) {
 	o, err := req.Obj, error(nil)
 	if o == nil && (req.Tokens == nil || len(req.Body) > 0) {
