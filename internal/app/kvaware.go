@@ -204,6 +204,8 @@ func (a *app) kvStatus() any {
 		"removed":       stats.Removed,
 		"orphans":       stats.Orphans,
 		"dropped_full":  stats.Full,
+		"other_groups":  stats.OtherGroups,
+		"restated":      stats.Restated,
 		"workers":       workers,
 	}
 	if a.cfg.TokenizerPath != "" {
@@ -258,6 +260,10 @@ func (a *app) registerKVMetrics(st *kvState) {
 			func() float64 { s, _ := st.index.Stats(); return float64(s.Orphans) }),
 		counter("block_size_mismatch_total", "Stored blocks of another block size than --kv-block-size",
 			func() float64 { s, _ := st.index.Stats(); return float64(s.BlockSizeMismatch) }),
+		counter("other_group_blocks_total", "Stored blocks of KV cache groups the index does not follow (sliding-window, Mamba)",
+			func() float64 { s, _ := st.index.Stats(); return float64(s.OtherGroups) }),
+		counter("restated_blocks_total", "Held blocks restated by a store from a sequence's first block (reuse reports), not counted as copies",
+			func() float64 { s, _ := st.index.Stats(); return float64(s.Restated) }),
 		counter("picks_total", "kv_aware decisions", sum(func(p *kvaware.Policy) uint64 { return p.S.Picks.Load() })),
 		counter("cache_hits_total", "kv_aware decisions onto a cached prefix", sum(func(p *kvaware.Policy) uint64 { return p.S.Hits.Load() })),
 		counter("predicted_cached_tokens_total", "Prompt tokens predicted cached on the chosen worker", sum(func(p *kvaware.Policy) uint64 { return p.S.MatchedTokens.Load() })),

@@ -65,7 +65,22 @@ type BlockStored struct {
 	// Extra is what each block's hash mixes in beside its tokens (vLLM's
 	// extra_keys, one entry per block): nil when no block has any.
 	Extra []BlockExtra
+	// Group is the KV cache group the blocks were cached in (vLLM's
+	// group_idx; -1 when absent). A hybrid model (full attention beside
+	// sliding-window or Mamba layers) caches every block once per group,
+	// under the same hash.
+	Group int
+	// Kind is the group's cache spec (kv_cache_spec_kind:
+	// "full_attention", "sliding_window", "mamba", ...; "" when absent).
+	Kind string
 }
+
+// Masked reports whether the event leaves blocks of its token range out:
+// a sliding-window or Mamba group stores only the blocks it can serve a hit
+// from (vLLM's block_mask and null blocks in cache_full_blocks), while
+// TokenIDs still spans the whole range, so which tokens a hash is for is
+// not said.
+func (e BlockStored) Masked() bool { return len(e.TokenIDs) != len(e.BlockHashes)*e.BlockSize }
 
 // BlockExtra is one block's extra hash keys as the router models them.
 // vLLM publishes them untagged, in order: the LoRA name (when the event's
@@ -81,10 +96,12 @@ type BlockExtra struct {
 	Opaque bool
 }
 
-// BlockRemoved: the engine evicted these blocks from Medium.
+// BlockRemoved: the engine evicted these blocks from Medium, in KV cache
+// group Group (-1 when absent).
 type BlockRemoved struct {
 	BlockHashes []Hash
 	Medium      string
+	Group       int
 }
 
 // AllBlocksCleared: the engine dropped its whole prefix cache.
@@ -112,6 +129,7 @@ const (
 	maxBlockSize      = 1 << 16
 	maxDepth          = 16
 	maxExtraPerBlock  = 64
+	maxGroup          = 1 << 16
 )
 
 // ErrUnknownEvent marks an event whose tag this decoder does not know; the
@@ -195,6 +213,8 @@ type fieldSet struct {
 	loraName  string
 	medium    string
 	extra     []rawExtra
+	group     int // -1: absent
+	kind      string
 }
 
 // rawExtra is one block's extra_keys entry as read, before the LoRA name
@@ -237,6 +257,18 @@ func (f *fieldSet) read(r *mpread.Reader, name []byte) error {
 		f.medium, err = readMedium(r)
 	case "extra_keys":
 		f.extra, err = readExtraKeys(r)
+	case "group_idx":
+		f.group = -1
+		if !r.Nil() {
+			var v int64
+			v, err = r.Int64()
+			if err == nil && (v < 0 || v > maxGroup) {
+				err = fmt.Errorf("group_idx %d out of range", v)
+			}
+			f.group = int(v)
+		}
+	case "kv_cache_spec_kind":
+		f.kind, err = readKind(r)
 	default:
 		err = r.Skip(maxDepth)
 	}
@@ -248,8 +280,9 @@ func (f *fieldSet) read(r *mpread.Reader, name []byte) error {
 
 // Field order of the positional encoding (vLLM's declaration order).
 var (
-	storedFields  = fieldNames("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys")
-	removedFields = fieldNames("block_hashes", "medium")
+	storedFields = fieldNames("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
+		"extra_keys", "group_idx", "kv_cache_spec_kind")
+	removedFields = fieldNames("block_hashes", "medium", "group_idx")
 )
 
 func fieldNames(names ...string) [][]byte {
@@ -272,7 +305,7 @@ func decodePositional(r *mpread.Reader) (Event, error) {
 	if err != nil {
 		return nil, fmt.Errorf("event tag: %w", err)
 	}
-	f := fieldSet{loraID: -1}
+	f := fieldSet{loraID: -1, group: -1}
 	var names [][]byte
 	var tag string
 	switch string(tagb) {
@@ -307,7 +340,7 @@ func decodeNamed(r *mpread.Reader) (Event, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := fieldSet{loraID: -1}
+	f := fieldSet{loraID: -1, group: -1}
 	var tag []byte
 	seen := 0
 	for range n {
@@ -356,7 +389,8 @@ func (f *fieldSet) event(tag string, nfields int) (Event, error) {
 		if len(f.hashes) == 0 {
 			return nil, errors.New("BlockStored without block hashes")
 		}
-		if len(f.tokens) != len(f.hashes)*f.blockSize {
+		// A masked store (Masked) has fewer hashes than blocks of tokens.
+		if len(f.tokens)%f.blockSize != 0 || len(f.tokens) < len(f.hashes)*f.blockSize {
 			return nil, fmt.Errorf("BlockStored: %d token ids for %d blocks of %d", len(f.tokens), len(f.hashes), f.blockSize)
 		}
 		extra, err := f.blockExtra()
@@ -364,9 +398,9 @@ func (f *fieldSet) event(tag string, nfields int) (Event, error) {
 			return nil, err
 		}
 		return BlockStored{BlockHashes: f.hashes, Parent: f.parent, TokenIDs: f.tokens, BlockSize: f.blockSize,
-			LoRAID: f.loraID, LoRAName: f.loraName, Medium: f.medium, Extra: extra}, nil
+			LoRAID: f.loraID, LoRAName: f.loraName, Medium: f.medium, Extra: extra, Group: f.group, Kind: f.kind}, nil
 	case "BlockRemoved":
-		return BlockRemoved{BlockHashes: f.hashes, Medium: f.medium}, nil
+		return BlockRemoved{BlockHashes: f.hashes, Medium: f.medium, Group: f.group}, nil
 	}
 	return AllBlocksCleared{}, nil
 }
@@ -463,6 +497,29 @@ func readMedium(r *mpread.Reader) (string, error) {
 	}
 	return string(b), nil
 }
+
+// readKind reads an optional kv_cache_spec_kind; vLLM's own names come
+// without a copy of their own (one comes with every store).
+func readKind(r *mpread.Reader) (string, error) {
+	if r.Nil() {
+		return "", nil
+	}
+	b, err := r.Str()
+	if err != nil {
+		return "", err
+	}
+	for _, k := range specKinds {
+		if string(b) == k {
+			return k, nil
+		}
+	}
+	return string(b), nil
+}
+
+// specKinds are vLLM 0.32's KVCacheSpecKind values
+// (vllm/v1/kv_cache_interface.py).
+var specKinds = [...]string{"full_attention", "mla_attention", "sliding_window", "sliding_window_mla", "mamba",
+	"chunked_local_attention", "sink_full_attention", "encoder_only_attention", "cross_attention", "unknown"}
 
 // float reads a float, or an integer as one: msgspec writes integral
 // floats as floats, but be lenient.

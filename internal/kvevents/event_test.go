@@ -76,14 +76,14 @@ func TestDecodeBatch(t *testing.T) {
 				[]any{"AllBlocksCleared"},
 			}, 3},
 			Batch{TS: 1.5, DPRank: 3, Events: []Event{
-				BlockStored{BlockHashes: []Hash{BytesHash(h1), BytesHash(h2)}, TokenIDs: u32(seq(0, 8)), BlockSize: 4, LoRAID: -1, Medium: "GPU"},
-				BlockRemoved{BlockHashes: []Hash{BytesHash(h1)}, Medium: "GPU"},
+				BlockStored{BlockHashes: []Hash{BytesHash(h1), BytesHash(h2)}, TokenIDs: u32(seq(0, 8)), BlockSize: 4, LoRAID: -1, Medium: "GPU", Group: -1},
+				BlockRemoved{BlockHashes: []Hash{BytesHash(h1)}, Medium: "GPU", Group: -1},
 				AllBlocksCleared{},
 			}}, 0},
 		{"positional, int hashes with parent, no dp rank, trailing defaults omitted",
 			[]any{2.0, []any{[]any{"BlockStored", []any{uint64(1 << 63), -5}, 42, seq(100, 4), 2}}},
 			Batch{TS: 2, DPRank: -1, Events: []Event{
-				BlockStored{BlockHashes: []Hash{9223372036854775808, Hash(^uint64(4))}, Parent: 42, TokenIDs: u32(seq(100, 4)), BlockSize: 2, LoRAID: -1},
+				BlockStored{BlockHashes: []Hash{9223372036854775808, Hash(^uint64(4))}, Parent: 42, TokenIDs: u32(seq(100, 4)), BlockSize: 2, LoRAID: -1, Group: -1},
 			}}, 0},
 		{"named maps, unknown fields skipped, a multimodal block opaque",
 			[]any{3.25, []any{
@@ -98,8 +98,8 @@ func TestDecodeBatch(t *testing.T) {
 			}, nil},
 			Batch{TS: 3.25, DPRank: -1, Events: []Event{
 				BlockStored{BlockHashes: []Hash{BytesHash(h1)}, Parent: BytesHash(h2), TokenIDs: u32(seq(7, 4)), BlockSize: 4, LoRAID: -1, Medium: "CPU",
-					Extra: []BlockExtra{{Opaque: true}}},
-				BlockRemoved{BlockHashes: []Hash{BytesHash(h1)}, Medium: "CPU"},
+					Extra: []BlockExtra{{Opaque: true}}, Group: 1},
+				BlockRemoved{BlockHashes: []Hash{BytesHash(h1)}, Medium: "CPU", Group: -1},
 				AllBlocksCleared{},
 			}}, 0},
 		// extra_keys as vLLM 0.32 publishes them (to_event_extra_keys):
@@ -109,7 +109,7 @@ func TestDecodeBatch(t *testing.T) {
 			[]any{1.0, []any{append(positionalStored([]any{h1, h2}, nil, seq(0, 8), 4, nil, "GPU"), nil, []any{[]any{"tenant-a"}, nil}, 0)}},
 			Batch{TS: 1, DPRank: -1, Events: []Event{
 				BlockStored{BlockHashes: []Hash{BytesHash(h1), BytesHash(h2)}, TokenIDs: u32(seq(0, 8)), BlockSize: 4, LoRAID: -1, Medium: "GPU",
-					Extra: []BlockExtra{{Salt: "tenant-a"}, {}}},
+					Extra: []BlockExtra{{Salt: "tenant-a"}, {}}, Group: 0},
 			}}, 0},
 		{"named, LoRA name then salt; the LoRA name alone is no salt",
 			[]any{1.0, []any{func() map[string]any {
@@ -120,21 +120,21 @@ func TestDecodeBatch(t *testing.T) {
 			}()}},
 			Batch{TS: 1, DPRank: -1, Events: []Event{
 				BlockStored{BlockHashes: []Hash{BytesHash(h1), BytesHash(h2)}, TokenIDs: u32(seq(0, 8)), BlockSize: 4, LoRAID: 3, LoRAName: "sql", Medium: "GPU",
-					Extra: []BlockExtra{{Salt: "tenant-b"}, {}}},
+					Extra: []BlockExtra{{Salt: "tenant-b"}, {}}, Group: -1},
 			}}, 0},
 		{"named, extra_keys before lora_name in the map",
 			[]any{1.0, []any{map[string]any{"type": "BlockStored", "extra_keys": []any{[]any{"sql"}}, "block_hashes": []any{h1},
 				"parent_block_hash": nil, "token_ids": seq(0, 4), "block_size": 4, "lora_name": "sql"}}},
 			Batch{TS: 1, DPRank: -1, Events: []Event{
 				BlockStored{BlockHashes: []Hash{BytesHash(h1)}, TokenIDs: u32(seq(0, 4)), BlockSize: 4, LoRAID: -1, LoRAName: "sql",
-					Extra: []BlockExtra{{}}},
+					Extra: []BlockExtra{{}}, Group: -1},
 			}}, 0},
 		{"opaque: a digest, a salt after the first block, two strings, a pair beside a salt",
 			[]any{1.0, []any{append(positionalStored([]any{h1, h2, h1, h2}, 9, seq(0, 16), 4, nil, nil), nil,
 				[]any{[]any{[]byte{1, 2}}, []any{"late-salt"}, []any{"a", "b"}, []any{[]any{"img", 0}, "s"}})}},
 			Batch{TS: 1, DPRank: -1, Events: []Event{
 				BlockStored{BlockHashes: []Hash{BytesHash(h1), BytesHash(h2), BytesHash(h1), BytesHash(h2)}, Parent: 9, TokenIDs: u32(seq(0, 16)), BlockSize: 4, LoRAID: -1,
-					Extra: []BlockExtra{{Opaque: true}, {Opaque: true}, {Opaque: true}, {Opaque: true}}},
+					Extra: []BlockExtra{{Opaque: true}, {Opaque: true}, {Opaque: true}, {Opaque: true}}, Group: -1},
 			}}, 0},
 		{"extra_keys null, or every entry null",
 			[]any{1.0, []any{
@@ -142,8 +142,47 @@ func TestDecodeBatch(t *testing.T) {
 				append(positionalStored([]any{h1}, nil, seq(0, 4), 4, nil, nil), nil, []any{nil}),
 			}},
 			Batch{TS: 1, DPRank: -1, Events: []Event{
-				BlockStored{BlockHashes: []Hash{BytesHash(h1)}, TokenIDs: u32(seq(0, 4)), BlockSize: 4, LoRAID: -1},
-				BlockStored{BlockHashes: []Hash{BytesHash(h1)}, TokenIDs: u32(seq(0, 4)), BlockSize: 4, LoRAID: -1},
+				BlockStored{BlockHashes: []Hash{BytesHash(h1)}, TokenIDs: u32(seq(0, 4)), BlockSize: 4, LoRAID: -1, Group: -1},
+				BlockStored{BlockHashes: []Hash{BytesHash(h1)}, TokenIDs: u32(seq(0, 4)), BlockSize: 4, LoRAID: -1, Group: -1},
+			}}, 0},
+		// A hybrid model as vLLM 0.32 publishes it (checked on a real engine
+		// with full-attention and sliding-window layers): every block is
+		// stored once per KV cache group under the same hash; the
+		// sliding-window group stores only the blocks a hit can use, its
+		// token_ids still spanning the whole range (Masked).
+		{"named, a hybrid model's groups: the sliding-window store masked, a removal in group 1",
+			[]any{1.0, []any{
+				func() map[string]any {
+					m := namedStored([]any{h1, h2, h1}, nil, seq(0, 12), 4, "GPU")
+					m["extra_keys"] = []any{nil, nil, nil}
+					m["group_idx"], m["kv_cache_spec_kind"] = 0, "full_attention"
+					return m
+				}(),
+				func() map[string]any {
+					m := namedStored([]any{h1}, nil, seq(0, 12), 4, "GPU")
+					m["extra_keys"] = []any{nil}
+					m["group_idx"], m["kv_cache_spec_kind"], m["kv_cache_spec_sliding_window"] = 1, "sliding_window", 8
+					m["session_id"] = "s-1"
+					return m
+				}(),
+				map[string]any{"type": "BlockRemoved", "block_hashes": []any{h2}, "medium": "GPU", "group_idx": 1},
+			}, nil},
+			Batch{TS: 1, DPRank: -1, Events: []Event{
+				BlockStored{BlockHashes: []Hash{BytesHash(h1), BytesHash(h2), BytesHash(h1)}, TokenIDs: u32(seq(0, 12)), BlockSize: 4, LoRAID: -1, Medium: "GPU",
+					Group: 0, Kind: "full_attention"},
+				BlockStored{BlockHashes: []Hash{BytesHash(h1)}, TokenIDs: u32(seq(0, 12)), BlockSize: 4, LoRAID: -1, Medium: "GPU",
+					Group: 1, Kind: "sliding_window"},
+				BlockRemoved{BlockHashes: []Hash{BytesHash(h2)}, Medium: "GPU", Group: 1},
+			}}, 0},
+		{"positional, every field vLLM 0.32 declares",
+			[]any{1.0, []any{
+				append(positionalStored([]any{h1}, nil, seq(0, 4), 4, nil, "GPU"), nil, []any{nil}, 2, "mamba", nil, "LOCAL", nil, "s-2"),
+				[]any{"BlockRemoved", []any{h1}, "GPU", 2, "LOCAL", nil},
+			}},
+			Batch{TS: 1, DPRank: -1, Events: []Event{
+				BlockStored{BlockHashes: []Hash{BytesHash(h1)}, TokenIDs: u32(seq(0, 4)), BlockSize: 4, LoRAID: -1, Medium: "GPU",
+					Group: 2, Kind: "mamba"},
+				BlockRemoved{BlockHashes: []Hash{BytesHash(h1)}, Medium: "GPU", Group: 2},
 			}}, 0},
 		{"unknown event types are skipped, the rest kept",
 			[]any{1.0, []any{[]any{"SomethingNew", 1, 2}, map[string]any{"type": "AlsoNew"}, []any{"AllBlocksCleared"}}},
@@ -174,6 +213,11 @@ func TestDecodeBatchRejects(t *testing.T) {
 		{"not an array", enc(t, map[string]any{"ts": 1}), "want array"},
 		{"one field", enc(t, []any{1.0}), "at least 2"},
 		{"token count does not match blocks", enc(t, []any{1.0, []any{positionalStored([]any{[]byte("a")}, nil, seq(0, 3), 4, nil, nil)}}), "3 token ids for 1 blocks"},
+		{"token ids not whole blocks", enc(t, []any{1.0, []any{positionalStored([]any{[]byte("a")}, nil, seq(0, 6), 4, nil, nil)}}), "6 token ids for 1 blocks"},
+		{"fewer token ids than hashes", enc(t, []any{1.0, []any{positionalStored([]any{[]byte("a"), []byte("b")}, nil, seq(0, 4), 4, nil, nil)}}), "4 token ids for 2 blocks"},
+		{"negative group_idx", enc(t, []any{1.0, []any{[]any{"BlockRemoved", []any{[]byte("a")}, nil, -1}}}), "group_idx -1"},
+		{"group_idx not an integer", enc(t, []any{1.0, []any{[]any{"BlockRemoved", []any{[]byte("a")}, nil, "0"}}}), "group_idx"},
+		{"kv_cache_spec_kind not a string", enc(t, []any{1.0, []any{append(positionalStored([]any{[]byte("a")}, nil, seq(0, 4), 4, nil, nil), nil, nil, 0, 7)}}), "kv_cache_spec_kind"},
 		{"zero block size", enc(t, []any{1.0, []any{positionalStored([]any{[]byte("a")}, nil, []int{}, 0, nil, nil)}}), "block_size 0"},
 		{"negative token", enc(t, []any{1.0, []any{positionalStored([]any{[]byte("a")}, nil, []int{-1}, 1, nil, nil)}}), "token id"},
 		{"stored without hashes", enc(t, []any{1.0, []any{positionalStored([]any{}, nil, []int{}, 4, nil, nil)}}), "without block hashes"},
@@ -215,6 +259,8 @@ func FuzzDecodeBatch(f *testing.F) {
 	f.Add(enc(f, []any{1.5, []any{namedStored([]any{[]byte("a")}, 3, seq(0, 4), 4, nil)}}))
 	f.Add(enc(f, []any{1.5, []any{append(positionalStored([]any{[]byte("a"), 7}, nil, seq(0, 8), 4, nil, "GPU"), "l",
 		[]any{[]any{"l", "salt"}, []any{[]any{"img", 0}}})}}))
+	f.Add(enc(f, []any{1.5, []any{append(positionalStored([]any{[]byte("a")}, nil, seq(0, 8), 4, nil, "GPU"), nil, []any{nil}, 1, "sliding_window", 8),
+		[]any{"BlockRemoved", []any{[]byte("a")}, "GPU", 1}}}))
 	f.Add([]byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		batch, _, err := DecodeBatch(b)
@@ -223,7 +269,7 @@ func FuzzDecodeBatch(f *testing.F) {
 		}
 		// Whatever decodes must be internally consistent and indexable.
 		for _, e := range batch.Events {
-			if s, ok := e.(BlockStored); ok && len(s.TokenIDs) != len(s.BlockHashes)*s.BlockSize {
+			if s, ok := e.(BlockStored); ok && (len(s.TokenIDs)%s.BlockSize != 0 || len(s.TokenIDs) < len(s.BlockHashes)*s.BlockSize) {
 				t.Fatalf("inconsistent BlockStored %+v", s)
 			}
 		}

@@ -40,6 +40,14 @@ type IndexStats struct {
 	Orphans                  uint64 // stored blocks whose parent was unknown
 	BlockSizeMismatch        uint64 // stored events of another block size
 	Full                     uint64 // stores dropped at MaxEntries
+	// OtherGroups: blocks stored in a KV cache group the index does not
+	// follow (sliding-window, Mamba, ... groups of a hybrid model) or
+	// whose hashes do not say which tokens they are for (Masked).
+	OtherGroups uint64
+	// Restated: blocks a sequence's first-block store named again while
+	// held (vLLM's reuse reports, kv_cache_report_mode "full"): not
+	// counted as copies.
+	Restated uint64
 }
 
 // holders are the ids (from 1) of the workers holding a block: the first
@@ -73,6 +81,58 @@ type workerBlocks struct {
 	// evicted: a BlockRemoved of a GPU copy arrived since the last clear
 	// (Evicting).
 	evicted bool
+	// groups: what the index knows of the worker's KV cache groups, by
+	// group_idx: followed (a prefix-complete kind) or not. nil until a
+	// store names a group's kind.
+	groups map[int]bool
+}
+
+// followed reports whether the index follows the blocks of KV cache group
+// g, learning its kind from a store that names it. Only groups whose every
+// block a prefix hit needs are followed (full attention, MLA, attention
+// with sinks): a prompt's cached prefix on a hybrid model is what its
+// full-attention groups hold (a sliding-window group needs only the blocks
+// of its window before the hit, a Mamba group its state at one block, and
+// they evict on their own, so their removals would wrongly cut the
+// prefix). A group with no kind said is followed (an engine of one group,
+// or one from before vLLM named kinds), unless a store showed the worker
+// has groups the index does not follow.
+func (w *workerBlocks) followed(g int, kind string) bool {
+	if g < 0 {
+		return true
+	}
+	if kind != "" {
+		f := prefixKind(kind)
+		if w.groups == nil {
+			w.groups = map[int]bool{}
+		}
+		if len(w.groups) < maxGroups {
+			w.groups[g] = f
+		}
+		return f
+	}
+	if f, ok := w.groups[g]; ok {
+		return f
+	}
+	for _, f := range w.groups {
+		if !f {
+			return false // a hybrid model: an unnamed group may be any kind
+		}
+	}
+	return true
+}
+
+// maxGroups bounds the groups remembered per worker (a model has a few).
+const maxGroups = 64
+
+// prefixKind reports whether a KV cache spec kind needs every block of a
+// prefix for a hit.
+func prefixKind(kind string) bool {
+	switch kind {
+	case "full_attention", "mla_attention", "sink_full_attention":
+		return true
+	}
+	return false
 }
 
 type blockRef struct {
@@ -218,6 +278,9 @@ func (x *Index) Apply(worker string, events []Event) {
 		case BlockStored:
 			x.storeLocked(w, e)
 		case BlockRemoved:
+			if !w.followed(e.Group, "") {
+				continue
+			}
 			bit := mediumBit(e.Medium)
 			for _, h := range e.BlockHashes {
 				x.removeLocked(w, h, bit)
@@ -241,6 +304,10 @@ func (x *Index) workerLocked(worker string) *workerBlocks {
 }
 
 func (x *Index) storeLocked(w *workerBlocks, e BlockStored) {
+	if !w.followed(e.Group, e.Kind) || e.Masked() {
+		x.stats.OtherGroups += uint64(len(e.BlockHashes))
+		return
+	}
 	if e.BlockSize != x.blockSize {
 		x.stats.BlockSizeMismatch += uint64(len(e.BlockHashes))
 		return
@@ -268,6 +335,17 @@ func (x *Index) storeLocked(w *workerBlocks, e BlockStored) {
 			prev = opaque(prev)
 		}
 		ref, had := w.engine[h]
+		if had && ref.key == prev && e.Parent == 0 && ref.media&bit != 0 {
+			// A sequence restated from its first block while held: vLLM's
+			// reuse report (emit_cached_block_events: the prefix a request
+			// hit, no new block), or the same prompt computed twice at once
+			// (a new copy). Taken as the report: counting it as a copy
+			// would keep the block here after its only eviction, for good;
+			// not counting a copy forgets the block at its first eviction,
+			// until it is stored again.
+			x.stats.Restated++
+			continue
+		}
 		if had && ref.key == prev {
 			ref.add(bit)
 			w.engine[h] = ref
@@ -385,6 +463,7 @@ func (x *Index) RemoveWorker(worker string) {
 		return
 	}
 	x.clearLocked(w)
+	w.groups = nil
 	delete(x.workers, worker)
 	delete(x.byID, w.id)
 }

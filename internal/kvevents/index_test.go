@@ -220,7 +220,9 @@ func TestIndexCountsCopiesOfAHash(t *testing.T) {
 	prompt := u32(seq(1, 12))
 	keys := x.BlockKeys(prompt, "")
 	removed := func(h, medium string) Event { return BlockRemoved{BlockHashes: []Hash{hashOf(h)}, Medium: medium} }
-	x.Apply("w", []Event{stored("a", prompt, bs, 0, 2), stored("a", prompt, bs, 0, 2)})
+	// Two requests computed block 1 at once, after the same cached block 0:
+	// two copies, each evicted on its own.
+	x.Apply("w", []Event{stored("a", prompt, bs, 0, 1), stored("a", prompt, bs, 1, 2), stored("a", prompt, bs, 1, 2)})
 	x.Apply("w", []Event{removed("a/1", "GPU")})
 	if got := x.Match(keys)["w"]; got != 2 {
 		t.Fatalf("one of two copies removed: match %d, want 2", got)
@@ -245,6 +247,113 @@ func TestIndexCountsCopiesOfAHash(t *testing.T) {
 	x.Apply("w", []Event{removed("a/0", "CPU"), removed("a/2", "GPU")})
 	if got, n := x.Match(keys), x.entries; len(got) != 0 || n != 0 {
 		t.Fatalf("every copy removed: match %v, %d entries", got, n)
+	}
+}
+
+// TestIndexReuseReports: with kv_cache_report_mode "full" vLLM 0.32
+// publishes a BlockStored of the prefix a request hit (parent null, the
+// blocks already cached, no new block: block_pool.py
+// emit_cached_block_events). The index takes a held sequence restated from
+// its first block as such a report, not as new copies: counted as copies,
+// the blocks would stay in the index after their one eviction, for good.
+func TestIndexReuseReports(t *testing.T) {
+	const bs = 4
+	prompt := u32(seq(1, 12))
+	removed := func(h, medium string) Event { return BlockRemoved{BlockHashes: []Hash{hashOf(h)}, Medium: medium} }
+	cases := []struct {
+		name   string
+		events []Event
+		want   int // blocks of prompt matched on w afterwards
+		stats  IndexStats
+	}{
+		{"a report, then the blocks' one eviction",
+			[]Event{stored("a", prompt, bs, 0, 3), stored("a", prompt, bs, 0, 2), stored("a", prompt, bs, 0, 3),
+				removed("a/2", "GPU"), removed("a/1", "GPU"), removed("a/0", "GPU")},
+			0, IndexStats{Stored: 3, Removed: 3, Restated: 5}},
+		{"a report naming a block not held stores it",
+			[]Event{stored("a", prompt, bs, 0, 1), stored("a", prompt, bs, 0, 2)},
+			2, IndexStats{Stored: 2, Restated: 1}},
+		{"a report of the GPU copy leaves a CPU copy alone",
+			[]Event{func() Event { e := stored("a", prompt, bs, 0, 1); e.Medium = "CPU"; return e }(), stored("a", prompt, bs, 0, 1),
+				removed("a/0", "GPU")},
+			1, IndexStats{Stored: 1}},
+		{"a copy after a cached parent is a copy",
+			[]Event{stored("a", prompt, bs, 0, 1), stored("a", prompt, bs, 1, 2), stored("a", prompt, bs, 1, 2), removed("a/1", "GPU")},
+			2, IndexStats{Stored: 2}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			x := NewIndex(IndexOptions{BlockSize: bs})
+			x.Apply("w", tc.events)
+			if got := x.Match(x.BlockKeys(prompt, ""))["w"]; got != tc.want {
+				t.Errorf("match %d, want %d", got, tc.want)
+			}
+			st, _ := x.Stats()
+			if st != tc.stats {
+				t.Errorf("stats %+v, want %+v", st, tc.stats)
+			}
+		})
+	}
+}
+
+// TestIndexHybridGroups: a hybrid model caches every block once per KV
+// cache group under one hash (vLLM 0.32, checked on a real engine with
+// full-attention and sliding-window layers). The index follows the
+// full-attention groups: a sliding-window group's stores (masked or not)
+// and removals leave it alone, so a window's eviction does not cut a
+// prefix the full-attention group still holds.
+func TestIndexHybridGroups(t *testing.T) {
+	const bs = 4
+	prompt := u32(seq(1, 16))
+	group := func(e BlockStored, g int, kind string) BlockStored { e.Group, e.Kind = g, kind; return e }
+	removed := func(h string, g int) Event {
+		return BlockRemoved{BlockHashes: []Hash{hashOf(h)}, Medium: "GPU", Group: g}
+	}
+	masked := func(e BlockStored) BlockStored { e.BlockHashes = e.BlockHashes[len(e.BlockHashes)-1:]; return e }
+	full, swa := "full_attention", "sliding_window"
+	cases := []struct {
+		name   string
+		events []Event
+		want   int
+		other  uint64
+	}{
+		{"both groups stored, the window's masked store skipped",
+			[]Event{group(stored("a", prompt, bs, 0, 4), 0, full), group(masked(stored("a", prompt, bs, 0, 4)), 1, swa)},
+			4, 1},
+		{"the window group's removals do not cut the prefix",
+			[]Event{group(stored("a", prompt, bs, 0, 4), 0, full), group(stored("a", prompt, bs, 0, 4), 1, swa),
+				removed("a/0", 1), removed("a/1", 1)},
+			4, 4},
+		{"the full-attention group's removal does",
+			[]Event{group(stored("a", prompt, bs, 0, 4), 0, full), group(stored("a", prompt, bs, 0, 4), 1, swa), removed("a/2", 0)},
+			2, 4},
+		{"a removal in a group never named, on a hybrid worker, is not followed",
+			[]Event{group(stored("a", prompt, bs, 0, 4), 0, full), group(masked(stored("a", prompt, bs, 0, 4)), 1, swa), removed("a/1", 2)},
+			4, 1},
+		{"one group of no kind said (older vLLM) is followed",
+			[]Event{group(stored("a", prompt, bs, 0, 4), 0, ""), removed("a/3", 0)},
+			3, 0},
+		{"a Mamba group is not followed; the attention group is",
+			[]Event{group(stored("a", prompt, bs, 0, 4), 1, "mamba"), group(stored("a", prompt, bs, 0, 4), 0, "mla_attention")},
+			4, 4},
+		{"a model of sliding-window layers only: nothing to follow",
+			[]Event{group(stored("a", prompt, bs, 0, 4), 0, swa)},
+			0, 4},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			x := NewIndex(IndexOptions{BlockSize: bs})
+			x.Apply("w", tc.events)
+			if got := x.Match(x.BlockKeys(prompt, ""))["w"]; got != tc.want {
+				t.Errorf("match %d, want %d", got, tc.want)
+			}
+			if st, _ := x.Stats(); st.OtherGroups != tc.other {
+				t.Errorf("%d blocks of other groups, want %d", st.OtherGroups, tc.other)
+			}
+		})
+	}
+	if e := masked(stored("a", prompt, bs, 0, 4)); !e.Masked() || stored("a", prompt, bs, 0, 4).Masked() {
+		t.Error("Masked: want true for 1 hash over 4 blocks of tokens only")
 	}
 }
 

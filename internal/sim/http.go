@@ -582,7 +582,8 @@ func (in *Instance) newJobs(r *http.Request, g *genReq, pinned int) ([]*job, *ap
 		}
 		j := &job{in: in, g: sg, rank: rank, eng: in.engines[rank], ctx: r.Context()}
 		j.req = engine.Request{ID: sg.requestID, PromptTokens: len(sg.promptIDs), MaxTokens: sg.maxTokens,
-			Priority: sg.priority, Tokens: sg.promptIDs, CacheSalt: sg.cacheSalt, OutputToken: j.outputToken}
+			Priority: sg.priority, Tokens: sg.promptIDs, CacheSalt: sg.cacheSalt, ReportCachedBlocks: sg.reportCached,
+			OutputToken: j.outputToken}
 		if !sg.ignoreEOS && sg.minTokens == 0 && in.cfg.EOSProbability > 0 {
 			j.req.EOS = func(i int) bool { return i == 0 && j.firstEOS.Load() }
 		}

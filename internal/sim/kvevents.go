@@ -363,7 +363,8 @@ func (p *kvPublisher) encodeEvent(enc *msgpack.Encoder, ev engine.KVEvent) {
 			field{"kv_cache_spec_kind", func() { _ = enc.EncodeString("full_attention") }})
 	case engine.BlockRemoved:
 		tag = "BlockRemoved"
-		fields = []field{{"block_hashes", hashes}, {"medium", medium}}
+		// vLLM 0.32 names the group of every removal (group_idx 0 here).
+		fields = []field{{"block_hashes", hashes}, {"medium", medium}, {"group_idx", func() { _ = enc.EncodeInt(0) }}}
 	default:
 		tag = "AllBlocksCleared"
 	}
@@ -374,11 +375,6 @@ func (p *kvPublisher) encodeEvent(enc *msgpack.Encoder, ev engine.KVEvent) {
 			f.put()
 		}
 		return
-	}
-	// Current vLLM also sets group_idx (the KV cache group, 0 here) on
-	// stores and removals; fields left at their default are omitted.
-	if ev.Kind != engine.AllBlocksCleared {
-		fields = append(fields, field{"group_idx", func() { _ = enc.EncodeInt(0) }})
 	}
 	_ = enc.EncodeMapLen(1 + len(fields))
 	_ = enc.EncodeString("type")

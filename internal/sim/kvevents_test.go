@@ -368,8 +368,8 @@ func TestEventEncoding(t *testing.T) {
 		}
 		want := kvevents.Batch{TS: 1700000000.5, DPRank: 1, Events: []kvevents.Event{
 			kvevents.BlockStored{BlockHashes: []kvevents.Hash{hash(h1)}, Parent: hash(h0), TokenIDs: []uint32{3, 4},
-				BlockSize: 2, LoRAID: -1, Medium: "GPU"},
-			kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{hash(h0)}, Medium: "GPU"},
+				BlockSize: 2, LoRAID: -1, Medium: "GPU", Group: 0, Kind: "full_attention"},
+			kvevents.BlockRemoved{BlockHashes: []kvevents.Hash{hash(h0)}, Medium: "GPU", Group: 0},
 			kvevents.AllBlocksCleared{},
 		}}
 		if diff := cmp.Diff(want, got); diff != "" {

@@ -95,6 +95,7 @@ type genReq struct {
 	continuousUsage bool
 	returnTokenIDs  bool   // vLLM's return_token_ids: prompt_token_ids and token_ids in the response
 	cacheSalt       string // vLLM's cache_salt ("" for none), an extra key of the first block's hash
+	reportCached    bool   // vllm_xargs kv_cache_report_mode "full": reuse reports for prefix-cache hits
 	kvRaw           json.RawMessage
 	kv              kvParams
 	xRequestID      string
@@ -140,6 +141,8 @@ type rawGen struct {
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 	ReturnTokenIDs   *bool           `json:"return_token_ids"`
 	CacheSalt        json.RawMessage `json:"cache_salt"`
+	// vllm_xargs: vLLM's extra_args; only kv_cache_report_mode is read.
+	VLLMXargs map[string]json.RawMessage `json:"vllm_xargs"`
 	// Chat template options (vLLM): add_generation_prompt defaults to true.
 	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
 	ContinueFinalMessage *bool `json:"continue_final_message"`
@@ -216,6 +219,17 @@ func parseCacheSalt(raw json.RawMessage) (string, *apiError) {
 	return s, nil
 }
 
+// kvCacheReportFull reads vLLM 0.32's per-request kv_cache_report_mode
+// from vllm_xargs (v1/request.py reads it from sampling_params.extra_args):
+// "full" asks for reuse reports (a BlockStored of the cached blocks a
+// prefix-cache lookup finds); any other value, or none, is "incremental",
+// without validation. A vllm_xargs that is not an object is decodeBody's
+// type error (a 400, as vLLM's dict field); its values are not checked.
+func kvCacheReportFull(xargs map[string]json.RawMessage) bool {
+	var mode string
+	return json.Unmarshal(xargs["kv_cache_report_mode"], &mode) == nil && mode == "full"
+}
+
 // missingMessages is vLLM 0.32's 400 for a chat body without messages:
 // FastAPI's request validation error, as its handler renders it.
 func missingMessages(body []byte) *apiError {
@@ -237,6 +251,7 @@ func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *api
 		return g, aerr
 	}
 	g.cacheSalt = salt
+	g.reportCached = kvCacheReportFull(raw.VLLMXargs)
 	g.kvRaw = raw.KVTransferParams
 	kv, err := decodeKVParams(raw.KVTransferParams)
 	if err != nil {

@@ -33,6 +33,8 @@ type rawResponses struct {
 	PreviousID      *string         `json:"previous_response_id"`
 	Priority        *int            `json:"priority"`
 	CacheSalt       json.RawMessage `json:"cache_salt"`
+
+	VLLMXargs map[string]json.RawMessage `json:"vllm_xargs"` // only kv_cache_report_mode is read
 }
 
 // parseResponses validates a /v1/responses body. The prompt is the chat
@@ -47,6 +49,7 @@ func (in *Instance) parseResponses(body []byte, xrid string) (*genReq, *apiError
 		return g, aerr
 	}
 	g.cacheSalt = salt
+	g.reportCached = kvCacheReportFull(raw.VLLMXargs)
 	store, aerr := parseStore(raw.Store)
 	if aerr != nil {
 		return g, aerr

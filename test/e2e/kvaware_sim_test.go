@@ -157,9 +157,10 @@ func whichSim(t *testing.T, receipt string, sims ...*sim) *sim {
 
 // TestKVAwareSimPrefixFollowsTheCache: three sims with small caches; a
 // long prompt repeated through the router stays on the worker that cached
-// it (hit counters rise there only); once that worker evicts it (its own
-// events report the removal), the prompt goes to the one other worker that
-// still holds it.
+// it (hit counters rise there only; each repeat has it restate the prefix
+// in a reuse report); once that worker evicts it (its own events report
+// the removal), the prompt goes to the one other worker that still holds
+// it.
 func TestKVAwareSimPrefixFollowsTheCache(t *testing.T) {
 	const numBlocks = 64 // 1024 tokens per worker
 	sims := []*sim{startKVSim(t, numBlocks), startKVSim(t, numBlocks), startKVSim(t, numBlocks)}
@@ -188,8 +189,12 @@ func TestKVAwareSimPrefixFollowsTheCache(t *testing.T) {
 	for i, s := range sims {
 		before[i] = hits(s)
 	}
+	// The repeats ask for vLLM 0.32's reuse reports: the holder restates
+	// the prefix each hits (a BlockStored of blocks it holds). Taken as
+	// new copies, they would keep the blocks in the router's index after
+	// the holder evicts them (waitIndexed compares the counts below).
 	for range 5 {
-		if got := routedTo(t, r, prompt); !servedBy(got, w) || !strings.Contains(got, "kv match 12/12 blocks") {
+		if got := routedWith(t, r, prompt, `,"vllm_xargs":{"kv_cache_report_mode":"full"}`); !servedBy(got, w) || !strings.Contains(got, "kv match 12/12 blocks") {
 			t.Fatalf("repeat routed %q, want %s with kv match 12/12", got, w.URL())
 		}
 	}

@@ -39,9 +39,15 @@ func tokenize(t *testing.T, s *sim, prompt string) []int {
 // receipt names.
 func routedTo(t *testing.T, r *router, prompt string) string {
 	t.Helper()
+	return routedWith(t, r, prompt, "")
+}
+
+// routedWith is routedTo with more members in the body (",..." or "").
+func routedWith(t *testing.T, r *router, prompt, more string) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	st, h, b := post(t, ctx, r.Base+"/v1/completions", fmt.Sprintf(`{"model":"sim-model","prompt":%q,"max_tokens":2}`, prompt))
+	st, h, b := post(t, ctx, r.Base+"/v1/completions", fmt.Sprintf(`{"model":"sim-model","prompt":%q,"max_tokens":2%s}`, prompt, more))
 	if st != 200 {
 		t.Fatalf("completion: %d %s", st, b)
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -71,34 +70,25 @@ func startKVEngines(t *testing.T) (a, b *kvEngine) {
 		}
 	})
 	for _, e := range es {
-		if _, err := e.waitReady(engineReadyWithin); err != nil {
-			t.Fatal(err)
-		}
-		// /health alone can be another process's that held the port a
-		// moment (free ports are picked by closing a listener): wait until
-		// this engine serves its model.
-		harness.WaitFor(t, engineReadyWithin, 250*time.Millisecond, e.name+" serving the model", func() bool {
-			select {
-			case <-e.done:
-				t.Fatalf("%s exited during start-up:\n%s", e.name, e.logTail(4000))
-			default:
-			}
-			resp, err := http.Get(e.URL() + "/v1/models")
-			if err != nil {
-				return false
-			}
-			defer resp.Body.Close()
-			b, _ := io.ReadAll(resp.Body)
-			return resp.StatusCode == 200 && strings.Contains(string(b), modelDir)
-		})
-		t.Logf("engine %s serving %v after its start", e.name, time.Since(e.started).Round(100*time.Millisecond))
+		waitServing(t, e.engine)
 	}
 	return es[0], es[1]
 }
 
 // rawEvents subscribes to e's PUB socket with a plain ZMQ SUB and decodes
-// every message with internal/kvevents; the channel closes when ctx ends.
+// every message with internal/kvevents: its BlockStored events, until ctx
+// ends.
 func rawEvents(t *testing.T, ctx context.Context, e *kvEngine) <-chan kvevents.BlockStored {
+	return subscribeEvents(t, ctx, e, func(ev kvevents.Event) (kvevents.BlockStored, bool) {
+		bs, ok := ev.(kvevents.BlockStored)
+		return bs, ok
+	})
+}
+
+// subscribeEvents sends the events of e that pick keeps, in order, until
+// ctx ends; the channel closes then. A message that is not three frames or
+// a batch that does not decode fails t.
+func subscribeEvents[E any](t *testing.T, ctx context.Context, e *kvEngine, pick func(kvevents.Event) (E, bool)) <-chan E {
 	t.Helper()
 	sub := zmq4.NewSub(ctx)
 	if err := sub.Dial(fmt.Sprintf("tcp://127.0.0.1:%d", e.pub)); err != nil {
@@ -107,7 +97,7 @@ func rawEvents(t *testing.T, ctx context.Context, e *kvEngine) <-chan kvevents.B
 	if err := sub.SetOption(zmq4.OptionSubscribe, "kv"); err != nil {
 		t.Fatal(err)
 	}
-	out := make(chan kvevents.BlockStored, 1024)
+	out := make(chan E, 1024)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -127,12 +117,14 @@ func rawEvents(t *testing.T, ctx context.Context, e *kvEngine) <-chan kvevents.B
 				continue
 			}
 			for _, ev := range b.Events {
-				if bs, ok := ev.(kvevents.BlockStored); ok {
-					select {
-					case out <- bs:
-					case <-ctx.Done():
-						return
-					}
+				v, ok := pick(ev)
+				if !ok {
+					continue
+				}
+				select {
+				case out <- v:
+				case <-ctx.Done():
+					return
 				}
 			}
 		}

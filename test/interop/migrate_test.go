@@ -52,6 +52,11 @@ func waitServing(t *testing.T, e *engine) {
 		t.Fatal(err)
 	}
 	harness.WaitFor(t, engineReadyWithin, 250*time.Millisecond, e.name+" serving the model", func() bool {
+		select {
+		case <-e.done:
+			t.Fatalf("%s exited during start-up:\n%s", e.name, e.logTail(4000))
+		default:
+		}
 		resp, err := http.Get(e.URL() + "/v1/models")
 		if err != nil {
 			return false

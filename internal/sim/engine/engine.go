@@ -87,6 +87,11 @@ type Request struct {
 	// request's first block, so requests share cached blocks only with
 	// requests of the same salt.
 	CacheSalt string
+	// ReportCachedBlocks is vLLM 0.32's kv_cache_report_mode "full"
+	// (sampling_params.extra_args, sent as vllm_xargs): each prefix-cache
+	// lookup that finds cached blocks for the request also publishes a
+	// BlockStored event for those reused blocks (see reportHits).
+	ReportCachedBlocks bool
 	// OutputToken returns the id of generated token i (its blocks are
 	// cached as they fill). Optional.
 	OutputToken func(i int) uint32

@@ -248,6 +248,7 @@ func (e *Engine) admitBlocks(h *Handle, total int) bool {
 	var hits []int32
 	if len(h.blocks) == 0 {
 		hits = e.lookupPrefix(h, total)
+		e.reportHits(h, len(hits))
 	}
 	need := e.p.BlocksFor(total) - len(h.blocks) - len(hits)
 	if !e.pool.canAlloc(need, hits) {
@@ -269,6 +270,24 @@ func (e *Engine) admitBlocks(h *Handle, total int) bool {
 		}
 	}
 	return true
+}
+
+// reportHits queues vLLM 0.32's reuse report for a lookup of h that found
+// its first n blocks cached, when h asked for it (kv_cache_report_mode
+// "full"; v1/core/kv_cache_manager.py get_computed_blocks, block_pool.py
+// emit_cached_block_events): a BlockStored of those blocks, shaped as
+// cacheBlocks' stores of a sequence's first blocks (parent nil, their
+// tokens, the salt on block 0). No block state changes. Like vLLM it
+// reports at every lookup: each scheduling attempt of a request at the
+// head of the queue, including one that then finds no room and waits, and
+// the re-admission of a preempted request. Called with e.mu held.
+func (e *Engine) reportHits(h *Handle, n int) {
+	if n == 0 || !h.req.ReportCachedBlocks || !e.pool.emit {
+		return
+	}
+	e.pool.events = append(e.pool.events, KVEvent{Kind: BlockStored,
+		Hashes: append([]BlockHash(nil), h.pc.hashes[:n]...),
+		Tokens: h.tokenRange(0, n*e.p.BlockSize), Salt: h.req.CacheSalt})
 }
 
 // cacheBlocks registers h's full blocks among its first n tokens (vLLM's

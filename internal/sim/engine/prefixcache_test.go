@@ -344,3 +344,126 @@ func TestCacheSaltSeparatesCachedBlocks(t *testing.T) {
 		}
 	})
 }
+
+// TestReuseReport: with vLLM 0.32's kv_cache_report_mode "full"
+// (ReportCachedBlocks) a request whose lookup finds cached blocks
+// publishes a BlockStored of exactly those blocks (block 0 on, parent nil,
+// their tokens, the salt on block 0) ahead of its own new blocks' store;
+// without it, or without hits, nothing is reported for hits.
+func TestReuseReport(t *testing.T) {
+	a := seqTokens(100, 48)                                           // 3 blocks, stored by the warm-up
+	ext := append(append([]uint32(nil), a...), seqTokens(500, 20)...) // 68 tokens: a's 3 blocks hit
+	fresh := seqTokens(3000, 40)
+	plain, salted := chain(ext, 16), saltedChain(ext, 16, "s1")
+	cases := []struct {
+		name   string
+		salt   string
+		report bool
+		tokens []uint32
+		cached int
+		events []KVEvent
+	}{
+		{"full mode reports the hit blocks", "", true, ext, 48, []KVEvent{
+			{Kind: BlockStored, Hashes: plain[:3], Tokens: ext[:48]},
+			{Kind: BlockStored, Hashes: plain[3:4], Parent: &plain[2], Tokens: ext[48:64]},
+		}},
+		{"incremental mode reports nothing for hits", "", false, ext, 48, []KVEvent{
+			{Kind: BlockStored, Hashes: plain[3:4], Parent: &plain[2], Tokens: ext[48:64]},
+		}},
+		{"full mode, salted: the salt on block 0", "s1", true, ext, 48, []KVEvent{
+			{Kind: BlockStored, Hashes: salted[:3], Tokens: ext[:48], Salt: "s1"},
+			{Kind: BlockStored, Hashes: salted[3:4], Parent: &salted[2], Tokens: ext[48:64]},
+		}},
+		{"full mode without hits reports nothing", "", true, fresh, 0, []KVEvent{
+			{Kind: BlockStored, Hashes: chain(fresh, 16), Tokens: fresh[:32]},
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			withCacheEngine(t, cacheParams(1000), func(t *testing.T, e *Engine, log *eventLog) {
+				warm := submit(t, e, &Request{ID: "warm", PromptTokens: len(a), Tokens: a, MaxTokens: 1, CacheSalt: tc.salt})
+				waitFinished(warm)
+				log.take()
+				h := submit(t, e, &Request{ID: "r", PromptTokens: len(tc.tokens), Tokens: tc.tokens, MaxTokens: 1,
+					CacheSalt: tc.salt, ReportCachedBlocks: tc.report})
+				waitFinished(h)
+				if got := h.CachedTokens(); got != tc.cached {
+					t.Fatalf("%d cached tokens, want %d", got, tc.cached)
+				}
+				if diff := cmp.Diff(tc.events, log.take()); diff != "" {
+					t.Fatalf("events (-want +got):\n%s", diff)
+				}
+			})
+		})
+	}
+}
+
+// TestReuseReportWithoutSink: with KV events off nothing is queued for a
+// reuse report.
+func TestReuseReportWithoutSink(t *testing.T) {
+	withEngine(t, cacheParams(1000), func(t *testing.T, e *Engine) {
+		a := seqTokens(0, 48)
+		for _, id := range []string{"warm", "r"} {
+			waitFinished(submit(t, e, &Request{ID: id, PromptTokens: len(a), Tokens: a, MaxTokens: 1, ReportCachedBlocks: true}))
+		}
+		e.mu.Lock()
+		pending := len(e.pool.events)
+		e.mu.Unlock()
+		if st := e.PrefixCacheStats(); st.Hits != 32 || pending != 0 {
+			t.Fatalf("stats %+v, %d pending events: want 32 hit tokens and no event", st, pending)
+		}
+	})
+}
+
+// TestReuseReportOnReadmission: the report comes with every lookup, as
+// vLLM's get_computed_blocks runs whenever a request with no computed
+// tokens is scheduled, so a preempted request re-admitted onto its own
+// cached blocks reports them (its first admission found nothing cached).
+// The same run without the option gives the same events less the reports.
+func TestReuseReportOnReadmission(t *testing.T) {
+	gen := func(i int) uint32 { return uint32(7000 + i) }
+	p1, p2 := seqTokens(0, 32), seqTokens(100, 32)
+	scenario := func(report bool) []KVEvent {
+		var evs []KVEvent
+		withCacheEngine(t, cacheParams(6), func(t *testing.T, e *Engine, log *eventLog) {
+			h1 := submit(t, e, &Request{ID: "1", PromptTokens: 32, Tokens: p1, MaxTokens: 40, OutputToken: gen, ReportCachedBlocks: report})
+			h2 := submit(t, e, &Request{ID: "2", PromptTokens: 32, Tokens: p2, MaxTokens: 40, OutputToken: gen, ReportCachedBlocks: report})
+			waitFinished(h1)
+			waitFinished(h2)
+			if e.Snapshot().Preemptions == 0 {
+				t.Fatal("no preemption")
+			}
+			evs = log.take()
+		})
+		return evs
+	}
+	off, on := scenario(false), scenario(true)
+	// Each request's sequence: its prompt, then its generated tokens.
+	seqs := [][]uint32{append(slices.Clone(p1), seqTokens(7000, 40)...), append(slices.Clone(p2), seqTokens(7000, 40)...)}
+	var reports []KVEvent
+	j := 0
+	for _, ev := range on {
+		if j < len(off) && cmp.Equal(ev, off[j]) {
+			j++
+			continue
+		}
+		reports = append(reports, ev)
+	}
+	if j != len(off) || len(reports) == 0 {
+		t.Fatalf("%d of %d events without reports found in order; %d extra events, want at least one report", j, len(off), len(reports))
+	}
+	t.Logf("%d reuse reports (one per lookup: re-admission attempts of a preempted request)", len(reports))
+	for _, ev := range reports {
+		n := len(ev.Hashes)
+		ok := ev.Kind == BlockStored && ev.Parent == nil && n > 0
+		for _, s := range seqs {
+			if ok && slices.Equal(ev.Tokens, s[:min(n*16, len(s))]) && slices.Equal(ev.Hashes, chain(s, 16)[:n]) {
+				ok = false
+				break
+			}
+		}
+		if ok || ev.Parent != nil || n == 0 {
+			t.Fatalf("extra event %+v is not a reuse report of a prefix of either sequence", ev)
+		}
+	}
+}
