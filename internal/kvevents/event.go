@@ -75,12 +75,16 @@ type BlockStored struct {
 	Kind string
 }
 
-// Masked reports whether the event leaves blocks of its token range out:
-// a sliding-window or Mamba group stores only the blocks it can serve a hit
-// from (vLLM's block_mask and null blocks in cache_full_blocks), while
-// TokenIDs still spans the whole range, so which tokens a hash is for is
-// not said.
-func (e BlockStored) Masked() bool { return len(e.TokenIDs) != len(e.BlockHashes)*e.BlockSize }
+// Masked reports whether the event does not say which tokens each of its
+// hashes is for. A sliding-window or Mamba group stores only the blocks it
+// can serve a hit from (vLLM's block_mask and null blocks in
+// cache_full_blocks) while TokenIDs still spans the whole range; an
+// offloading tier that lacks a block's metadata publishes a placeholder
+// (one hash, no token ids, block size 0: the offloading connector's
+// events.py _placeholder_stored).
+func (e BlockStored) Masked() bool {
+	return e.BlockSize == 0 || len(e.TokenIDs) != len(e.BlockHashes)*e.BlockSize
+}
 
 // BlockExtra is one block's extra hash keys as the router models them.
 // vLLM publishes them untagged, in order: the LoRA name (when the event's
@@ -242,7 +246,7 @@ func (f *fieldSet) read(r *mpread.Reader, name []byte) error {
 	case "block_size":
 		var v int64
 		v, err = r.Int64()
-		if err == nil && (v <= 0 || v > maxBlockSize) {
+		if err == nil && (v < 0 || v > maxBlockSize) {
 			err = fmt.Errorf("block_size %d out of range", v)
 		}
 		f.blockSize = int(v)
@@ -389,8 +393,9 @@ func (f *fieldSet) event(tag string, nfields int) (Event, error) {
 		if len(f.hashes) == 0 {
 			return nil, errors.New("BlockStored without block hashes")
 		}
-		// A masked store (Masked) has fewer hashes than blocks of tokens.
-		if len(f.tokens)%f.blockSize != 0 || len(f.tokens) < len(f.hashes)*f.blockSize {
+		// A masked store (Masked) has fewer hashes than blocks of tokens; a
+		// placeholder has no tokens and block size 0.
+		if f.blockSize == 0 && len(f.tokens) != 0 || f.blockSize != 0 && (len(f.tokens)%f.blockSize != 0 || len(f.tokens) < len(f.hashes)*f.blockSize) {
 			return nil, fmt.Errorf("BlockStored: %d token ids for %d blocks of %d", len(f.tokens), len(f.hashes), f.blockSize)
 		}
 		extra, err := f.blockExtra()

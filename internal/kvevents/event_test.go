@@ -184,6 +184,19 @@ func TestDecodeBatch(t *testing.T) {
 					Group: 2, Kind: "mamba"},
 				BlockRemoved{BlockHashes: []Hash{BytesHash(h1)}, Medium: "GPU", Group: 2},
 			}}, 0},
+		// vLLM 0.32's offloading connector, lacking a block's metadata,
+		// publishes a placeholder store (events.py _placeholder_stored): one
+		// hash, no token ids, block size 0; its removal names the hash.
+		{"named, an offloading tier's placeholder store and its removal",
+			[]any{1.0, []any{
+				map[string]any{"type": "BlockStored", "block_hashes": []any{h1}, "parent_block_hash": nil, "token_ids": []any{},
+					"block_size": 0, "lora_id": nil, "medium": "CPU", "lora_name": nil, "group_idx": 1, "locality": "LOCAL", "ownership": "kvcr"},
+				map[string]any{"type": "BlockRemoved", "block_hashes": []any{h1}, "medium": "CPU", "group_idx": 1, "locality": "LOCAL"},
+			}, nil},
+			Batch{TS: 1, DPRank: -1, Events: []Event{
+				BlockStored{BlockHashes: []Hash{BytesHash(h1)}, TokenIDs: []uint32{}, LoRAID: -1, Medium: "CPU", Group: 1},
+				BlockRemoved{BlockHashes: []Hash{BytesHash(h1)}, Medium: "CPU", Group: 1},
+			}}, 0},
 		{"unknown event types are skipped, the rest kept",
 			[]any{1.0, []any{[]any{"SomethingNew", 1, 2}, map[string]any{"type": "AlsoNew"}, []any{"AllBlocksCleared"}}},
 			Batch{TS: 1, DPRank: -1, Events: []Event{AllBlocksCleared{}}}, 2},
@@ -218,7 +231,8 @@ func TestDecodeBatchRejects(t *testing.T) {
 		{"negative group_idx", enc(t, []any{1.0, []any{[]any{"BlockRemoved", []any{[]byte("a")}, nil, -1}}}), "group_idx -1"},
 		{"group_idx not an integer", enc(t, []any{1.0, []any{[]any{"BlockRemoved", []any{[]byte("a")}, nil, "0"}}}), "group_idx"},
 		{"kv_cache_spec_kind not a string", enc(t, []any{1.0, []any{append(positionalStored([]any{[]byte("a")}, nil, seq(0, 4), 4, nil, nil), nil, nil, 0, 7)}}), "kv_cache_spec_kind"},
-		{"zero block size", enc(t, []any{1.0, []any{positionalStored([]any{[]byte("a")}, nil, []int{}, 0, nil, nil)}}), "block_size 0"},
+		{"block size 0 with token ids", enc(t, []any{1.0, []any{positionalStored([]any{[]byte("a")}, nil, seq(0, 4), 0, nil, nil)}}), "4 token ids for 1 blocks of 0"},
+		{"negative block size", enc(t, []any{1.0, []any{positionalStored([]any{[]byte("a")}, nil, []int{}, -1, nil, nil)}}), "block_size -1"},
 		{"negative token", enc(t, []any{1.0, []any{positionalStored([]any{[]byte("a")}, nil, []int{-1}, 1, nil, nil)}}), "token id"},
 		{"stored without hashes", enc(t, []any{1.0, []any{positionalStored([]any{}, nil, []int{}, 4, nil, nil)}}), "without block hashes"},
 		{"map without type", enc(t, []any{1.0, []any{map[string]any{"block_hashes": []any{}}}}), "without a type"},
@@ -261,6 +275,7 @@ func FuzzDecodeBatch(f *testing.F) {
 		[]any{[]any{"l", "salt"}, []any{[]any{"img", 0}}})}}))
 	f.Add(enc(f, []any{1.5, []any{append(positionalStored([]any{[]byte("a")}, nil, seq(0, 8), 4, nil, "GPU"), nil, []any{nil}, 1, "sliding_window", 8),
 		[]any{"BlockRemoved", []any{[]byte("a")}, "GPU", 1}}}))
+	f.Add(enc(f, []any{1.5, []any{positionalStored([]any{[]byte("a")}, nil, []int{}, 0, nil, "CPU")}}))
 	f.Add([]byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		batch, _, err := DecodeBatch(b)
@@ -269,7 +284,8 @@ func FuzzDecodeBatch(f *testing.F) {
 		}
 		// Whatever decodes must be internally consistent and indexable.
 		for _, e := range batch.Events {
-			if s, ok := e.(BlockStored); ok && (len(s.TokenIDs)%s.BlockSize != 0 || len(s.TokenIDs) < len(s.BlockHashes)*s.BlockSize) {
+			if s, ok := e.(BlockStored); ok && (s.BlockSize == 0 && len(s.TokenIDs) != 0 ||
+				s.BlockSize != 0 && (len(s.TokenIDs)%s.BlockSize != 0 || len(s.TokenIDs) < len(s.BlockHashes)*s.BlockSize)) {
 				t.Fatalf("inconsistent BlockStored %+v", s)
 			}
 		}

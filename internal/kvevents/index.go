@@ -40,10 +40,10 @@ type IndexStats struct {
 	Orphans                  uint64 // stored blocks whose parent was unknown
 	BlockSizeMismatch        uint64 // stored events of another block size
 	Full                     uint64 // stores dropped at MaxEntries
-	// OtherGroups: blocks stored in a KV cache group the index does not
+	// Unindexed: blocks stored in a KV cache group the index does not
 	// follow (sliding-window, Mamba, ... groups of a hybrid model) or
 	// whose hashes do not say which tokens they are for (Masked).
-	OtherGroups uint64
+	Unindexed uint64
 	// Restated: blocks a sequence's first-block store named again while
 	// held (vLLM's reuse reports, kv_cache_report_mode "full"): not
 	// counted as copies.
@@ -305,7 +305,7 @@ func (x *Index) workerLocked(worker string) *workerBlocks {
 
 func (x *Index) storeLocked(w *workerBlocks, e BlockStored) {
 	if !w.followed(e.Group, e.Kind) || e.Masked() {
-		x.stats.OtherGroups += uint64(len(e.BlockHashes))
+		x.stats.Unindexed += uint64(len(e.BlockHashes))
 		return
 	}
 	if e.BlockSize != x.blockSize {

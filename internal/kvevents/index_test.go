@@ -336,6 +336,11 @@ func TestIndexHybridGroups(t *testing.T) {
 		{"a Mamba group is not followed; the attention group is",
 			[]Event{group(stored("a", prompt, bs, 0, 4), 1, "mamba"), group(stored("a", prompt, bs, 0, 4), 0, "mla_attention")},
 			4, 4},
+		{"an offloading tier's placeholder is not indexed; its removal takes nothing",
+			[]Event{group(stored("a", prompt, bs, 0, 4), 0, full),
+				BlockStored{BlockHashes: []Hash{hashOf("a/1")}, TokenIDs: []uint32{}, Medium: "CPU", Group: 0},
+				BlockRemoved{BlockHashes: []Hash{hashOf("a/1")}, Medium: "CPU", Group: 0}},
+			4, 1},
 		{"a model of sliding-window layers only: nothing to follow",
 			[]Event{group(stored("a", prompt, bs, 0, 4), 0, swa)},
 			0, 4},
@@ -347,8 +352,8 @@ func TestIndexHybridGroups(t *testing.T) {
 			if got := x.Match(x.BlockKeys(prompt, ""))["w"]; got != tc.want {
 				t.Errorf("match %d, want %d", got, tc.want)
 			}
-			if st, _ := x.Stats(); st.OtherGroups != tc.other {
-				t.Errorf("%d blocks of other groups, want %d", st.OtherGroups, tc.other)
+			if st, _ := x.Stats(); st.Unindexed != tc.other {
+				t.Errorf("%d blocks of other groups, want %d", st.Unindexed, tc.other)
 			}
 		})
 	}
