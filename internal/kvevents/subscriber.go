@@ -163,6 +163,7 @@ type subscription struct {
 	last    int64  // sequence number of the last batch applied (-1: none)
 	lastSum uint64 // hash of that batch's payload: tells a restart at reconnect
 	fresh   bool   // the next live batch starts a new sequence (no replay to tell)
+	bad     uint64 // batches of this worker that did not decode
 }
 
 // run dials, reads until the connection fails, and dials again, until ctx
@@ -379,7 +380,16 @@ func (c *subscription) decode(payload []byte) ([]Event, bool) {
 	c.s.C.Unknown.Add(uint64(skipped))
 	if err != nil {
 		c.s.C.Malformed.Add(1)
-		c.s.o.Logger.Debug("kv event batch dropped", "worker", c.src.Worker, "err", err)
+		// An engine whose batches do not decode is one the index falls out
+		// of step with: said at warn level, the first time and every
+		// 1,000th after (a format the router does not know repeats).
+		c.bad++
+		level := slog.LevelDebug
+		if c.bad%1000 == 1 {
+			level = slog.LevelWarn
+		}
+		c.s.o.Logger.Log(context.Background(), level, "kv event batch dropped: it does not decode",
+			"worker", c.src.Worker, "endpoint", c.src.Endpoint, "dropped", c.bad, "err", err)
 		return nil, false
 	}
 	c.s.C.Batches.Add(1)

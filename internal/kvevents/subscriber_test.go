@@ -1,8 +1,11 @@
 package kvevents
 
 import (
+	"bytes"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -272,5 +275,33 @@ func TestSubscriberAnswersHeartbeats(t *testing.T) {
 	waitMatch(t, x, second, map[string]int{"w1": 2}, "store after the heartbeats")
 	if n := s.C.Reconnects.Load(); n != 0 {
 		t.Errorf("%d reconnects: the publisher dropped the subscriber", n)
+	}
+}
+
+// TestUndecodableBatchesWarn: a batch that does not decode is counted and
+// said at warn level the first time and every 1,000th after, so an engine
+// whose events the router cannot read is visible in its log, not only in
+// a counter.
+func TestUndecodableBatchesWarn(t *testing.T) {
+	var buf bytes.Buffer
+	x := NewIndex(IndexOptions{BlockSize: 4})
+	s, err := NewSubscriber(Options{Index: x, Logger: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	c := &subscription{s: s, src: Source{Worker: "w", Endpoint: "tcp://e:1"}, last: -1}
+	bad := enc(t, []any{1.0, []any{positionalStored([]any{[]byte("a")}, nil, seq(0, 3), 4, nil, nil)}})
+	for i := range 1001 {
+		if _, ok := c.decode(bad); ok {
+			t.Fatalf("batch %d decoded", i)
+		}
+	}
+	if n := s.C.Malformed.Load(); n != 1001 {
+		t.Fatalf("%d batches counted malformed, want 1001", n)
+	}
+	out := buf.String()
+	if n := strings.Count(out, "kv event batch dropped"); n != 2 || !strings.Contains(out, "3 token ids for 1 blocks") || !strings.Contains(out, "dropped=1001") {
+		t.Fatalf("%d warnings, want 2 (the first and the 1001st) with the error:\n%s", n, out)
 	}
 }
