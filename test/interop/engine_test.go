@@ -277,6 +277,48 @@ func stopFleet() {
 
 func freePorts(n int) ([]int, error) { return freeport.PickN(n) }
 
+// startFor starts e for t: stopped when t ends, its log's tail in t's
+// output if t failed.
+func (e *engine) startFor(t *testing.T) {
+	t.Helper()
+	if err := e.start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.stop)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("--- %s log tail:\n%s", e.name, e.logTail(3000))
+		}
+	})
+}
+
+var (
+	routerOnce sync.Once
+	routerBins *harness.Bins
+	routerErr  error
+)
+
+// routerOnly returns the router binary for the tests that start their own
+// engines (the KV event tests), built once per test binary and removed
+// with the fleet's directories; it skips t without the environment.
+func routerOnly(t *testing.T) *harness.Bins {
+	t.Helper()
+	if skipReason != "" {
+		t.Skip("interop: " + skipReason)
+	}
+	routerOnce.Do(func() {
+		dir, err := harness.Build("switchyard-interop-router-", nil, "../../cmd/switchyard")
+		routerBins, routerErr = &harness.Bins{Dir: dir, DumpTail: 6000}, err
+		if err == nil {
+			fleetDirs = append(fleetDirs, dir)
+		}
+	})
+	if routerErr != nil {
+		t.Fatal(routerErr)
+	}
+	return routerBins
+}
+
 // needEnv skips t when the environment is absent, and otherwise starts
 // the fleet if it is not running yet.
 func needEnv(t *testing.T) {

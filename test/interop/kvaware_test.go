@@ -34,6 +34,35 @@ func (e *kvEngine) endpoints() string {
 	return fmt.Sprintf("tcp://127.0.0.1:%d,tcp://127.0.0.1:%d", e.pub, e.replay)
 }
 
+// eventsConfig is e's --kv-events-config: the ZMQ publisher binds, as
+// vLLM does for an endpoint with "*".
+func (e *kvEngine) eventsConfig() string {
+	return fmt.Sprintf(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:%d","replay_endpoint":"tcp://*:%d","topic":"kv"}`,
+		e.pub, e.replay)
+}
+
+// kvBlocks is the block count the router's /workers reports for e (-1
+// while it has no events from e).
+func kvBlocks(t *testing.T, r *harness.Router, e *kvEngine) int {
+	t.Helper()
+	var ws struct {
+		KV struct {
+			Workers map[string]struct {
+				Blocks int  `json:"blocks"`
+				Events bool `json:"events"`
+			} `json:"workers"`
+		} `json:"kv_aware"`
+	}
+	if harness.GetJSON(t, http.DefaultClient, r.Base+"/workers", &ws) != 200 {
+		t.Fatal("/workers")
+	}
+	w := ws.KV.Workers[e.URL()]
+	if !w.Events {
+		return -1
+	}
+	return w.Blocks
+}
+
 // startKVEngines starts two unified engines with --kv-events-config (the
 // ZMQ publisher binds, as vLLM does for an endpoint with "*") and stops them
 // when t ends.
@@ -51,24 +80,13 @@ func startKVEngines(t *testing.T) (a, b *kvEngine) {
 	var es []*kvEngine
 	for i, name := range []string{"kv-a", "kv-b"} {
 		e := &kvEngine{engine: newEngine(name, ports[3*i], 0, "", logDir), pub: ports[3*i+1], replay: ports[3*i+2]}
-		e.args = append(e.args, "--kv-events-config", fmt.Sprintf(
-			`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:%d","replay_endpoint":"tcp://*:%d","topic":"kv"}`, e.pub, e.replay))
+		e.args = append(e.args, "--kv-events-config", e.eventsConfig())
 		if i == 1 {
 			e.args = append(e.args, "--enable-lora", "--lora-modules", kvLoRA+"="+adapter, "--max-lora-rank", "8", "--max-loras", "1")
 		}
-		if err := e.start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(e.stop)
+		e.startFor(t)
 		es = append(es, e)
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, e := range es {
-				t.Logf("--- %s log tail:\n%s", e.name, e.logTail(3000))
-			}
-		}
-	})
 	for _, e := range es {
 		waitServing(t, e.engine)
 	}
@@ -211,15 +229,7 @@ func storedFor(t *testing.T, e *kvEngine, events <-chan kvevents.BlockStored, to
 // engines' events, sends a prompt to the engine that holds it, and a
 // repeated prompt to the engine that served it first.
 func TestKVEventsFromRealEngine(t *testing.T) {
-	if skipReason != "" {
-		t.Skip("interop: " + skipReason)
-	}
-	dir, err := harness.Build("switchyard-interop-kv-", nil, "../../cmd/switchyard")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	kb := &harness.Bins{Dir: dir, DumpTail: 6000}
+	kb := routerOnly(t)
 	a, b := startKVEngines(t)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -302,24 +312,7 @@ func TestKVEventsFromRealEngine(t *testing.T) {
 		"--kv-block-size", fmt.Sprint(kvBlockSize), "--kv-speculative-indexing=false",
 		"--kv-events-endpoints", a.URL()+"="+a.endpoints(), b.URL()+"="+b.endpoints())
 	r.WaitReady(t, 30*time.Second)
-	blocks := func(e *kvEngine) int {
-		var ws struct {
-			KV struct {
-				Workers map[string]struct {
-					Blocks int  `json:"blocks"`
-					Events bool `json:"events"`
-				} `json:"workers"`
-			} `json:"kv_aware"`
-		}
-		if harness.GetJSON(t, http.DefaultClient, r.Base+"/workers", &ws) != 200 {
-			t.Fatal("/workers")
-		}
-		w := ws.KV.Workers[e.URL()]
-		if !w.Events {
-			return -1
-		}
-		return w.Blocks
-	}
+	blocks := func(e *kvEngine) int { return kvBlocks(t, r, e) }
 	// Its SUB connects asynchronously too: prompts straight to the engines
 	// until the router has seen a batch of each.
 	for i, e := range []*kvEngine{a, b} {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -71,18 +70,8 @@ func startHybridEngine(t *testing.T) *kvEngine {
 	}
 	e := &kvEngine{engine: newEngine("kv-hybrid", ports[0], 0, "", t.TempDir()), pub: ports[1], replay: ports[2]}
 	e.args[1] = writeHybridModel(t, t.TempDir())
-	e.args = append(e.args, "--served-model-name", modelDir, "--num-gpu-blocks-override", "128",
-		"--kv-events-config", fmt.Sprintf(
-			`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:%d","replay_endpoint":"tcp://*:%d","topic":"kv"}`, e.pub, e.replay))
-	if err := e.start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.stop)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("--- %s log tail:\n%s", e.name, e.logTail(3000))
-		}
-	})
+	e.args = append(e.args, "--served-model-name", modelDir, "--num-gpu-blocks-override", "128", "--kv-events-config", e.eventsConfig())
+	e.startFor(t)
 	waitServing(t, e.engine)
 	return e
 }
@@ -109,15 +98,7 @@ func tokensAt(toks, ids []uint32) bool {
 // blocks once, they leave the router's index (counted as copies, they
 // stayed in it for good).
 func TestKVEventsHybridModel(t *testing.T) {
-	if skipReason != "" {
-		t.Skip("interop: " + skipReason)
-	}
-	dir, err := harness.Build("switchyard-interop-kvh-", nil, "../../cmd/switchyard")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	kb := &harness.Bins{Dir: dir, DumpTail: 6000}
+	kb := routerOnly(t)
 	h := startHybridEngine(t)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -151,23 +132,10 @@ func TestKVEventsHybridModel(t *testing.T) {
 		"--kv-block-size", fmt.Sprint(kvBlockSize), "--kv-speculative-indexing=false",
 		"--kv-events-endpoints", h.URL()+"="+h.endpoints())
 	r.WaitReady(t, 30*time.Second)
-	routerEvents := func() bool {
-		var ws struct {
-			KV struct {
-				Workers map[string]struct {
-					Events bool `json:"events"`
-				} `json:"workers"`
-			} `json:"kv_aware"`
-		}
-		if harness.GetJSON(t, http.DefaultClient, r.Base+"/workers", &ws) != 200 {
-			t.Fatal("/workers")
-		}
-		return ws.KV.Workers[h.URL()].Events
-	}
 	harness.WaitFor(t, 60*time.Second, 500*time.Millisecond, "the router receiving the engine's events", func() bool {
 		attempt++
 		complete(t, h.URL(), fmt.Sprintf("%d %s", attempt, strings.Repeat("let the router see this engine publish ", 4)), 1)
-		return routerEvents()
+		return kvBlocks(t, r, h) >= 0
 	})
 
 	// A prompt of n full blocks: stored in both groups, the window's masked.

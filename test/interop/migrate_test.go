@@ -32,15 +32,7 @@ func startExtraEngine(t *testing.T, name, kvRole string) *engine {
 		t.Fatal(err)
 	}
 	e := newEngine(name, ports[0], ports[1], kvRole, t.TempDir())
-	if err := e.start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.stop)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("--- %s log tail:\n%s", e.name, e.logTail(3000))
-		}
-	})
+	e.startFor(t)
 	return e
 }
 
