@@ -74,13 +74,17 @@ bench-relay:
 		$$([ -x .venv-peers/bin/vllm-router ] && echo --vllm-router .venv-peers/bin/vllm-router) $(SCENARIO_FLAGS)
 
 KV_TOKENIZER ?= internal/tokenizer/testdata/tiny-llama.json
+# Blocks of every worker's prefix cache: 1700 holds the workload's distinct
+# blocks across the fleet; 1300 does not, so every policy evicts
+# (docs/BENCHMARKS.md section 26).
+KV_BLOCKS ?= 1700
 bench-kv:
 	$(GO) build -o $(BIN)/ ./cmd/...
-	$(BIN)/sybench scenario kv --bin-dir $(BIN) --out-dir $(BENCH_OUT) --tokenizer $(KV_TOKENIZER) --num-blocks 1700 \
+	$(BIN)/sybench scenario kv --bin-dir $(BIN) --out-dir $(BENCH_OUT) --tokenizer $(KV_TOKENIZER) --num-blocks $(KV_BLOCKS) \
 		--repeats 5 --policies round_robin,cache_aware,kv_aware+--tokenizer-path=$(KV_TOKENIZER),kv_aware+--tokenizer-path=$(KV_TOKENIZER)+--pd-uncached-token-threshold=1024 $(SCENARIO_FLAGS)
-	$(BIN)/sybench scenario kv --bin-dir $(BIN) --out-dir $(BENCH_OUT) --tokenizer $(KV_TOKENIZER) --num-blocks 1700 --routers 2 \
+	$(BIN)/sybench scenario kv --bin-dir $(BIN) --out-dir $(BENCH_OUT) --tokenizer $(KV_TOKENIZER) --num-blocks $(KV_BLOCKS) --routers 2 \
 		--repeats 5 --policies round_robin,cache_aware,kv_aware+--tokenizer-path=$(KV_TOKENIZER) $(SCENARIO_FLAGS)
-	$(BIN)/sybench scenario kv --bin-dir $(BIN) --out-dir $(BENCH_OUT) --tokenizer $(KV_TOKENIZER) --num-blocks 1700 \
+	$(BIN)/sybench scenario kv --bin-dir $(BIN) --out-dir $(BENCH_OUT) --tokenizer $(KV_TOKENIZER) --num-blocks $(KV_BLOCKS) \
 		--repeats 5 --request-rates 50,100,150,200 --policies cache_aware,kv_aware+--tokenizer-path=$(KV_TOKENIZER) $(SCENARIO_FLAGS)
 
 # Head to head (docs/bench/compare.md/.png): switchyard vs vllm-router,
