@@ -250,6 +250,15 @@ func TestIndexCountsCopiesOfAHash(t *testing.T) {
 	}
 }
 
+// matchAfter applies events to a new index as worker "w"'s and returns
+// how many blocks of prompt it then matches there, and its stats.
+func matchAfter(bs int, prompt []uint32, events []Event) (int, IndexStats) {
+	x := NewIndex(IndexOptions{BlockSize: bs})
+	x.Apply("w", events)
+	st, _ := x.Stats()
+	return x.Match(x.BlockKeys(prompt, ""))["w"], st
+}
+
 // TestIndexReuseReports: with kv_cache_report_mode "full" vLLM 0.32
 // publishes a BlockStored of the prefix a request hit (parent null, the
 // blocks already cached, no new block: block_pool.py
@@ -283,12 +292,10 @@ func TestIndexReuseReports(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			x := NewIndex(IndexOptions{BlockSize: bs})
-			x.Apply("w", tc.events)
-			if got := x.Match(x.BlockKeys(prompt, ""))["w"]; got != tc.want {
+			got, st := matchAfter(bs, prompt, tc.events)
+			if got != tc.want {
 				t.Errorf("match %d, want %d", got, tc.want)
 			}
-			st, _ := x.Stats()
 			if st != tc.stats {
 				t.Errorf("stats %+v, want %+v", st, tc.stats)
 			}
@@ -347,12 +354,11 @@ func TestIndexHybridGroups(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			x := NewIndex(IndexOptions{BlockSize: bs})
-			x.Apply("w", tc.events)
-			if got := x.Match(x.BlockKeys(prompt, ""))["w"]; got != tc.want {
+			got, st := matchAfter(bs, prompt, tc.events)
+			if got != tc.want {
 				t.Errorf("match %d, want %d", got, tc.want)
 			}
-			if st, _ := x.Stats(); st.Unindexed != tc.other {
+			if st.Unindexed != tc.other {
 				t.Errorf("%d blocks of other groups, want %d", st.Unindexed, tc.other)
 			}
 		})
