@@ -188,13 +188,18 @@ func TestKVEventsHybridModel(t *testing.T) {
 	if code, _, b := post(t, ctxT(t, 60*time.Second), h.URL()+"/v1/completions", string(body)); code != 200 {
 		t.Fatalf("completion with kv_cache_report_mode full: %d %s", code, b)
 	}
+	var held []kvevents.Hash // the prompt's full-attention blocks, in order
+	for _, bs := range full {
+		held = append(held, bs.BlockHashes...)
+	}
 	var report *kvevents.BlockStored
 	for report == nil {
 		ev, ok := next(30 * time.Second)
 		if !ok {
 			t.Fatal("no reuse report within 30 s")
 		}
-		if bs, ok := ev.(kvevents.BlockStored); ok && bs.Kind == "full_attention" && bs.Parent == 0 && slices.Equal(bs.BlockHashes, full[0].BlockHashes[:len(bs.BlockHashes)]) {
+		if bs, ok := ev.(kvevents.BlockStored); ok && bs.Kind == "full_attention" && bs.Parent == 0 &&
+			len(bs.BlockHashes) <= len(held) && slices.Equal(bs.BlockHashes, held[:len(bs.BlockHashes)]) {
 			report = &bs
 		}
 	}
@@ -203,10 +208,6 @@ func TestKVEventsHybridModel(t *testing.T) {
 	}
 
 	// Other prompts until vLLM has evicted every full-attention block of it.
-	var held []kvevents.Hash
-	for _, bs := range full {
-		held = append(held, bs.BlockHashes...)
-	}
 	gone := map[kvevents.Hash]bool{}
 	for i := 0; len(gone) < len(held); i++ {
 		if i == 40 {
