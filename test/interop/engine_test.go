@@ -232,7 +232,7 @@ func startFleet() error {
 	if err != nil {
 		return err
 	}
-	fleetDirs = []string{dir, logDir}
+	fleetDirs = append(fleetDirs, dir, logDir)
 	ports, err := freePorts(5)
 	if err != nil {
 		return err
