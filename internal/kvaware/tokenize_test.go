@@ -348,6 +348,43 @@ func BenchmarkTokenizeLocal(b *testing.B) {
 
 // TestPlainString: the fast path decodes what json.Unmarshal decodes, and
 // leaves it everything else.
+// TestAnswerIDs: a /tokenize answer's ids, read without reflection when
+// plain, else by encoding/json, whose results and errors it keeps.
+func TestAnswerIDs(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		want    []uint32
+		wantErr bool
+	}{
+		{`{"count":3,"max_model_len":4096,"tokens":[1,22,333],"token_strs":null}`, []uint32{1, 22, 333}, false},
+		{` { "tokens" : [ 7 ] } `, []uint32{7}, false},
+		{`{"tokens":[]}`, []uint32{}, false},
+		{`{"tokens":[1],"tokens":[2]}`, []uint32{2}, false}, // the last, as encoding/json
+		{`{"Tokens":[5]}`, []uint32{5}, false},              // encoding/json matches keys without case
+		{`{"count":0}`, nil, false},
+		{`{"tokens":[1e0]}`, nil, true},
+		{`{"tokens":[-1]}`, nil, true},
+		{`{"tokens":[4294967296]}`, nil, true},
+		{`{"tokens":[1,2]`, nil, true},
+		{`{"tokens":[1,2]} x`, nil, true},
+	} {
+		got, err := answerIDs([]byte(tc.in))
+		if (err != nil) != tc.wantErr || !slices.Equal(got, tc.want) || (got == nil) != (tc.want == nil) {
+			t.Errorf("answerIDs(%s) = %#v, %v; want %#v, error %v", tc.in, got, err, tc.want, tc.wantErr)
+		}
+	}
+	for _, p := range []string{`[5,6]`, ` [ 5 , 6 ] `} {
+		if got, err := tokenIDPrompt([]byte(p)); err != nil || !slices.Equal(got, []uint32{5, 6}) {
+			t.Errorf("tokenIDPrompt(%s) = %v, %v", p, got, err)
+		}
+	}
+	for _, p := range []string{`[[5],[6]]`, `[5e0,6]`} { // encoding/json takes no exponent for an integer
+		if _, err := tokenIDPrompt([]byte(p)); !errors.Is(err, ErrNotTokenizable) {
+			t.Errorf("tokenIDPrompt(%s): %v", p, err)
+		}
+	}
+}
+
 func TestPlainString(t *testing.T) {
 	for _, tc := range []struct {
 		in string
