@@ -26,6 +26,11 @@ const (
 type wbuf struct {
 	out   []byte
 	stage []byte
+	// vec is writeFrame's list of pieces, kept here so that handing it to
+	// net.Buffers.WriteTo allocates nothing.
+	vec  net.Buffers
+	arr  [4][]byte
+	size [20]byte // a chunk's size line
 }
 
 var wbufs = sync.Pool{New: func() any {
@@ -401,14 +406,47 @@ func (w *response) emit(p []byte) {
 	if w.isHEAD {
 		return
 	}
+	var size []byte // the chunk's size line
 	if w.chunking {
-		var hex [20]byte
-		w.outWrite(append(strconv.AppendInt(hex[:0], int64(len(p)), 16), '\r', '\n'))
+		size = append(strconv.AppendInt(w.wb.size[:0], int64(len(p)), 16), '\r', '\n')
 	}
-	w.outWrite(p)
+	if frame := len(size) + len(p) + 2; len(w.wb.out)+frame > cap(w.wb.out) {
+		// The frame does not fit: what out holds and the whole frame go
+		// in one system call, not one for each piece.
+		w.writeFrame(size, p)
+		return
+	}
+	w.wb.out = append(w.wb.out, size...)
+	w.wb.out = append(w.wb.out, p...)
 	if w.chunking {
-		w.outString("\r\n")
+		w.wb.out = append(w.wb.out, crlf...)
 	}
+}
+
+var crlf = []byte("\r\n")
+
+// writeFrame writes what out holds, then a body frame (a chunk's size line,
+// its bytes and the CRLF after them, or the bytes alone) with one writev
+// where the connection has it (net.Buffers; one write per piece where not).
+func (w *response) writeFrame(size, p []byte) {
+	if w.err != nil {
+		return
+	}
+	wb := w.wb
+	wb.vec = wb.arr[:0]
+	if len(wb.out) > 0 {
+		wb.vec = append(wb.vec, wb.out)
+	}
+	if len(size) > 0 {
+		wb.vec = append(wb.vec, size)
+	}
+	wb.vec = append(wb.vec, p)
+	if w.chunking {
+		wb.vec = append(wb.vec, crlf)
+	}
+	_, w.err = wb.vec.WriteTo(w.c.nc)
+	wb.arr, wb.vec = [4][]byte{}, nil // keep no caller's bytes in the pool
+	wb.out = wb.out[:0]
 }
 
 // Flush sends everything buffered to the client.
