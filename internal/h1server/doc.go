@@ -63,7 +63,7 @@
 // bytes (a waiting connection tries a non-blocking read into a pooled
 // buffer, gives the buffer back when nothing has arrived and parks in the
 // poller), and goes back whenever nothing is buffered: between requests and once a
-// request body has been read. The write buffers (4 KiB framed output plus
+// request body has been read. The write buffers (8 KiB framed output plus
 // 2 KiB of unframed body, as net/http's response buffer) are taken by the
 // first write and given back after each flush that leaves nothing pending,
 // so a stream waiting between events holds neither.

@@ -39,7 +39,7 @@ func TestLargeWriteOneSystemCall(t *testing.T) {
 	if writeCalls() < 0 {
 		t.Skip("no write count in /proc/self/io")
 	}
-	body := bytes.Repeat([]byte("0123456789abcdef"), 512) // 8 KiB: over the 4 KiB buffer, within loopback's send buffer
+	body := bytes.Repeat([]byte("0123456789abcdef"), 768) // 12 KiB: over the 8 KiB buffer, within loopback's send buffer
 	for _, tc := range []struct {
 		name  string
 		sized bool
@@ -55,7 +55,7 @@ func TestLargeWriteOneSystemCall(t *testing.T) {
 				best = largeWriteCalls(t, body, tc.sized)
 			}
 			if best != 1 {
-				t.Errorf("the head and an 8 KiB body write took %d write system calls, want 1", best)
+				t.Errorf("the head and a 12 KiB body write took %d write system calls, want 1", best)
 			}
 		})
 	}
