@@ -251,7 +251,6 @@ func (c KVConfig) Bound() (KVBound, error) {
 	}
 	var b KVBound
 	prompts := make([][]uint32, len(samples))
-	blocks := map[string]bool{}
 	for i, sm := range samples {
 		w := tokenize(c.simPrompt(sm.Prompt()))
 		prompts[i] = w
@@ -266,12 +265,9 @@ func (c KVConfig) Bound() (KVBound, error) {
 			best = max(best, min(n, len(w)-1)/c.BlockSize)
 		}
 		b.Hits += uint64(best * c.BlockSize)
-		for k := 1; k*c.BlockSize <= len(w); k++ {
-			blocks[fmt.Sprint(w[:k*c.BlockSize])] = true
-		}
 	}
-	b.Blocks = len(blocks)
-	refs := blockRefs(prompts, c.BlockSize)
+	refs, distinct := blockRefs(prompts, c.BlockSize)
+	b.Blocks = distinct
 	for k := range b.Capped {
 		b.Capped[k] = uint64(pooledHits(refs, c.capacity(kvCaches(k))) * c.BlockSize)
 	}

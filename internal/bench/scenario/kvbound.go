@@ -40,10 +40,9 @@ type blockRef struct {
 
 // blockRefs lists prompts' full blocks in order, each block named by an
 // id that is equal for two blocks exactly when their prefixes (the block
-// and every token before it) are equal.
-func blockRefs(prompts [][]uint32, blockSize int) []blockRef {
+// and every token before it) are equal, and counts the distinct blocks.
+func blockRefs(prompts [][]uint32, blockSize int) (refs []blockRef, distinct int) {
 	ids := map[string]int{}
-	var refs []blockRef
 	var key strings.Builder
 	for _, p := range prompts {
 		parent := -1
@@ -63,7 +62,7 @@ func blockRefs(prompts [][]uint32, blockSize int) []blockRef {
 			parent = id
 		}
 	}
-	return refs
+	return refs, len(ids)
 }
 
 // pooledHits is the most counted references that can hit in one cache of
