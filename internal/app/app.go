@@ -299,6 +299,9 @@ func (a *app) onRegistryChange(c worker.Change) {
 			a.history.ForgetWorker(w.URL)
 		}
 	}
+	for _, w := range c.Added {
+		a.syncLoRA(w.URL)
+	}
 	a.m.ActiveWorkers.Set(float64(len(c.Snap.All)))
 	counts := map[[2]string]int{}
 	for _, w := range c.Snap.All {
@@ -556,6 +559,7 @@ func (a *app) buildServer(ctx context.Context) error {
 		LoadPollInterval:     a.loadPollInterval(),
 		Metrics:              a.m,
 		Logger:               a.log,
+		OnHealthy:            a.syncLoRA,
 	})
 	if a.kvs != nil {
 		sopts.Sections = map[string]func() any{"kv_aware": a.kvStatus}
@@ -729,6 +733,7 @@ func (a *app) run(ctx context.Context) error {
 		// upstream's passive health.
 		wg.Go(func() { a.health.Run(ctx) })
 	}
+	wg.Go(func() { a.srv.RunLoRASync(ctx) })
 	if ws := a.staticIGW(); a.igw != nil && len(ws) > 0 {
 		wg.Go(func() { a.resolveStaticIGW(ctx, ws) })
 	}
@@ -760,6 +765,14 @@ func (a *app) run(ctx context.Context) error {
 		return nil
 	}
 	return err
+}
+
+// syncLoRA has the server give a worker that joined or turned healthy the
+// LoRA adapters loaded through the router (none before the server exists).
+func (a *app) syncLoRA(url string) {
+	if a.srv != nil {
+		a.srv.SyncLoRA(url)
+	}
 }
 
 func (a *app) metricsMux() http.Handler {

@@ -107,6 +107,25 @@ func testHandler() http.Handler {
 		io.WriteString(w, strings.Repeat("i", 3000))
 	})
 	mux.HandleFunc("/empty", func(w http.ResponseWriter, r *http.Request) {})
+	// Header fields the head writer must write as net/http's does: sorted,
+	// invalid names dropped, CR and LF in values made spaces, values trimmed,
+	// more fields than its stack array, a value longer than the output buffer.
+	mux.HandleFunc("/oddheaders", func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h["Bad Name"] = []string{"dropped"}
+		h["Bad:Name"] = []string{"dropped"}
+		h[""] = []string{"dropped"}
+		h["X-Split"] = []string{"a\r\nInjected: 1", " b\n", "\t c\r"}
+		h["X-Trim"] = []string{"  spaced  ", "\t"}
+		h["x-lower"] = []string{"kept as set"}
+		for i := range 20 {
+			h.Add(fmt.Sprintf("X-Many-%02d", 19-i), strconv.Itoa(i))
+		}
+		if r.URL.Query().Has("long") {
+			h.Set("X-Long", strings.Repeat("v", 10<<10))
+		}
+		io.WriteString(w, "odd")
+	})
 	mux.HandleFunc("/json", jsonHandler)
 	mux.HandleFunc("/hdr", hdrHandler)
 	mux.HandleFunc("/echotyped", func(w http.ResponseWriter, r *http.Request) {
@@ -237,6 +256,9 @@ func TestDifferential(t *testing.T) {
 		{"stream", []string{get("/stream", "")}},
 		{"flush empty", []string{get("/flushempty", "")}},
 		{"empty", []string{get("/empty", "")}},
+		{"odd headers", []string{get("/oddheaders", ""), get("/hello", "")}},
+		{"odd headers, a value over the buffer", []string{get("/oddheaders?long=1", ""), get("/hello", "")}},
+		{"odd headers, 103", []string{get("/103", ""), get("/oddheaders", "")}},
 		{"head", []string{"HEAD /hello HTTP/1.1\r\nHost: a\r\n\r\n"}},
 		{"head big", []string{"HEAD /big HTTP/1.1\r\nHost: a\r\n\r\n"}},
 		{"204", []string{get("/204", "")}},

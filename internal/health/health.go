@@ -75,6 +75,10 @@ type Options struct {
 	// UnhealthyMaxInterval (1 s); both are at most Interval.
 	UnhealthyInterval    time.Duration
 	UnhealthyMaxInterval time.Duration
+	// OnHealthy, if set, is called with a worker's base URL each time it
+	// turns healthy (a new worker's first pass included), from the
+	// checker's goroutine: it must not block.
+	OnHealthy func(url string)
 }
 
 // Checker probes workers. Build it with NewChecker and start Run once.
@@ -455,6 +459,9 @@ func (c *Checker) apply(u string, st *urlState, err error) {
 	case changed && !target:
 		c.log.Warn("worker unhealthy", "url", u, "ranks", len(ws), "consecutive_failures", fails, "err", err)
 	case changed && target:
+		if c.o.OnHealthy != nil {
+			c.o.OnHealthy(u)
+		}
 		c.log.Info("worker healthy", "url", u, "ranks", len(ws), "consecutive_successes", oks)
 		for _, w := range ws {
 			// the breaker's failures were the previous process's: let

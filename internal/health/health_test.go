@@ -347,3 +347,32 @@ func TestProbeNow(t *testing.T) {
 		t.Error("ProbeNow must not change health state")
 	}
 }
+
+// OnHealthy is told once per return to health, with the instance's URL
+// (its DP ranks together), and not while a worker stays healthy.
+func TestOnHealthyCalledOnReturn(t *testing.T) {
+	f := newFakeVLLM(t)
+	reg := newRegistry(t)
+	add(t, reg, f.srv.URL, worker.RoleRegular, 2)
+	var mu sync.Mutex
+	var got []string
+	c := newChecker(t, Options{Registry: reg, FailureThreshold: 1, SuccessThreshold: 1,
+		OnHealthy: func(url string) { mu.Lock(); got = append(got, url); mu.Unlock() }})
+	calls := func() []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), got...) }
+	round(c)
+	round(c)
+	if n := len(calls()); n != 0 {
+		t.Fatalf("OnHealthy called %d times for a worker that stayed healthy", n)
+	}
+	f.status.Store(http.StatusServiceUnavailable)
+	round(c)
+	if n := len(calls()); n != 0 {
+		t.Fatalf("OnHealthy called %d times on failure", n)
+	}
+	f.status.Store(http.StatusOK)
+	round(c)
+	round(c)
+	if g := calls(); len(g) != 1 || g[0] != f.srv.URL {
+		t.Fatalf("OnHealthy calls %v, want one with %s", g, f.srv.URL)
+	}
+}

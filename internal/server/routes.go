@@ -83,6 +83,8 @@ func (s *Server) routes() {
 		route{"GET", "/get_loads", accessNormal, kindOther, s.handleLoads},
 
 		route{"POST", "/flush_cache", accessAdmin, kindOther, s.handleFlushCache},
+		route{"POST", loraLoadPath, accessAdmin, kindOther, s.handleLoRA(loraLoadPath)},
+		route{"POST", loraUnloadPath, accessAdmin, kindOther, s.handleLoRA(loraUnloadPath)},
 		route{"POST", "/start_profile", accessAdmin, kindOther, s.profileHandler("start")},
 		route{"POST", "/stop_profile", accessAdmin, kindOther, s.profileHandler("stop")},
 

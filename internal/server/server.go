@@ -163,6 +163,7 @@ type Server struct {
 	allowed   map[string][]string  // route path → allowed methods (for 405)
 	info      map[string]routeInfo // mux pattern → route facts
 	started   time.Time
+	lora      *loraSet // adapters loaded through the router
 
 	// Hot-path metric children, looked up once (label hashing per request
 	// showed in CPU profiles): the in-flight gauge of this server's mode,
@@ -216,7 +217,7 @@ func New(o Options) (*Server, error) {
 	if o.FlushCachePath == "" {
 		o.FlushCachePath = DefaultFlushCachePath
 	}
-	s := &Server{o: o, log: o.Logger, m: o.Metrics, tr: o.Tracer, reg: o.Registry, started: time.Now()}
+	s := &Server{o: o, log: o.Logger, m: o.Metrics, tr: o.Tracer, reg: o.Registry, started: time.Now(), lora: newLoRASet()}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}

@@ -1,0 +1,307 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// LoRA adapters loaded at run time. vLLM serves POST /v1/load_lora_adapter
+// and /v1/unload_lora_adapter when started with
+// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (vllm/entrypoints/serve/lora,
+// vLLM 0.32). Relayed to one worker, as any other path, a load would reach
+// one engine of the fleet, and requests naming the adapter would fail on
+// the others; in PD mode both legs of a request need it. So the router
+// sends both calls to every worker of every role, and remembers what was
+// loaded: a worker that joins later, or comes back healthy (a restarted
+// engine has lost its run-time adapters), is given them again (RunLoRASync).
+
+const (
+	loraLoadPath   = "/v1/load_lora_adapter"
+	loraUnloadPath = "/v1/unload_lora_adapter"
+	loraAnswerMax  = 64 << 10 // a worker's answer kept for the client
+	loraSyncQueue  = 256      // workers waiting for their adapters
+	// loraListTimeout bounds a sync's /v1/models call (a load is bounded
+	// by the upstream timeout: an engine may take seconds to read one).
+	loraListTimeout = 10 * time.Second
+)
+
+// loraAnswer is one worker's answer to a load or unload.
+type loraAnswer struct {
+	url    string
+	status int    // 0: no answer
+	ctype  string // its Content-Type
+	body   []byte
+	err    error
+}
+
+func (a loraAnswer) ok() bool { return a.err == nil && a.status >= 200 && a.status < 300 }
+
+// describe is the answer in a line: the status and the engine's message.
+func (a loraAnswer) describe() string {
+	if a.err != nil {
+		return a.url + ": " + a.err.Error()
+	}
+	msg := strings.TrimSpace(string(a.body))
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(a.body, &e) == nil && e.Error.Message != "" {
+		msg = e.Error.Message
+	}
+	return a.url + ": " + strconv.Itoa(a.status) + " " + msg
+}
+
+// loraSet is the adapters loaded through the router: name → the load
+// request's body, as the client sent it.
+type loraSet struct {
+	mu     sync.Mutex
+	bodies map[string][]byte
+	order  []string // load order
+	queue  chan string
+	mq     sync.Mutex
+	queued map[string]bool // URLs in queue
+}
+
+func newLoRASet() *loraSet {
+	return &loraSet{bodies: map[string][]byte{}, queue: make(chan string, loraSyncQueue), queued: map[string]bool{}}
+}
+
+func (l *loraSet) remember(name string, body []byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.bodies[name]; !ok {
+		l.order = append(l.order, name)
+	}
+	l.bodies[name] = bytes.Clone(body)
+}
+
+func (l *loraSet) forget(name string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.bodies, name)
+	for i, n := range l.order {
+		if n == name {
+			l.order = append(l.order[:i:i], l.order[i+1:]...)
+			break
+		}
+	}
+}
+
+// adapters returns the remembered adapters' names and bodies, in load order.
+func (l *loraSet) adapters() (names []string, bodies [][]byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, n := range l.order {
+		names = append(names, n)
+		bodies = append(bodies, l.bodies[n])
+	}
+	return names, bodies
+}
+
+// loraName is the lora_name of a load or unload body ("" if none).
+func loraName(body []byte) string {
+	var v struct {
+		Name string `json:"lora_name"`
+	}
+	_ = json.Unmarshal(body, &v)
+	return v.Name
+}
+
+// handleLoRA serves a load (or an unload) by sending it to every worker.
+func (s *Server) handleLoRA(path string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		body, ok := s.readBody(w, r)
+		if !ok {
+			return
+		}
+		urls := s.allInstances()
+		if len(urls) == 0 {
+			s.writeError(w, r, http.StatusServiceUnavailable, "no_available_workers", "No workers available")
+			return
+		}
+		// Not cancelled with the client: a load half done would leave the
+		// fleet split (each call is bounded by the upstream timeout).
+		ctx := context.WithoutCancel(r.Context())
+		answers := make([]loraAnswer, len(urls))
+		sem := make(chan struct{}, fanOutParallel)
+		var wg sync.WaitGroup
+		for i, u := range urls {
+			wg.Go(func() {
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				answers[i] = s.postLoRA(ctx, r, u, path, body)
+			})
+		}
+		wg.Wait()
+		s.noteLoRA(path, loraName(body), body, answers)
+		s.writeLoRA(w, r, path, answers)
+	}
+}
+
+// postLoRA POSTs body to one worker's path and reads its answer.
+func (s *Server) postLoRA(ctx context.Context, in *http.Request, base, path string, body []byte) loraAnswer {
+	a := loraAnswer{url: base}
+	ctx, cancel := context.WithTimeout(ctx, s.o.UpstreamTimeout)
+	defer cancel()
+	req, err := s.newUpstreamRequest(ctx, in, http.MethodPost, base+path, bytes.NewReader(body))
+	if err != nil {
+		a.err = err
+		return a
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.client.Do(req)
+	if err != nil {
+		a.err = err
+		return a
+	}
+	defer resp.Body.Close()
+	a.status, a.ctype = resp.StatusCode, resp.Header.Get("Content-Type")
+	a.body, a.err = io.ReadAll(io.LimitReader(resp.Body, loraAnswerMax))
+	return a
+}
+
+// noteLoRA updates the remembered adapters: a load that some worker took
+// is remembered (the others get it when they next come back healthy); an
+// unload that no worker refused is forgotten.
+func (s *Server) noteLoRA(path, name string, body []byte, answers []loraAnswer) {
+	if name == "" {
+		return
+	}
+	switch path {
+	case loraLoadPath:
+		for _, a := range answers {
+			if a.ok() {
+				s.lora.remember(name, body)
+				s.log.Info("LoRA adapter loaded", "lora_name", name, "workers", len(answers))
+				return
+			}
+		}
+	case loraUnloadPath:
+		for _, a := range answers {
+			if !a.ok() && a.status != http.StatusNotFound {
+				return
+			}
+		}
+		s.lora.forget(name)
+	}
+}
+
+// writeLoRA answers as one engine would when every worker answered alike:
+// its status and body. Otherwise, with the first failure's status, an
+// error naming every worker that did not succeed.
+func (s *Server) writeLoRA(w http.ResponseWriter, r *http.Request, path string, answers []loraAnswer) {
+	first := answers[0]
+	same := first.err == nil
+	for _, a := range answers[1:] {
+		same = same && a.err == nil && a.status == first.status
+	}
+	if same {
+		if first.ctype != "" {
+			w.Header().Set("Content-Type", first.ctype)
+		}
+		w.WriteHeader(first.status)
+		_, _ = w.Write(first.body)
+		return
+	}
+	var failed []string
+	status := 0
+	for _, a := range answers {
+		if a.ok() {
+			continue
+		}
+		failed = append(failed, a.describe())
+		if status == 0 {
+			status = a.status
+		}
+	}
+	if status == 0 {
+		status = http.StatusBadGateway // no answer from the failed workers
+	}
+	what := "load"
+	if path == loraUnloadPath {
+		what = "unload"
+	}
+	s.writeError(w, r, status, "lora_"+what+"_failed", "LoRA adapter "+what+" failed on "+strconv.Itoa(len(failed))+
+		" of "+strconv.Itoa(len(answers))+" workers: ["+strings.Join(failed, "; ")+"]")
+}
+
+// SyncLoRA queues a worker (its base URL) to be given the remembered
+// adapters it lacks. It never blocks: with the queue full the worker is
+// skipped (logged).
+func (s *Server) SyncLoRA(url string) {
+	l := s.lora
+	l.mu.Lock()
+	empty := len(l.order) == 0
+	l.mu.Unlock()
+	if empty {
+		return
+	}
+	l.mq.Lock()
+	defer l.mq.Unlock()
+	if l.queued[url] {
+		return
+	}
+	select {
+	case l.queue <- url:
+		l.queued[url] = true
+	default:
+		s.log.Warn("LoRA adapter sync queue full: worker skipped", "url", url)
+	}
+}
+
+// RunLoRASync gives queued workers their adapters until ctx ends.
+func (s *Server) RunLoRASync(ctx context.Context) {
+	l := s.lora
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case url := <-l.queue:
+			l.mq.Lock()
+			delete(l.queued, url)
+			l.mq.Unlock()
+			s.syncWorkerLoRA(ctx, url)
+		}
+	}
+}
+
+// syncWorkerLoRA loads on one worker each remembered adapter its
+// /v1/models does not list.
+func (s *Server) syncWorkerLoRA(ctx context.Context, url string) {
+	names, bodies := s.lora.adapters()
+	if len(names) == 0 {
+		return
+	}
+	var list modelList
+	lctx, cancel := context.WithTimeout(ctx, min(s.o.UpstreamTimeout, loraListTimeout))
+	_, err := s.getJSON(lctx, nil, url+"/v1/models", &list)
+	cancel()
+	if err != nil {
+		s.log.Warn("LoRA adapter sync: cannot list the worker's models", "url", url, "err", err)
+		return
+	}
+	have := map[string]bool{}
+	for _, m := range list.Data {
+		have[modelID(m)] = true
+	}
+	for i, name := range names {
+		if have[name] {
+			continue
+		}
+		a := s.postLoRA(ctx, nil, url, loraLoadPath, bodies[i])
+		if !a.ok() {
+			s.log.Warn("LoRA adapter sync: load failed", "lora_name", name, "answer", a.describe())
+			continue
+		}
+		s.log.Info("LoRA adapter loaded on a worker that lacked it", "lora_name", name, "url", url)
+	}
+}

@@ -1,0 +1,243 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/openai"
+	"github.com/switchyard-llm/switchyard/internal/worker"
+)
+
+// loraEngine answers /v1/load_lora_adapter, /v1/unload_lora_adapter and
+// /v1/models as vLLM 0.32 does with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True
+// (vllm/entrypoints/openai/models/serving.py): 200 and a plain-text
+// success line, 400 for a missing field or an adapter already loaded, 404
+// for unloading one it does not hold. disabled: the routes do not exist
+// (404), as without the variable.
+type loraEngine struct {
+	*httptest.Server
+	mu       sync.Mutex
+	adapters map[string]string // name → path
+	loads    int               // load calls received
+	disabled bool
+}
+
+func newLoRAEngine(t *testing.T) *loraEngine {
+	t.Helper()
+	e := &loraEngine{adapters: map[string]string{}}
+	e.Server = httptest.NewServer(http.HandlerFunc(e.serve))
+	t.Cleanup(e.Close)
+	return e
+}
+
+func (e *loraEngine) serve(w http.ResponseWriter, r *http.Request) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var req struct {
+		Name string `json:"lora_name"`
+		Path string `json:"lora_path"`
+	}
+	switch {
+	case r.URL.Path == "/health":
+	case r.URL.Path == "/v1/models":
+		data := []map[string]any{{"id": "base", "object": "model", "parent": nil}}
+		for n, p := range e.adapters {
+			data = append(data, map[string]any{"id": n, "object": "model", "root": p, "parent": "base"})
+		}
+		writeJSON(w, 200, map[string]any{"object": "list", "data": data})
+	case e.disabled:
+		http.NotFound(w, r)
+	case r.URL.Path == loraLoadPath:
+		e.loads++
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		switch {
+		case req.Name == "" || req.Path == "":
+			openai.WriteError(w, 400, "Both 'lora_name' and 'lora_path' must be provided.")
+		case e.adapters[req.Name] != "":
+			openai.WriteError(w, 400, fmt.Sprintf("The lora adapter '%s' has already been loaded. If you want to load the adapter in place, set 'load_inplace' to True.", req.Name))
+		default:
+			e.adapters[req.Name] = req.Path
+			fmt.Fprintf(w, "Success: LoRA adapter '%s' added successfully.", req.Name)
+		}
+	case r.URL.Path == loraUnloadPath:
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		if e.adapters[req.Name] == "" {
+			openai.WriteError(w, 404, fmt.Sprintf("The lora adapter '%s' cannot be found.", req.Name))
+			return
+		}
+		delete(e.adapters, req.Name)
+		fmt.Fprintf(w, "Success: LoRA adapter '%s' removed successfully.", req.Name)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func (e *loraEngine) has(name string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.adapters[name] != ""
+}
+
+func (e *loraEngine) loadCalls() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.loads
+}
+
+// restart forgets the run-time adapters, as a restarted engine has.
+func (e *loraEngine) restart() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.adapters = map[string]string{}
+}
+
+const sqlLoad = `{"lora_name": "sql", "lora_path": "/adapters/sql"}`
+
+func TestLoRALoadReachesEveryWorker(t *testing.T) {
+	for _, mode := range []string{ModeRegular, ModePD} {
+		t.Run(mode, func(t *testing.T) {
+			e := newEnv(t, func(o *Options) { o.Mode = mode })
+			engines := []*loraEngine{newLoRAEngine(t), newLoRAEngine(t), newLoRAEngine(t)}
+			roles := []worker.Role{worker.RoleRegular, worker.RoleRegular, worker.RoleRegular}
+			if mode == ModePD {
+				roles = []worker.Role{worker.RolePrefill, worker.RoleDecode, worker.RoleDecode}
+			}
+			for i, en := range engines {
+				e.add(en.URL, roles[i], -1, 0)
+			}
+			r := e.do("POST", loraLoadPath, sqlLoad)
+			if r.status != 200 || string(r.body) != "Success: LoRA adapter 'sql' added successfully." {
+				t.Fatalf("load: %d %s", r.status, r.body)
+			}
+			for i, en := range engines {
+				if !en.has("sql") {
+					t.Errorf("worker %d (%s) lacks the adapter", i, roles[i])
+				}
+			}
+			r = e.do("POST", loraUnloadPath, `{"lora_name": "sql"}`)
+			if r.status != 200 || !strings.Contains(string(r.body), "removed successfully") {
+				t.Fatalf("unload: %d %s", r.status, r.body)
+			}
+			for i, en := range engines {
+				if en.has("sql") {
+					t.Errorf("worker %d still holds the adapter", i)
+				}
+			}
+		})
+	}
+}
+
+func TestLoRAAnswers(t *testing.T) {
+	cases := []struct {
+		name       string
+		preload    []bool // workers already holding "sql"
+		disabled   bool
+		path, body string
+		status     int
+		msg        string // in the error message
+	}{
+		{name: "loaded everywhere already: the engines' 400", preload: []bool{true, true}, path: loraLoadPath, body: sqlLoad,
+			status: 400, msg: "has already been loaded"},
+		{name: "loaded on one: 400 naming it", preload: []bool{false, true}, path: loraLoadPath, body: sqlLoad,
+			status: 400, msg: "LoRA adapter load failed on 1 of 2 workers"},
+		{name: "missing path: the engines' 400", path: loraLoadPath, body: `{"lora_name": "sql"}`,
+			status: 400, msg: "Both 'lora_name' and 'lora_path' must be provided."},
+		{name: "unload of an unknown adapter: 404", path: loraUnloadPath, body: `{"lora_name": "nope"}`,
+			status: 404, msg: "cannot be found"},
+		{name: "run-time updating off: 404", disabled: true, path: loraLoadPath, body: sqlLoad, status: 404},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, nil)
+			for i := range 2 {
+				en := newLoRAEngine(t)
+				en.disabled = tc.disabled
+				if tc.preload != nil && tc.preload[i] {
+					en.adapters["sql"] = "/adapters/old"
+				}
+				e.add(en.URL, worker.RoleRegular, -1, 0)
+			}
+			r := e.do("POST", tc.path, tc.body)
+			if r.status != tc.status || !strings.Contains(string(r.body), tc.msg) {
+				t.Fatalf("got %d %s, want %d with %q", r.status, r.body, tc.status, tc.msg)
+			}
+		})
+	}
+}
+
+func TestLoRANoWorkers(t *testing.T) {
+	e := newEnv(t, nil)
+	r := e.do("POST", loraLoadPath, sqlLoad)
+	if r.status != 503 || !strings.Contains(r.errMsg(t), "No workers available") {
+		t.Fatalf("got %d %s", r.status, r.body)
+	}
+}
+
+func TestLoRAUnreachableWorker(t *testing.T) {
+	e := newEnv(t, nil)
+	ok := newLoRAEngine(t)
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close()
+	e.add(ok.URL, worker.RoleRegular, -1, 0)
+	e.add(deadURL, worker.RoleRegular, -1, 0)
+	r := e.do("POST", loraLoadPath, sqlLoad)
+	if r.status != http.StatusBadGateway || !strings.Contains(r.errMsg(t), "failed on 1 of 2 workers: ["+deadURL) {
+		t.Fatalf("got %d %s", r.status, r.body)
+	}
+	if !ok.has("sql") {
+		t.Error("the reachable worker lacks the adapter")
+	}
+}
+
+// A worker that joins, or an engine that restarts, is given the adapters
+// loaded through the router; one that holds them is not asked again, and
+// an unloaded adapter is not given back.
+func TestLoRASyncGivesAdaptersBack(t *testing.T) {
+	e := newEnv(t, nil)
+	a, b := newLoRAEngine(t), newLoRAEngine(t)
+	e.add(a.URL, worker.RoleRegular, -1, 0)
+	if r := e.do("POST", loraLoadPath, sqlLoad); r.status != 200 {
+		t.Fatalf("load: %d %s", r.status, r.body)
+	}
+	if r := e.do("POST", loraLoadPath, `{"lora_name": "chat", "lora_path": "/adapters/chat"}`); r.status != 200 {
+		t.Fatalf("load: %d %s", r.status, r.body)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); e.s.RunLoRASync(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	e.add(b.URL, worker.RoleRegular, -1, 0)
+	e.s.SyncLoRA(b.URL) // as the app does for an added worker
+	waitFor(t, "the new worker's adapters", func() bool { return b.has("sql") && b.has("chat") })
+
+	a.restart()
+	loadsB := b.loadCalls()
+	e.s.SyncLoRA(a.URL) // as the app does when it turns healthy again
+	e.s.SyncLoRA(b.URL)
+	waitFor(t, "the restarted worker's adapters", func() bool { return a.has("sql") && a.has("chat") })
+	e.s.SyncLoRA(b.URL)
+	time.Sleep(100 * time.Millisecond)
+	if n := b.loadCalls(); n != loadsB {
+		t.Errorf("worker holding the adapters got %d more loads", n-loadsB)
+	}
+
+	if r := e.do("POST", loraUnloadPath, `{"lora_name": "chat"}`); r.status != 200 {
+		t.Fatalf("unload: %d %s", r.status, r.body)
+	}
+	b.restart()
+	e.s.SyncLoRA(b.URL)
+	waitFor(t, "the remaining adapter", func() bool { return b.has("sql") })
+	time.Sleep(100 * time.Millisecond)
+	if b.has("chat") {
+		t.Error("an unloaded adapter was given back")
+	}
+}

@@ -1,0 +1,135 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// loraEngine is an engine's LoRA surface as vLLM 0.32 serves it with
+// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (vllm/entrypoints/openai/models/
+// serving.py): load and unload, /v1/models listing the adapters, and
+// /health, which restart makes fail for a while and empties the adapters
+// (a restarted engine has lost its run-time ones).
+type loraEngine struct {
+	*httptest.Server
+	mu       sync.Mutex
+	adapters map[string]string
+	down     bool
+}
+
+func newLoRAEngine(t *testing.T) *loraEngine {
+	e := &loraEngine{adapters: map[string]string{}}
+	e.Server = httptest.NewServer(http.HandlerFunc(e.serve))
+	t.Cleanup(e.Close)
+	return e
+}
+
+func (e *loraEngine) serve(w http.ResponseWriter, r *http.Request) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var req struct {
+		Name string `json:"lora_name"`
+		Path string `json:"lora_path"`
+	}
+	switch r.URL.Path {
+	case "/health":
+		if e.down {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	case "/v1/models":
+		data := []map[string]any{{"id": "base", "object": "model"}}
+		for n := range e.adapters {
+			data = append(data, map[string]any{"id": n, "object": "model", "parent": "base"})
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+	case "/v1/load_lora_adapter":
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		if e.adapters[req.Name] != "" {
+			w.WriteHeader(http.StatusBadRequest)
+			fmt.Fprintf(w, `{"error":{"message":"The lora adapter '%s' has already been loaded.","type":"BadRequestError","param":null,"code":400}}`, req.Name)
+			return
+		}
+		e.adapters[req.Name] = req.Path
+		fmt.Fprintf(w, "Success: LoRA adapter '%s' added successfully.", req.Name)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func (e *loraEngine) has(name string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.adapters[name] != ""
+}
+
+func (e *loraEngine) setDown(down bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.down = down
+	if down {
+		e.adapters = map[string]string{}
+	}
+}
+
+// A LoRA adapter loaded through the router reaches every worker; a worker
+// added later and an engine that restarts are given it without a call.
+func TestLoRAAdaptersFollowTheFleet(t *testing.T) {
+	a, b, c := newLoRAEngine(t), newLoRAEngine(t), newLoRAEngine(t)
+	r := startRouter(t, "--worker-urls", a.URL, b.URL, "--policy", "round_robin",
+		"--health-check-interval-secs", "1", "--health-failure-threshold", "1", "--health-success-threshold", "1")
+	ctx := ctxT(t, 60*time.Second)
+
+	st, _, body := post(t, ctx, r.Base+"/v1/load_lora_adapter", `{"lora_name": "sql", "lora_path": "/adapters/sql"}`)
+	if st != 200 || string(body) != "Success: LoRA adapter 'sql' added successfully." {
+		t.Fatalf("load: %d %s", st, body)
+	}
+	if !a.has("sql") || !b.has("sql") {
+		t.Fatalf("adapter on a=%v b=%v, want both", a.has("sql"), b.has("sql"))
+	}
+
+	st, _, body = post(t, ctx, r.Base+"/add_worker?url="+c.URL, "")
+	if st/100 != 2 {
+		t.Fatalf("add_worker: %d %s", st, body)
+	}
+	took := waitFor(t, 10*time.Second, "the added worker's adapter", func() bool { return c.has("sql") })
+	t.Logf("added worker given the adapter after %v", took)
+
+	b.setDown(true) // the engine restarts: unhealthy, its adapters gone
+	waitFor(t, 20*time.Second, "the router to see the engine down", func() bool { return !healthy(t, r.Base, b.URL) })
+	if b.has("sql") {
+		t.Fatal("given back while down")
+	}
+	b.setDown(false)
+	took = waitFor(t, 10*time.Second, "the restarted engine's adapter", func() bool { return b.has("sql") })
+	t.Logf("restarted engine given the adapter %v after it answered again", took)
+
+	st, _, body = post(t, ctx, r.Base+"/v1/load_lora_adapter", `{"lora_name": "sql", "lora_path": "/adapters/sql"}`)
+	if st != 400 || !strings.Contains(string(body), "has already been loaded") {
+		t.Fatalf("second load: %d %s, want every engine's 400", st, body)
+	}
+}
+
+// healthy reports what the router's /workers says of url's health.
+func healthy(t *testing.T, base, url string) bool {
+	var v struct {
+		Workers []struct {
+			URL       string `json:"url"`
+			IsHealthy bool   `json:"is_healthy"`
+		} `json:"workers"`
+	}
+	getJSON(t, base+"/workers", &v)
+	for _, w := range v.Workers {
+		if w.URL == url {
+			return w.IsHealthy
+		}
+	}
+	t.Fatalf("%s not in /workers", url)
+	return false
+}
