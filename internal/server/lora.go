@@ -53,9 +53,15 @@ func (a loraAnswer) describe() string {
 		Error struct {
 			Message string `json:"message"`
 		} `json:"error"`
+		Detail any `json:"detail"` // FastAPI's own errors (a route vLLM did not attach)
 	}
-	if json.Unmarshal(a.body, &e) == nil && e.Error.Message != "" {
-		msg = e.Error.Message
+	if json.Unmarshal(a.body, &e) == nil {
+		if d, ok := e.Detail.(string); ok && d != "" {
+			msg = d
+		}
+		if e.Error.Message != "" {
+			msg = e.Error.Message
+		}
 	}
 	return a.url + ": " + strconv.Itoa(a.status) + " " + msg
 }
@@ -132,16 +138,7 @@ func (s *Server) handleLoRA(path string) http.HandlerFunc {
 		// fleet split (each call is bounded by the upstream timeout).
 		ctx := context.WithoutCancel(r.Context())
 		answers := make([]loraAnswer, len(urls))
-		sem := make(chan struct{}, fanOutParallel)
-		var wg sync.WaitGroup
-		for i, u := range urls {
-			wg.Go(func() {
-				sem <- struct{}{}
-				defer func() { <-sem }()
-				answers[i] = s.postLoRA(ctx, r, u, path, body)
-			})
-		}
-		wg.Wait()
+		eachWorker(urls, func(i int, u string) { answers[i] = s.postLoRA(ctx, r, u, path, body) })
 		s.noteLoRA(path, loraName(body), body, answers)
 		s.writeLoRA(w, r, path, answers)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -52,8 +53,10 @@ func (e *loraEngine) serve(w http.ResponseWriter, r *http.Request) {
 			data = append(data, map[string]any{"id": n, "object": "model", "root": p, "parent": "base"})
 		}
 		writeJSON(w, 200, map[string]any{"object": "list", "data": data})
-	case e.disabled:
-		http.NotFound(w, r)
+	case e.disabled: // FastAPI's answer for a route never attached
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		io.WriteString(w, `{"detail":"Not Found"}`)
 	case r.URL.Path == loraLoadPath:
 		e.loads++
 		_ = json.NewDecoder(r.Body).Decode(&req)
@@ -138,35 +141,44 @@ func TestLoRAAnswers(t *testing.T) {
 	cases := []struct {
 		name       string
 		preload    []bool // workers already holding "sql"
-		disabled   bool
+		disabled   []bool // workers without the routes
 		path, body string
 		status     int
 		msg        string // in the error message
+		remembered bool   // the router keeps the adapter for workers to come
 	}{
 		{name: "loaded everywhere already: the engines' 400", preload: []bool{true, true}, path: loraLoadPath, body: sqlLoad,
 			status: 400, msg: "has already been loaded"},
 		{name: "loaded on one: 400 naming it", preload: []bool{false, true}, path: loraLoadPath, body: sqlLoad,
-			status: 400, msg: "LoRA adapter load failed on 1 of 2 workers"},
+			status: 400, msg: "LoRA adapter load failed on 1 of 2 workers", remembered: true},
 		{name: "missing path: the engines' 400", path: loraLoadPath, body: `{"lora_name": "sql"}`,
 			status: 400, msg: "Both 'lora_name' and 'lora_path' must be provided."},
 		{name: "unload of an unknown adapter: 404", path: loraUnloadPath, body: `{"lora_name": "nope"}`,
 			status: 404, msg: "cannot be found"},
-		{name: "run-time updating off: 404", disabled: true, path: loraLoadPath, body: sqlLoad, status: 404},
+		{name: "run-time updating off: FastAPI's 404", disabled: []bool{true, true}, path: loraLoadPath, body: sqlLoad,
+			status: 404, msg: `{"detail":"Not Found"}`},
+		{name: "off on one: 404 naming it", disabled: []bool{true, false}, path: loraLoadPath, body: sqlLoad,
+			status: 404, msg: "failed on 1 of 2 workers: [URL0: 404 Not Found]", remembered: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, nil)
+			msg := tc.msg
 			for i := range 2 {
 				en := newLoRAEngine(t)
-				en.disabled = tc.disabled
+				en.disabled = tc.disabled != nil && tc.disabled[i]
 				if tc.preload != nil && tc.preload[i] {
 					en.adapters["sql"] = "/adapters/old"
 				}
 				e.add(en.URL, worker.RoleRegular, -1, 0)
+				msg = strings.ReplaceAll(msg, fmt.Sprintf("URL%d", i), en.URL)
 			}
 			r := e.do("POST", tc.path, tc.body)
-			if r.status != tc.status || !strings.Contains(string(r.body), tc.msg) {
-				t.Fatalf("got %d %s, want %d with %q", r.status, r.body, tc.status, tc.msg)
+			if r.status != tc.status || !strings.Contains(string(r.body), msg) {
+				t.Fatalf("got %d %s, want %d with %q", r.status, r.body, tc.status, msg)
+			}
+			if names, _ := e.s.lora.adapters(); (len(names) > 0) != tc.remembered {
+				t.Errorf("remembered %v, want %v", names, tc.remembered)
 			}
 		})
 	}

@@ -119,17 +119,23 @@ func (f fanResult) ok() bool { return f.Error == "" && f.Status >= 200 && f.Stat
 // the results in the order of urls.
 func (s *Server) fanOut(ctx context.Context, in *http.Request, method, path string, urls []string) []fanResult {
 	out := make([]fanResult, len(urls))
+	eachWorker(urls, func(i int, u string) { out[i] = s.callOne(ctx, in, method, u, path) })
+	return out
+}
+
+// eachWorker calls f for every URL, fanOutParallel at a time, and returns
+// when every call has.
+func eachWorker(urls []string, f func(i int, url string)) {
 	sem := make(chan struct{}, fanOutParallel)
 	var wg sync.WaitGroup
 	for i, u := range urls {
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			out[i] = s.callOne(ctx, in, method, u, path)
+			f(i, u)
 		})
 	}
 	wg.Wait()
-	return out
 }
 
 func (s *Server) callOne(ctx context.Context, in *http.Request, method, base, path string) fanResult {

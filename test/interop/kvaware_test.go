@@ -27,7 +27,8 @@ const kvBlockSize = 32
 // kvEngine is a real vLLM engine publishing KV events over ZMQ.
 type kvEngine struct {
 	*engine
-	pub, replay int // ports of its PUB and replay ROUTER sockets
+	pub, replay int    // ports of its PUB and replay ROUTER sockets
+	adapter     string // the LoRA adapter's directory (kv-b's)
 }
 
 func (e *kvEngine) endpoints() string {
@@ -83,6 +84,10 @@ func startKVEngines(t *testing.T) (a, b *kvEngine) {
 		e.args = append(e.args, "--kv-events-config", e.eventsConfig())
 		if i == 1 {
 			e.args = append(e.args, "--enable-lora", "--lora-modules", kvLoRA+"="+adapter, "--max-lora-rank", "8", "--max-loras", "1")
+			// /v1/load_lora_adapter and /v1/unload_lora_adapter
+			// (checkLoRAThroughRouter); kv-a serves neither.
+			e.env = append(e.env, "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")
+			e.adapter = adapter
 		}
 		e.startFor(t)
 		es = append(es, e)
@@ -402,6 +407,49 @@ func TestKVEventsFromRealEngine(t *testing.T) {
 		t.Errorf("repeated prompt routed %q, want %s (first: %q)", rc, to.name, first)
 	}
 	t.Logf("new prompt first routed %q, repeated %q", first, rc)
+
+	checkLoRAThroughRouter(t, kb, a, b)
+}
+
+// checkLoRAThroughRouter loads and unloads a LoRA adapter at run time
+// through routers in front of the real engines: one in front of kv-b alone
+// relays the engine's own answers (success lines, 400 for a second load,
+// 404 for a second unload), and the adapter then serves completions
+// through it; one in front of both reaches kv-b and reports kv-a, which
+// has no such route, by its URL.
+func checkLoRAThroughRouter(t *testing.T, kb *harness.Bins, a, b *kvEngine) {
+	t.Helper()
+	ctx := ctxT(t, 2*time.Minute)
+	load := fmt.Sprintf(`{"lora_name": "sql2", "lora_path": %q}`, b.adapter)
+	unload := `{"lora_name": "sql2"}`
+	one := kb.StartRouter(t, "--worker-urls", b.URL(), "--policy", "round_robin")
+	steps := []struct {
+		path, body string
+		status     int
+		want       string
+	}{
+		{"/v1/load_lora_adapter", load, 200, "Success: LoRA adapter 'sql2' added successfully."},
+		{"/v1/load_lora_adapter", load, 400, "The lora adapter 'sql2' has already been loaded."},
+		{"/v1/unload_lora_adapter", unload, 200, "Success: LoRA adapter 'sql2' removed successfully."},
+		{"/v1/unload_lora_adapter", unload, 404, "The lora adapter 'sql2' cannot be found."},
+	}
+	for i, st := range steps {
+		code, _, body := post(t, ctx, one.Base+st.path, st.body)
+		if code != st.status || !strings.Contains(string(body), st.want) {
+			t.Fatalf("step %d %s: %d %s, want %d with %q", i, st.path, code, body, st.status, st.want)
+		}
+		if i == 0 {
+			completeAs(t, one.Base, "sql2", "An adapter loaded through the router answers.", 2, "")
+		}
+	}
+
+	both := kb.StartRouter(t, "--worker-urls", a.URL(), b.URL(), "--policy", "round_robin")
+	code, _, body := post(t, ctx, both.Base+"/v1/load_lora_adapter", load)
+	if code != 404 || !strings.Contains(string(body), "LoRA adapter load failed on 1 of 2 workers: ["+a.URL()+": 404 Not Found]") {
+		t.Fatalf("load through both: %d %s, want 404 naming kv-a only", code, body)
+	}
+	completeAs(t, b.URL(), "sql2", "The adapter reached kv-b through the router.", 2, "")
+	t.Logf("load through kv-a and kv-b: %d %s", code, body)
 }
 
 // checkSaltedEvents: the prompt sent again with a cache_salt is stored
