@@ -70,6 +70,13 @@ func (a *app) buildIGW(sopts *server.Options, ropts proxy.RegularOptions) error 
 	sopts.AddWorkerSpec = a.adminAddIGW
 	sopts.ModelsStatus = func() any { return rt.Status() }
 	sopts.ExtraModels = rt.ModelEntries
+	sopts.LoRAChanged = func(name string, models []string) {
+		base := "" // unloaded
+		if len(models) > 0 {
+			base = models[0] // an adapter loads on workers of one base model
+		}
+		rt.SetAdapter(name, base)
+	}
 	sopts.Ready = rt.Ready
 	sopts.Policies = map[string]string{"policy": cfg.Policy, "prefill": cfg.EffectivePrefillPolicy(), "decode": cfg.EffectiveDecodePolicy(), "mode": "igw"}
 	return nil
@@ -229,12 +236,21 @@ func (a *app) discoverModel(ctx context.Context, base string) (string, error) {
 	defer cancel()
 	var list struct {
 		Data []struct {
-			ID string `json:"id"`
+			ID     string `json:"id"`
+			Parent string `json:"parent"`
 		} `json:"data"`
 	}
 	err := a.getWorkerJSON(ctx, base+"/v1/models", &list)
 	if err == nil && len(list.Data) > 0 && list.Data[0].ID != "" {
-		return list.Data[0].ID, nil
+		model := list.Data[0].ID
+		for _, m := range list.Data[1:] {
+			// vLLM lists its LoRA adapters after the model, with it as
+			// their parent: their requests go to the model's fleet.
+			if m.Parent == model && m.ID != "" && a.igw != nil {
+				a.igw.SetAdapter(m.ID, model)
+			}
+		}
+		return model, nil
 	}
 	if err == nil {
 		err = fmt.Errorf("GET %s/v1/models: no model listed", base)

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -9,6 +10,9 @@ import (
 	"testing"
 
 	"github.com/switchyard-llm/switchyard/internal/config"
+	"github.com/switchyard-llm/switchyard/internal/igw"
+	"github.com/switchyard-llm/switchyard/internal/policy"
+	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
 func TestDiscoverModel(t *testing.T) {
@@ -51,5 +55,31 @@ func TestDiscoverModel(t *testing.T) {
 				t.Fatalf("%q %v, want %q", got, err, tc.want)
 			}
 		})
+	}
+}
+
+// The LoRA adapters a worker lists with its model as parent (vLLM's
+// /v1/models) are routed to that model's fleet; an entry with another
+// parent, or none, is not taken for one.
+func TestDiscoverModelRecordsAdapters(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"data":[{"id":"base","parent":null},{"id":"sql","parent":"base"},`+
+			`{"id":"stray","parent":"other"},{"id":"plain"}]}`)
+	}))
+	defer srv.Close()
+	rt, err := igw.New(igw.Options{Registry: worker.NewRegistry(worker.BreakerConfig{}), DefaultPolicy: "round_robin",
+		NewPolicy: func(string) (policy.Policy, error) { return nil, errors.New("unused") }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	a := &app{cfg: &config.Config{}, client: srv.Client(), igw: rt}
+	if got, err := a.discoverModel(context.Background(), srv.URL); err != nil || got != "base" {
+		t.Fatalf("%q %v, want base", got, err)
+	}
+	for name, want := range map[string]string{"sql": "base", "stray": "", "plain": ""} {
+		if got, _ := rt.AdapterModel(name); got != want {
+			t.Errorf("adapter %s → %q, want %q", name, got, want)
+		}
 	}
 }

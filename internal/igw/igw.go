@@ -127,6 +127,9 @@ type Router struct {
 	limits  map[string]*limiter // configured models with MaxConcurrent > 0; read-only
 	started time.Time           // the upstream models' "created"
 
+	amu      sync.RWMutex
+	adapters map[string]string // LoRA adapter → the base model whose workers serve it
+
 	requests  *prometheus.CounterVec   // model (a registered one), outcome: routed|no_live_workers|limited
 	rejected  *prometheus.CounterVec   // reason: unknown_model|bad_model|model_required
 	duration  *prometheus.HistogramVec // model: routed requests, arrival to the end of the response
@@ -453,6 +456,16 @@ func (rt *Router) route(w http.ResponseWriter, v []byte, generation bool) (model
 	}
 	st, known := states[model]
 	if !known {
+		// A LoRA adapter's requests name the adapter: they go to its base
+		// model's fleet, the body unchanged (the engine serves it).
+		if base, ok := rt.AdapterModel(model); ok {
+			st, known = states[base]
+			if known {
+				model = base
+			}
+		}
+	}
+	if !known {
 		rt.rejected.WithLabelValues("unknown_model").Inc()
 		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", model), "model")
 		return "", "", false
@@ -465,6 +478,30 @@ func (rt *Router) route(w http.ResponseWriter, v []byte, generation bool) (model
 		return "", "", false
 	}
 	return model, st.Kind(), true
+}
+
+// SetAdapter records that the workers of base model serve the LoRA
+// adapter name (loaded through the router, or listed in a worker's
+// /v1/models with that parent); model "" forgets it.
+func (rt *Router) SetAdapter(name, model string) {
+	rt.amu.Lock()
+	defer rt.amu.Unlock()
+	if model == "" {
+		delete(rt.adapters, name)
+		return
+	}
+	if rt.adapters == nil {
+		rt.adapters = map[string]string{}
+	}
+	rt.adapters[name] = model
+}
+
+// AdapterModel returns the base model whose fleet serves LoRA adapter name.
+func (rt *Router) AdapterModel(name string) (string, bool) {
+	rt.amu.RLock()
+	defer rt.amu.RUnlock()
+	m, ok := rt.adapters[name]
+	return m, ok
 }
 
 // ServePassthrough serves the non-generation routes (/tokenize,

@@ -567,3 +567,29 @@ func TestPassthroughByModel(t *testing.T) {
 		t.Fatalf("a PD model's passthrough reached its decode worker %d times", d.hits.Load())
 	}
 }
+
+// A request naming a LoRA adapter goes to the fleet of the adapter's base
+// model (SetAdapter), /tokenize too; once forgotten it is a 404 again.
+func TestAdapterRoutesToItsBaseModel(t *testing.T) {
+	e := newEnv(t)
+	a, b := newWorker(t, "a"), newWorker(t, "b")
+	e.add(t, a.URL, "model-a")
+	e.add(t, b.URL, "model-b")
+	e.rt.SetAdapter("sql", "model-b")
+	for _, path := range []string{"/v1/completions", "/tokenize"} {
+		if st, body := e.postTo(t, path, `{"model":"sql","prompt":"x"}`); st != 200 || !strings.Contains(body, `"b"`) {
+			t.Fatalf("%s for the adapter: %d %s", path, st, body)
+		}
+	}
+	if a.hits.Load() != 0 {
+		t.Fatalf("model-a's worker got %d of the adapter's requests", a.hits.Load())
+	}
+	e.rt.SetAdapter("sql", "model-gone") // a base model no worker serves: as unknown
+	if st, _ := e.post(t, `{"model":"sql","prompt":"x"}`); st != 404 {
+		t.Fatalf("adapter of a model without workers: %d, want 404", st)
+	}
+	e.rt.SetAdapter("sql", "")
+	if st, body := e.post(t, `{"model":"sql","prompt":"x"}`); st != 404 || !strings.Contains(body, "The model `sql` does not exist.") {
+		t.Fatalf("forgotten adapter: %d %s", st, body)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -175,12 +176,14 @@ func (s *Server) noteLoRA(path, name string, body []byte, answers []loraAnswer) 
 	}
 	switch path {
 	case loraLoadPath:
-		for _, a := range answers {
-			if a.ok() {
-				s.lora.remember(name, body)
-				s.log.Info("LoRA adapter loaded", "lora_name", name, "workers", len(answers))
-				return
-			}
+		models := s.modelsOf(answers)
+		if len(models) == 0 {
+			return // no worker took it
+		}
+		s.lora.remember(name, body)
+		s.log.Info("LoRA adapter loaded", "lora_name", name, "workers", len(answers), "models", models)
+		if s.o.LoRAChanged != nil {
+			s.o.LoRAChanged(name, models)
 		}
 	case loraUnloadPath:
 		for _, a := range answers {
@@ -189,7 +192,29 @@ func (s *Server) noteLoRA(path, name string, body []byte, answers []loraAnswer) 
 			}
 		}
 		s.lora.forget(name)
+		if s.o.LoRAChanged != nil {
+			s.o.LoRAChanged(name, nil)
+		}
 	}
+}
+
+// modelsOf is the model ids (sorted, each once) of the workers that
+// answered 2xx.
+func (s *Server) modelsOf(answers []loraAnswer) []string {
+	took := map[string]bool{}
+	for _, a := range answers {
+		if a.ok() {
+			took[a.url] = true
+		}
+	}
+	var models []string
+	for _, w := range s.reg.Snapshot().All {
+		if took[w.URL] && !slices.Contains(models, w.ModelID) {
+			models = append(models, w.ModelID)
+		}
+	}
+	slices.Sort(models)
+	return models
 }
 
 // writeLoRA answers as one engine would when every worker answered alike:

@@ -253,3 +253,34 @@ func TestLoRASyncGivesAdaptersBack(t *testing.T) {
 		t.Error("an unloaded adapter was given back")
 	}
 }
+
+// LoRAChanged hears of a load some worker took (with the workers' model)
+// and of an unload; a load no worker took says nothing.
+func TestLoRAChangedTold(t *testing.T) {
+	type call struct {
+		name   string
+		models []string
+	}
+	var mu sync.Mutex
+	var calls []call
+	e := newEnv(t, func(o *Options) {
+		o.LoRAChanged = func(name string, models []string) {
+			mu.Lock()
+			defer mu.Unlock()
+			calls = append(calls, call{name, models})
+		}
+	})
+	off := newLoRAEngine(t)
+	off.disabled = true
+	e.add(newLoRAEngine(t).URL, worker.RoleRegular, -1, 0)
+	e.add(off.URL, worker.RoleRegular, -1, 0)
+	e.do("POST", loraLoadPath, sqlLoad)
+	e.do("POST", loraLoadPath, `{"lora_name": "x"}`) // refused everywhere
+	e.do("POST", loraUnloadPath, `{"lora_name": "sql"}`)
+	mu.Lock()
+	defer mu.Unlock()
+	want := []call{{"sql", []string{"m1"}}, {"sql", nil}}
+	if fmt.Sprint(calls) != fmt.Sprint(want) {
+		t.Fatalf("calls %v, want %v", calls, want)
+	}
+}

@@ -86,6 +86,11 @@ type Options struct {
 	// object (--history-backend memory): retrieval and cancel go to that
 	// worker only. nil → every worker is asked (--history-backend none).
 	History *history.Store
+	// LoRAChanged, if set, is told of a LoRA adapter loaded through the
+	// router (the model ids of the workers that took it, sorted) or
+	// unloaded (models nil): --enable-igw routes the adapter's requests
+	// to its base model's fleet.
+	LoRAChanged func(name string, models []string)
 	// ExtraModels are /v1/models entries the router serves without a
 	// registered worker (--enable-igw's upstream models); nil = none.
 	ExtraModels func() []json.RawMessage

@@ -49,6 +49,18 @@ func (e *loraEngine) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+	case "/v1/completions":
+		var c struct {
+			Model string `json:"model"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&c)
+		if c.Model != "base" && e.adapters[c.Model] == "" {
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprintf(w, `{"error":{"message":"The model `+"`%s`"+` does not exist.","type":"NotFoundError","param":"model","code":404}}`, c.Model)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"model":%q,"choices":[{"index":0,"text":"ok","finish_reason":"length"}]}`, c.Model)
 	case "/v1/load_lora_adapter":
 		_ = json.NewDecoder(r.Body).Decode(&req)
 		if e.adapters[req.Name] != "" {
@@ -132,4 +144,31 @@ func healthy(t *testing.T, base, url string) bool {
 	}
 	t.Fatalf("%s not in /workers", url)
 	return false
+}
+
+// With --enable-igw a request naming an adapter loaded through the router
+// goes to the fleet of the model whose workers took it; before the load
+// the router does not know the name.
+func TestLoRAAdapterRoutedByIGW(t *testing.T) {
+	a, b := newLoRAEngine(t), newLoRAEngine(t)
+	r := startRouter(t, "--enable-igw", "--worker-urls", a.URL, b.URL, "--policy", "round_robin")
+	ctx := ctxT(t, 60*time.Second)
+	waitFor(t, 15*time.Second, "both workers in the model's fleet", func() bool {
+		var v struct {
+			Data []struct{ ID string } `json:"data"`
+		}
+		return getJSON(t, r.Base+"/v1/models", &v) == 200 && len(v.Data) == 1 && v.Data[0].ID == "base" && healthy(t, r.Base, a.URL) && healthy(t, r.Base, b.URL)
+	})
+	req := `{"model": "sql", "prompt": "x", "max_tokens": 1}`
+	if st, _, body := post(t, ctx, r.Base+"/v1/completions", req); st != 404 || !strings.Contains(string(body), "The model `sql` does not exist.") {
+		t.Fatalf("before the load: %d %s", st, body)
+	}
+	if st, _, body := post(t, ctx, r.Base+"/v1/load_lora_adapter", `{"lora_name": "sql", "lora_path": "/adapters/sql"}`); st != 200 {
+		t.Fatalf("load: %d %s", st, body)
+	}
+	for range 4 { // round robin: both workers
+		if st, _, body := post(t, ctx, r.Base+"/v1/completions", req); st != 200 || !strings.Contains(string(body), `"model":"sql"`) {
+			t.Fatalf("after the load: %d %s", st, body)
+		}
+	}
 }
