@@ -559,7 +559,7 @@ func (a *app) buildServer(ctx context.Context) error {
 		LoadPollInterval:     a.loadPollInterval(),
 		Metrics:              a.m,
 		Logger:               a.log,
-		OnHealthy:            a.syncLoRA,
+		BeforeHealthy:        a.prepareLoRA,
 	})
 	if a.kvs != nil {
 		sopts.Sections = map[string]func() any{"kv_aware": a.kvStatus}
@@ -733,7 +733,7 @@ func (a *app) run(ctx context.Context) error {
 		// upstream's passive health.
 		wg.Go(func() { a.health.Run(ctx) })
 	}
-	wg.Go(func() { a.srv.RunLoRASync(ctx) })
+	wg.Go(func() { a.srv.RunLoRASync(ctx, a.cfg.HealthCheckInterval()) })
 	if ws := a.staticIGW(); a.igw != nil && len(ws) > 0 {
 		wg.Go(func() { a.resolveStaticIGW(ctx, ws) })
 	}
@@ -767,11 +767,18 @@ func (a *app) run(ctx context.Context) error {
 	return err
 }
 
-// syncLoRA has the server give a worker that joined or turned healthy the
-// LoRA adapters loaded through the router (none before the server exists).
+// syncLoRA has the server give a worker that joined the LoRA adapters
+// loaded through the router (none before the server exists).
 func (a *app) syncLoRA(url string) {
 	if a.srv != nil {
 		a.srv.SyncLoRA(url)
+	}
+}
+
+// prepareLoRA gives a worker about to be healthy again its LoRA adapters.
+func (a *app) prepareLoRA(ctx context.Context, url string) {
+	if a.srv != nil {
+		a.srv.PrepareLoRA(ctx, url)
 	}
 }
 

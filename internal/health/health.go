@@ -75,10 +75,12 @@ type Options struct {
 	// UnhealthyMaxInterval (1 s); both are at most Interval.
 	UnhealthyInterval    time.Duration
 	UnhealthyMaxInterval time.Duration
-	// OnHealthy, if set, is called with a worker's base URL each time it
-	// turns healthy (a new worker's first pass included), from the
-	// checker's goroutine: it must not block.
-	OnHealthy func(url string)
+	// BeforeHealthy, if set, runs after a passing probe of a worker that is
+	// not healthy, before the result is applied (which may make it
+	// healthy), in that probe's goroutine: what a returning engine needs
+	// before it is given traffic (its LoRA adapters). It must return; no
+	// other probe of the URL runs meanwhile.
+	BeforeHealthy func(ctx context.Context, url string)
 }
 
 // Checker probes workers. Build it with NewChecker and start Run once.
@@ -343,6 +345,9 @@ func (c *Checker) launchProbe(ctx context.Context, u string) {
 	c.mu.Unlock()
 	c.wg.Go(func() {
 		err := c.withSlot(ctx, func() error { return c.probe(ctx, u) })
+		if err == nil && c.o.BeforeHealthy != nil && !c.anyHealthy(u) {
+			c.o.BeforeHealthy(ctx, u)
+		}
 		if ctx.Err() != nil { // shutting down: not the worker's fault
 			c.mu.Lock()
 			st.probing = false
@@ -351,6 +356,16 @@ func (c *Checker) launchProbe(ctx context.Context, u string) {
 		}
 		c.apply(u, st, err)
 	})
+}
+
+// anyHealthy reports whether a worker of base URL u is healthy.
+func (c *Checker) anyHealthy(u string) bool {
+	for _, w := range c.o.Registry.Snapshot().All {
+		if w.URL == u && w.Healthy() {
+			return true
+		}
+	}
+	return false
 }
 
 // withSlot runs fn holding one of the Concurrency slots.
@@ -459,9 +474,6 @@ func (c *Checker) apply(u string, st *urlState, err error) {
 	case changed && !target:
 		c.log.Warn("worker unhealthy", "url", u, "ranks", len(ws), "consecutive_failures", fails, "err", err)
 	case changed && target:
-		if c.o.OnHealthy != nil {
-			c.o.OnHealthy(u)
-		}
 		c.log.Info("worker healthy", "url", u, "ranks", len(ws), "consecutive_successes", oks)
 		for _, w := range ws {
 			// the breaker's failures were the previous process's: let

@@ -348,31 +348,41 @@ func TestProbeNow(t *testing.T) {
 	}
 }
 
-// OnHealthy is told once per return to health, with the instance's URL
-// (its DP ranks together), and not while a worker stays healthy.
-func TestOnHealthyCalledOnReturn(t *testing.T) {
+// BeforeHealthy runs after a passing probe of an unhealthy worker, with
+// the instance's URL, before the worker is healthy again; not while it
+// stays healthy, and not after a failing probe.
+func TestBeforeHealthyRunsBeforeTheReturn(t *testing.T) {
 	f := newFakeVLLM(t)
 	reg := newRegistry(t)
-	add(t, reg, f.srv.URL, worker.RoleRegular, 2)
+	ws := add(t, reg, f.srv.URL, worker.RoleRegular, 2)
 	var mu sync.Mutex
 	var got []string
+	var healthyInside []bool
 	c := newChecker(t, Options{Registry: reg, FailureThreshold: 1, SuccessThreshold: 1,
-		OnHealthy: func(url string) { mu.Lock(); got = append(got, url); mu.Unlock() }})
+		BeforeHealthy: func(_ context.Context, url string) {
+			mu.Lock()
+			defer mu.Unlock()
+			got = append(got, url)
+			healthyInside = append(healthyInside, ws[0].Healthy() || ws[1].Healthy())
+		}})
 	calls := func() []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), got...) }
 	round(c)
 	round(c)
 	if n := len(calls()); n != 0 {
-		t.Fatalf("OnHealthy called %d times for a worker that stayed healthy", n)
+		t.Fatalf("BeforeHealthy ran %d times for a worker that stayed healthy", n)
 	}
 	f.status.Store(http.StatusServiceUnavailable)
 	round(c)
-	if n := len(calls()); n != 0 {
-		t.Fatalf("OnHealthy called %d times on failure", n)
+	round(c)
+	if n := len(calls()); n != 0 || ws[0].Healthy() {
+		t.Fatalf("BeforeHealthy ran %d times on failures (healthy %v)", n, ws[0].Healthy())
 	}
 	f.status.Store(http.StatusOK)
 	round(c)
-	round(c)
-	if g := calls(); len(g) != 1 || g[0] != f.srv.URL {
-		t.Fatalf("OnHealthy calls %v, want one with %s", g, f.srv.URL)
+	if g := calls(); len(g) != 1 || g[0] != f.srv.URL || healthyInside[0] {
+		t.Fatalf("BeforeHealthy calls %v (worker healthy inside: %v), want one with %s before the return", g, healthyInside, f.srv.URL)
+	}
+	if !ws[0].Healthy() || !ws[1].Healthy() {
+		t.Fatal("not healthy after the passing probe")
 	}
 }

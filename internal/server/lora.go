@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
 // LoRA adapters loaded at run time. vLLM serves POST /v1/load_lora_adapter
@@ -21,7 +23,9 @@ import (
 // the others; in PD mode both legs of a request need it. So the router
 // sends both calls to every worker of every role, and remembers what was
 // loaded: a worker that joins later, or comes back healthy (a restarted
-// engine has lost its run-time adapters), is given them again (RunLoRASync).
+// engine has lost its run-time adapters), is given them again: before it
+// is routed again (PrepareLoRA, from the health checker), soon after it
+// joins (SyncLoRA), and at every reconcile interval (RunLoRASync).
 
 const (
 	loraLoadPath   = "/v1/load_lora_adapter"
@@ -101,6 +105,13 @@ func (l *loraSet) forget(name string) {
 			break
 		}
 	}
+}
+
+// any reports whether an adapter is remembered.
+func (l *loraSet) any() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.order) > 0
 }
 
 // adapters returns the remembered adapters' names and bodies, in load order.
@@ -260,13 +271,10 @@ func (s *Server) writeLoRA(w http.ResponseWriter, r *http.Request, path string, 
 // adapters it lacks. It never blocks: with the queue full the worker is
 // skipped (logged).
 func (s *Server) SyncLoRA(url string) {
-	l := s.lora
-	l.mu.Lock()
-	empty := len(l.order) == 0
-	l.mu.Unlock()
-	if empty {
+	if !s.lora.any() {
 		return
 	}
+	l := s.lora
 	l.mq.Lock()
 	defer l.mq.Unlock()
 	if l.queued[url] {
@@ -280,13 +288,35 @@ func (s *Server) SyncLoRA(url string) {
 	}
 }
 
-// RunLoRASync gives queued workers their adapters until ctx ends.
-func (s *Server) RunLoRASync(ctx context.Context) {
+// PrepareLoRA gives a worker the remembered adapters it lacks and returns
+// when it has (or the loads failed): the health checker runs it before a
+// returning worker is routed again.
+func (s *Server) PrepareLoRA(ctx context.Context, url string) {
+	if s.lora.any() {
+		s.syncWorkerLoRA(ctx, url)
+	}
+}
+
+// RunLoRASync gives queued workers their adapters until ctx ends, and
+// every interval (0: never) queues every worker: an engine restarted
+// between two health probes has lost its adapters without ever looking
+// unhealthy.
+func (s *Server) RunLoRASync(ctx context.Context, every time.Duration) {
 	l := s.lora
+	var tick <-chan time.Time
+	if every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-tick: // the healthy ones: a returning one is prepared
+			for _, u := range instanceURLs(s.reg.Snapshot(), true, worker.RolePrefill, worker.RoleDecode, worker.RoleRegular) {
+				s.SyncLoRA(u)
+			}
 		case url := <-l.queue:
 			l.mq.Lock()
 			delete(l.queued, url)

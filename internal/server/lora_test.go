@@ -224,7 +224,7 @@ func TestLoRASyncGivesAdaptersBack(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
-	go func() { defer close(done); e.s.RunLoRASync(ctx) }()
+	go func() { defer close(done); e.s.RunLoRASync(ctx, 0) }()
 	defer func() { cancel(); <-done }()
 
 	e.add(b.URL, worker.RoleRegular, -1, 0)
@@ -233,9 +233,11 @@ func TestLoRASyncGivesAdaptersBack(t *testing.T) {
 
 	a.restart()
 	loadsB := b.loadCalls()
-	e.s.SyncLoRA(a.URL) // as the app does when it turns healthy again
-	e.s.SyncLoRA(b.URL)
-	waitFor(t, "the restarted worker's adapters", func() bool { return a.has("sql") && a.has("chat") })
+	e.s.PrepareLoRA(t.Context(), a.URL) // as the health checker does before it is healthy again
+	if !a.has("sql") || !a.has("chat") {
+		t.Fatal("PrepareLoRA returned before the restarted worker had its adapters")
+	}
+	e.s.PrepareLoRA(t.Context(), b.URL)
 	e.s.SyncLoRA(b.URL)
 	time.Sleep(100 * time.Millisecond)
 	if n := b.loadCalls(); n != loadsB {
@@ -283,4 +285,21 @@ func TestLoRAChangedTold(t *testing.T) {
 	if fmt.Sprint(calls) != fmt.Sprint(want) {
 		t.Fatalf("calls %v, want %v", calls, want)
 	}
+}
+
+// Every reconcile interval each worker is checked: an engine restarted
+// between two health probes gets its adapters back unasked.
+func TestLoRAReconciledPeriodically(t *testing.T) {
+	e := newEnv(t, nil)
+	a := newLoRAEngine(t)
+	e.add(a.URL, worker.RoleRegular, -1, 0)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); e.s.RunLoRASync(ctx, 20*time.Millisecond) }()
+	defer func() { cancel(); <-done }()
+	if r := e.do("POST", loraLoadPath, sqlLoad); r.status != 200 {
+		t.Fatalf("load: %d %s", r.status, r.body)
+	}
+	a.restart()
+	waitFor(t, "the adapter given back", func() bool { return a.has("sql") })
 }

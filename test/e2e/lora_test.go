@@ -37,11 +37,12 @@ func (e *loraEngine) serve(w http.ResponseWriter, r *http.Request) {
 		Name string `json:"lora_name"`
 		Path string `json:"lora_path"`
 	}
+	if e.down { // restarting: nothing is served yet
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
 	switch r.URL.Path {
 	case "/health":
-		if e.down {
-			w.WriteHeader(http.StatusServiceUnavailable)
-		}
 	case "/v1/models":
 		data := []map[string]any{{"id": "base", "object": "model"}}
 		for n := range e.adapters {
@@ -91,7 +92,8 @@ func (e *loraEngine) setDown(down bool) {
 }
 
 // A LoRA adapter loaded through the router reaches every worker; a worker
-// added later and an engine that restarts are given it without a call.
+// added later is given it without a call, and an engine that restarts is
+// given it before the router routes to it again.
 func TestLoRAAdaptersFollowTheFleet(t *testing.T) {
 	a, b, c := newLoRAEngine(t), newLoRAEngine(t), newLoRAEngine(t)
 	r := startRouter(t, "--worker-urls", a.URL, b.URL, "--policy", "round_robin",
@@ -110,6 +112,7 @@ func TestLoRAAdaptersFollowTheFleet(t *testing.T) {
 	if st/100 != 2 {
 		t.Fatalf("add_worker: %d %s", st, body)
 	}
+	// A new worker is routed at once; its adapter follows (queued).
 	took := waitFor(t, 10*time.Second, "the added worker's adapter", func() bool { return c.has("sql") })
 	t.Logf("added worker given the adapter after %v", took)
 
@@ -119,8 +122,11 @@ func TestLoRAAdaptersFollowTheFleet(t *testing.T) {
 		t.Fatal("given back while down")
 	}
 	b.setDown(false)
-	took = waitFor(t, 10*time.Second, "the restarted engine's adapter", func() bool { return b.has("sql") })
-	t.Logf("restarted engine given the adapter %v after it answered again", took)
+	took = waitFor(t, 10*time.Second, "the restarted engine routed again", func() bool { return healthy(t, r.Base, b.URL) })
+	if !b.has("sql") {
+		t.Fatal("the restarted engine was routed again before it had the adapter")
+	}
+	t.Logf("restarted engine routed again, with the adapter, %v after it answered", took)
 
 	st, _, body = post(t, ctx, r.Base+"/v1/load_lora_adapter", `{"lora_name": "sql", "lora_path": "/adapters/sql"}`)
 	if st != 400 || !strings.Contains(string(body), "has already been loaded") {
