@@ -70,6 +70,7 @@ func (a *app) buildIGW(sopts *server.Options, ropts proxy.RegularOptions) error 
 	sopts.AddWorkerSpec = a.adminAddIGW
 	sopts.ModelsStatus = func() any { return rt.Status() }
 	sopts.ExtraModels = rt.ModelEntries
+	sopts.LoRAByModel = true
 	sopts.LoRAChanged = func(name string, models []string) {
 		base := "" // unloaded
 		if len(models) > 0 {

@@ -72,10 +72,12 @@ func (a loraAnswer) describe() string {
 }
 
 // loraSet is the adapters loaded through the router: name → the load
-// request's body, as the client sent it.
+// request's body, as the client sent it, and the models of the workers
+// that took it.
 type loraSet struct {
 	mu     sync.Mutex
 	bodies map[string][]byte
+	models map[string][]string
 	order  []string // load order
 	queue  chan string
 	mq     sync.Mutex
@@ -83,22 +85,24 @@ type loraSet struct {
 }
 
 func newLoRASet() *loraSet {
-	return &loraSet{bodies: map[string][]byte{}, queue: make(chan string, loraSyncQueue), queued: map[string]bool{}}
+	return &loraSet{bodies: map[string][]byte{}, models: map[string][]string{}, queue: make(chan string, loraSyncQueue), queued: map[string]bool{}}
 }
 
-func (l *loraSet) remember(name string, body []byte) {
+func (l *loraSet) remember(name string, body []byte, models []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if _, ok := l.bodies[name]; !ok {
 		l.order = append(l.order, name)
 	}
 	l.bodies[name] = bytes.Clone(body)
+	l.models[name] = models
 }
 
 func (l *loraSet) forget(name string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	delete(l.bodies, name)
+	delete(l.models, name)
 	for i, n := range l.order {
 		if n == name {
 			l.order = append(l.order[:i:i], l.order[i+1:]...)
@@ -114,13 +118,16 @@ func (l *loraSet) any() bool {
 	return len(l.order) > 0
 }
 
-// adapters returns the remembered adapters' names and bodies, in load order.
-func (l *loraSet) adapters() (names []string, bodies [][]byte) {
+// adapters returns the remembered adapters' names and bodies, in load
+// order: all of them, or with model != "" those that workers of model took.
+func (l *loraSet) adapters(model string) (names []string, bodies [][]byte) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, n := range l.order {
-		names = append(names, n)
-		bodies = append(bodies, l.bodies[n])
+		if model == "" || slices.Contains(l.models[n], model) {
+			names = append(names, n)
+			bodies = append(bodies, l.bodies[n])
+		}
 	}
 	return names, bodies
 }
@@ -179,8 +186,9 @@ func (s *Server) postLoRA(ctx context.Context, in *http.Request, base, path stri
 }
 
 // noteLoRA updates the remembered adapters: a load that some worker took
-// is remembered (the others get it when they next come back healthy); an
-// unload that no worker refused is forgotten.
+// is remembered, with the models of the workers that took it (the others
+// are given it when they come back or at the next reconcile); an unload
+// that no worker refused is forgotten.
 func (s *Server) noteLoRA(path, name string, body []byte, answers []loraAnswer) {
 	if name == "" {
 		return
@@ -191,7 +199,7 @@ func (s *Server) noteLoRA(path, name string, body []byte, answers []loraAnswer) 
 		if len(models) == 0 {
 			return // no worker took it
 		}
-		s.lora.remember(name, body)
+		s.lora.remember(name, body, models)
 		s.log.Info("LoRA adapter loaded", "lora_name", name, "workers", len(answers), "models", models)
 		if s.o.LoRAChanged != nil {
 			s.o.LoRAChanged(name, models)
@@ -228,16 +236,17 @@ func (s *Server) modelsOf(answers []loraAnswer) []string {
 	return models
 }
 
-// writeLoRA answers as one engine would when every worker answered alike:
-// its status and body. Otherwise, with the first failure's status, an
+// writeLoRA answers as one engine would when every worker succeeded or
+// answered alike: the first one's status and body. Otherwise, with the first failure's status, an
 // error naming every worker that did not succeed.
 func (s *Server) writeLoRA(w http.ResponseWriter, r *http.Request, path string, answers []loraAnswer) {
 	first := answers[0]
-	same := first.err == nil
-	for _, a := range answers[1:] {
+	same, allOK := first.err == nil, true
+	for _, a := range answers {
 		same = same && a.err == nil && a.status == first.status
+		allOK = allOK && a.ok()
 	}
-	if same {
+	if same || allOK {
 		if first.ctype != "" {
 			w.Header().Set("Content-Type", first.ctype)
 		}
@@ -327,9 +336,17 @@ func (s *Server) RunLoRASync(ctx context.Context, every time.Duration) {
 }
 
 // syncWorkerLoRA loads on one worker each remembered adapter its
-// /v1/models does not list.
+// /v1/models does not list (with LoRAByModel, those of its model).
 func (s *Server) syncWorkerLoRA(ctx context.Context, url string) {
-	names, bodies := s.lora.adapters()
+	model := ""
+	if s.o.LoRAByModel {
+		w := s.workerAt(url)
+		if w == nil {
+			return // gone
+		}
+		model = w.ModelID
+	}
+	names, bodies := s.lora.adapters(model)
 	if len(names) == 0 {
 		return
 	}
@@ -356,4 +373,14 @@ func (s *Server) syncWorkerLoRA(ctx context.Context, url string) {
 		}
 		s.log.Info("LoRA adapter loaded on a worker that lacked it", "lora_name", name, "url", url)
 	}
+}
+
+// workerAt returns a worker of base URL url (nil if none).
+func (s *Server) workerAt(url string) *worker.Worker {
+	for _, w := range s.reg.Snapshot().All {
+		if w.URL == url {
+			return w
+		}
+	}
+	return nil
 }

@@ -27,6 +27,7 @@ type loraEngine struct {
 	mu       sync.Mutex
 	adapters map[string]string // name → path
 	loads    int               // load calls received
+	requests int               // every call received
 	disabled bool
 }
 
@@ -41,6 +42,7 @@ func newLoRAEngine(t *testing.T) *loraEngine {
 func (e *loraEngine) serve(w http.ResponseWriter, r *http.Request) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.requests++
 	var req struct {
 		Name string `json:"lora_name"`
 		Path string `json:"lora_path"`
@@ -177,7 +179,7 @@ func TestLoRAAnswers(t *testing.T) {
 			if r.status != tc.status || !strings.Contains(string(r.body), msg) {
 				t.Fatalf("got %d %s, want %d with %q", r.status, r.body, tc.status, msg)
 			}
-			if names, _ := e.s.lora.adapters(); (len(names) > 0) != tc.remembered {
+			if names, _ := e.s.lora.adapters(""); (len(names) > 0) != tc.remembered {
 				t.Errorf("remembered %v, want %v", names, tc.remembered)
 			}
 		})
@@ -302,4 +304,47 @@ func TestLoRAReconciledPeriodically(t *testing.T) {
 	}
 	a.restart()
 	waitFor(t, "the adapter given back", func() bool { return a.has("sql") })
+}
+
+// With LoRAByModel (--enable-igw) a worker is given only the adapters
+// workers of its own model took: another base model cannot take them.
+func TestLoRAByModelKeepsAdaptersToTheirModel(t *testing.T) {
+	e := newEnv(t, func(o *Options) { o.LoRAByModel = true })
+	a, other := newLoRAEngine(t), newLoRAEngine(t)
+	other.disabled = true                   // refuses: it serves another base model
+	e.add(a.URL, worker.RoleRegular, -1, 0) // model m1
+	if _, err := e.reg.Add(worker.Spec{URL: other.URL, Role: worker.RoleRegular, DPRank: -1, ModelID: "m2"}); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.do("POST", loraLoadPath, sqlLoad); r.status != 404 {
+		t.Fatalf("load: %d %s", r.status, r.body)
+	}
+	a.restart()
+	e.s.PrepareLoRA(t.Context(), a.URL)
+	if !a.has("sql") {
+		t.Fatal("m1's worker not given back the adapter m1 took")
+	}
+	other.mu.Lock()
+	before := other.requests
+	other.mu.Unlock()
+	e.s.PrepareLoRA(t.Context(), other.URL)
+	other.mu.Lock()
+	defer other.mu.Unlock()
+	if other.requests != before {
+		t.Fatalf("m2's worker was asked %d times for an adapter only m1 took", other.requests-before)
+	}
+}
+
+// Workers that all succeed, with different 2xx statuses, are a success.
+func TestLoRAWriteAllSucceeded(t *testing.T) {
+	e := newEnv(t, nil)
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest("POST", loraLoadPath, nil)
+	e.s.writeLoRA(rec, req, loraLoadPath, []loraAnswer{
+		{url: "http://a", status: 200, body: []byte("Success: a")},
+		{url: "http://b", status: 201, body: []byte("Success: b")},
+	})
+	if rec.Code != 200 || rec.Body.String() != "Success: a" {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
 }

@@ -91,6 +91,10 @@ type Options struct {
 	// unloaded (models nil): --enable-igw routes the adapter's requests
 	// to its base model's fleet.
 	LoRAChanged func(name string, models []string)
+	// LoRAByModel gives a worker that lacks them only the adapters that
+	// workers of its own model took (--enable-igw: another base model
+	// cannot take them).
+	LoRAByModel bool
 	// ExtraModels are /v1/models entries the router serves without a
 	// registered worker (--enable-igw's upstream models); nil = none.
 	ExtraModels func() []json.RawMessage
