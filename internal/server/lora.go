@@ -132,6 +132,23 @@ func (l *loraSet) adapters(model string) (names []string, bodies [][]byte) {
 	return names, bodies
 }
 
+// loraStatus is a remembered adapter as /workers shows it.
+type loraStatus struct {
+	Name   string   `json:"name"`
+	Models []string `json:"models"` // of the workers that took it
+}
+
+// status lists the remembered adapters, in load order.
+func (l *loraSet) status() []loraStatus {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]loraStatus, 0, len(l.order))
+	for _, n := range l.order {
+		out = append(out, loraStatus{Name: n, Models: l.models[n]})
+	}
+	return out
+}
+
 // loraName is the lora_name of a load or unload body ("" if none).
 func loraName(body []byte) string {
 	var v struct {

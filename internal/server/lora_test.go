@@ -229,6 +229,14 @@ func TestLoRASyncGivesAdaptersBack(t *testing.T) {
 	go func() { defer close(done); e.s.RunLoRASync(ctx, 0) }()
 	defer func() { cancel(); <-done }()
 
+	var st struct {
+		LoRA []loraStatus `json:"lora_adapters"`
+	}
+	if err := json.Unmarshal(e.do("GET", "/workers", "").body, &st); err != nil ||
+		fmt.Sprint(st.LoRA) != "[{sql [m1]} {chat [m1]}]" {
+		t.Fatalf("/workers lora_adapters %v (%v)", st.LoRA, err)
+	}
+
 	e.add(b.URL, worker.RoleRegular, -1, 0)
 	e.s.SyncLoRA(b.URL) // as the app does for an added worker
 	waitFor(t, "the new worker's adapters", func() bool { return b.has("sql") && b.has("chat") })

@@ -308,6 +308,9 @@ func (s *Server) handleWorkers(w http.ResponseWriter, _ *http.Request) {
 	if s.o.PDStatus != nil {
 		body["pd"] = s.o.PDStatus()
 	}
+	if names, _ := s.lora.adapters(""); len(names) > 0 {
+		body["lora_adapters"] = s.lora.status()
+	}
 	for name, f := range s.o.Sections {
 		body[name] = f()
 	}
