@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,96 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/switchyard-llm/switchyard/internal/openai"
+	"github.com/switchyard-llm/switchyard/internal/lorafake"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
-
-// loraEngine answers /v1/load_lora_adapter, /v1/unload_lora_adapter and
-// /v1/models as vLLM 0.32 does with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True
-// (vllm/entrypoints/openai/models/serving.py): 200 and a plain-text
-// success line, 400 for a missing field or an adapter already loaded, 404
-// for unloading one it does not hold. disabled: the routes do not exist
-// (404), as without the variable.
-type loraEngine struct {
-	*httptest.Server
-	mu       sync.Mutex
-	adapters map[string]string // name → path
-	loads    int               // load calls received
-	requests int               // every call received
-	disabled bool
-}
-
-func newLoRAEngine(t *testing.T) *loraEngine {
-	t.Helper()
-	e := &loraEngine{adapters: map[string]string{}}
-	e.Server = httptest.NewServer(http.HandlerFunc(e.serve))
-	t.Cleanup(e.Close)
-	return e
-}
-
-func (e *loraEngine) serve(w http.ResponseWriter, r *http.Request) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.requests++
-	var req struct {
-		Name string `json:"lora_name"`
-		Path string `json:"lora_path"`
-	}
-	switch {
-	case r.URL.Path == "/health":
-	case r.URL.Path == "/v1/models":
-		data := []map[string]any{{"id": "base", "object": "model", "parent": nil}}
-		for n, p := range e.adapters {
-			data = append(data, map[string]any{"id": n, "object": "model", "root": p, "parent": "base"})
-		}
-		writeJSON(w, 200, map[string]any{"object": "list", "data": data})
-	case e.disabled: // FastAPI's answer for a route never attached
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusNotFound)
-		io.WriteString(w, `{"detail":"Not Found"}`)
-	case r.URL.Path == loraLoadPath:
-		e.loads++
-		_ = json.NewDecoder(r.Body).Decode(&req)
-		switch {
-		case req.Name == "" || req.Path == "":
-			openai.WriteError(w, 400, "Both 'lora_name' and 'lora_path' must be provided.")
-		case e.adapters[req.Name] != "":
-			openai.WriteError(w, 400, fmt.Sprintf("The lora adapter '%s' has already been loaded. If you want to load the adapter in place, set 'load_inplace' to True.", req.Name))
-		default:
-			e.adapters[req.Name] = req.Path
-			fmt.Fprintf(w, "Success: LoRA adapter '%s' added successfully.", req.Name)
-		}
-	case r.URL.Path == loraUnloadPath:
-		_ = json.NewDecoder(r.Body).Decode(&req)
-		if e.adapters[req.Name] == "" {
-			openai.WriteError(w, 404, fmt.Sprintf("The lora adapter '%s' cannot be found.", req.Name))
-			return
-		}
-		delete(e.adapters, req.Name)
-		fmt.Fprintf(w, "Success: LoRA adapter '%s' removed successfully.", req.Name)
-	default:
-		http.NotFound(w, r)
-	}
-}
-
-func (e *loraEngine) has(name string) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.adapters[name] != ""
-}
-
-func (e *loraEngine) loadCalls() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.loads
-}
-
-// restart forgets the run-time adapters, as a restarted engine has.
-func (e *loraEngine) restart() {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.adapters = map[string]string{}
-}
 
 const sqlLoad = `{"lora_name": "sql", "lora_path": "/adapters/sql"}`
 
@@ -109,7 +21,7 @@ func TestLoRALoadReachesEveryWorker(t *testing.T) {
 	for _, mode := range []string{ModeRegular, ModePD} {
 		t.Run(mode, func(t *testing.T) {
 			e := newEnv(t, func(o *Options) { o.Mode = mode })
-			engines := []*loraEngine{newLoRAEngine(t), newLoRAEngine(t), newLoRAEngine(t)}
+			engines := []*lorafake.Engine{lorafake.New(t), lorafake.New(t), lorafake.New(t)}
 			roles := []worker.Role{worker.RoleRegular, worker.RoleRegular, worker.RoleRegular}
 			if mode == ModePD {
 				roles = []worker.Role{worker.RolePrefill, worker.RoleDecode, worker.RoleDecode}
@@ -122,7 +34,7 @@ func TestLoRALoadReachesEveryWorker(t *testing.T) {
 				t.Fatalf("load: %d %s", r.status, r.body)
 			}
 			for i, en := range engines {
-				if !en.has("sql") {
+				if !en.Has("sql") {
 					t.Errorf("worker %d (%s) lacks the adapter", i, roles[i])
 				}
 			}
@@ -131,7 +43,7 @@ func TestLoRALoadReachesEveryWorker(t *testing.T) {
 				t.Fatalf("unload: %d %s", r.status, r.body)
 			}
 			for i, en := range engines {
-				if en.has("sql") {
+				if en.Has("sql") {
 					t.Errorf("worker %d still holds the adapter", i)
 				}
 			}
@@ -167,10 +79,10 @@ func TestLoRAAnswers(t *testing.T) {
 			e := newEnv(t, nil)
 			msg := tc.msg
 			for i := range 2 {
-				en := newLoRAEngine(t)
-				en.disabled = tc.disabled != nil && tc.disabled[i]
+				en := lorafake.New(t)
+				en.SetDisabled(tc.disabled != nil && tc.disabled[i])
 				if tc.preload != nil && tc.preload[i] {
-					en.adapters["sql"] = "/adapters/old"
+					en.Preload("sql", "/adapters/old")
 				}
 				e.add(en.URL, worker.RoleRegular, -1, 0)
 				msg = strings.ReplaceAll(msg, fmt.Sprintf("URL%d", i), en.URL)
@@ -196,7 +108,7 @@ func TestLoRANoWorkers(t *testing.T) {
 
 func TestLoRAUnreachableWorker(t *testing.T) {
 	e := newEnv(t, nil)
-	ok := newLoRAEngine(t)
+	ok := lorafake.New(t)
 	dead := httptest.NewServer(http.NotFoundHandler())
 	deadURL := dead.URL
 	dead.Close()
@@ -206,7 +118,7 @@ func TestLoRAUnreachableWorker(t *testing.T) {
 	if r.status != http.StatusBadGateway || !strings.Contains(r.errMsg(t), "failed on 1 of 2 workers: ["+deadURL) {
 		t.Fatalf("got %d %s", r.status, r.body)
 	}
-	if !ok.has("sql") {
+	if !ok.Has("sql") {
 		t.Error("the reachable worker lacks the adapter")
 	}
 }
@@ -216,7 +128,7 @@ func TestLoRAUnreachableWorker(t *testing.T) {
 // an unloaded adapter is not given back.
 func TestLoRASyncGivesAdaptersBack(t *testing.T) {
 	e := newEnv(t, nil)
-	a, b := newLoRAEngine(t), newLoRAEngine(t)
+	a, b := lorafake.New(t), lorafake.New(t)
 	e.add(a.URL, worker.RoleRegular, -1, 0)
 	if r := e.do("POST", loraLoadPath, sqlLoad); r.status != 200 {
 		t.Fatalf("load: %d %s", r.status, r.body)
@@ -239,29 +151,29 @@ func TestLoRASyncGivesAdaptersBack(t *testing.T) {
 
 	e.add(b.URL, worker.RoleRegular, -1, 0)
 	e.s.SyncLoRA(b.URL) // as the app does for an added worker
-	waitFor(t, "the new worker's adapters", func() bool { return b.has("sql") && b.has("chat") })
+	waitFor(t, "the new worker's adapters", func() bool { return b.Has("sql") && b.Has("chat") })
 
-	a.restart()
-	loadsB := b.loadCalls()
+	a.Restart(false)
+	loadsB := b.Loads()
 	e.s.PrepareLoRA(t.Context(), a.URL) // as the health checker does before it is healthy again
-	if !a.has("sql") || !a.has("chat") {
+	if !a.Has("sql") || !a.Has("chat") {
 		t.Fatal("PrepareLoRA returned before the restarted worker had its adapters")
 	}
 	e.s.PrepareLoRA(t.Context(), b.URL)
 	e.s.SyncLoRA(b.URL)
 	time.Sleep(100 * time.Millisecond)
-	if n := b.loadCalls(); n != loadsB {
+	if n := b.Loads(); n != loadsB {
 		t.Errorf("worker holding the adapters got %d more loads", n-loadsB)
 	}
 
 	if r := e.do("POST", loraUnloadPath, `{"lora_name": "chat"}`); r.status != 200 {
 		t.Fatalf("unload: %d %s", r.status, r.body)
 	}
-	b.restart()
+	b.Restart(false)
 	e.s.SyncLoRA(b.URL)
-	waitFor(t, "the remaining adapter", func() bool { return b.has("sql") })
+	waitFor(t, "the remaining adapter", func() bool { return b.Has("sql") })
 	time.Sleep(100 * time.Millisecond)
-	if b.has("chat") {
+	if b.Has("chat") {
 		t.Error("an unloaded adapter was given back")
 	}
 }
@@ -282,9 +194,9 @@ func TestLoRAChangedTold(t *testing.T) {
 			calls = append(calls, call{name, models})
 		}
 	})
-	off := newLoRAEngine(t)
-	off.disabled = true
-	e.add(newLoRAEngine(t).URL, worker.RoleRegular, -1, 0)
+	off := lorafake.New(t)
+	off.SetDisabled(true)
+	e.add(lorafake.New(t).URL, worker.RoleRegular, -1, 0)
 	e.add(off.URL, worker.RoleRegular, -1, 0)
 	e.do("POST", loraLoadPath, sqlLoad)
 	e.do("POST", loraLoadPath, `{"lora_name": "x"}`) // refused everywhere
@@ -301,7 +213,7 @@ func TestLoRAChangedTold(t *testing.T) {
 // between two health probes gets its adapters back unasked.
 func TestLoRAReconciledPeriodically(t *testing.T) {
 	e := newEnv(t, nil)
-	a := newLoRAEngine(t)
+	a := lorafake.New(t)
 	e.add(a.URL, worker.RoleRegular, -1, 0)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
@@ -310,16 +222,16 @@ func TestLoRAReconciledPeriodically(t *testing.T) {
 	if r := e.do("POST", loraLoadPath, sqlLoad); r.status != 200 {
 		t.Fatalf("load: %d %s", r.status, r.body)
 	}
-	a.restart()
-	waitFor(t, "the adapter given back", func() bool { return a.has("sql") })
+	a.Restart(false)
+	waitFor(t, "the adapter given back", func() bool { return a.Has("sql") })
 }
 
 // With LoRAByModel (--enable-igw) a worker is given only the adapters
 // workers of its own model took: another base model cannot take them.
 func TestLoRAByModelKeepsAdaptersToTheirModel(t *testing.T) {
 	e := newEnv(t, func(o *Options) { o.LoRAByModel = true })
-	a, other := newLoRAEngine(t), newLoRAEngine(t)
-	other.disabled = true                   // refuses: it serves another base model
+	a, other := lorafake.New(t), lorafake.New(t)
+	other.SetDisabled(true)                 // refuses: it serves another base model
 	e.add(a.URL, worker.RoleRegular, -1, 0) // model m1
 	if _, err := e.reg.Add(worker.Spec{URL: other.URL, Role: worker.RoleRegular, DPRank: -1, ModelID: "m2"}); err != nil {
 		t.Fatal(err)
@@ -327,19 +239,15 @@ func TestLoRAByModelKeepsAdaptersToTheirModel(t *testing.T) {
 	if r := e.do("POST", loraLoadPath, sqlLoad); r.status != 404 {
 		t.Fatalf("load: %d %s", r.status, r.body)
 	}
-	a.restart()
+	a.Restart(false)
 	e.s.PrepareLoRA(t.Context(), a.URL)
-	if !a.has("sql") {
+	if !a.Has("sql") {
 		t.Fatal("m1's worker not given back the adapter m1 took")
 	}
-	other.mu.Lock()
-	before := other.requests
-	other.mu.Unlock()
+	before := other.Requests()
 	e.s.PrepareLoRA(t.Context(), other.URL)
-	other.mu.Lock()
-	defer other.mu.Unlock()
-	if other.requests != before {
-		t.Fatalf("m2's worker was asked %d times for an adapter only m1 took", other.requests-before)
+	if n := other.Requests() - before; n != 0 {
+		t.Fatalf("m2's worker was asked %d times for an adapter only m1 took", n)
 	}
 }
 
