@@ -40,6 +40,10 @@ type Metrics struct {
 	InFlight        *prometheus.GaugeVec   // mode
 	TokensTotal     *prometheus.CounterVec // kind: prompt|completion
 
+	// LoRA adapters loaded through the router (internal/server)
+	LoRAAdapters prometheus.Gauge       // remembered
+	LoRAGiven    *prometheus.CounterVec // outcome: loaded|failed
+
 	// retries and admission
 	Retries          *prometheus.CounterVec   // route
 	RetryBackoff     *prometheus.HistogramVec // attempt
@@ -132,6 +136,9 @@ func New(reg *prometheus.Registry) *Metrics {
 	m.GenerateDur = f.hist("vllm_router_generate_duration_seconds", "Time from request to upstream response headers for generation routes.", DurationBuckets)
 	m.InFlight = f.gaugeVec("vllm_router_inflight_requests", "Requests being served now, by mode.", "mode")
 	m.TokensTotal = f.counterVec("vllm_router_tokens_total", "Tokens relayed, from upstream usage reports.", "kind")
+
+	m.LoRAAdapters = f.gauge("vllm_router_lora_adapters", "LoRA adapters loaded through the router that it remembers (and gives to workers that lack them).")
+	m.LoRAGiven = f.counterVec("vllm_router_lora_adapters_given_total", "Remembered LoRA adapters loaded on a worker that lacked them (a new or restarted engine), by outcome (loaded, failed).", "outcome")
 
 	m.Retries = f.counterVec("vllm_router_retries_total", "Retry attempts, by route.", "route")
 	m.RetryBackoff = f.histVec("vllm_router_retry_backoff_duration_seconds", "Backoff slept before a retry attempt.", DurationBuckets, "attempt")

@@ -30,6 +30,8 @@ func touchAll(m *Metrics) {
 	m.GenerateDur.Observe(0.2)
 	m.InFlight.WithLabelValues("pd").Set(1)
 	m.TokensTotal.WithLabelValues("prompt").Add(10)
+	m.LoRAAdapters.Set(1)
+	m.LoRAGiven.WithLabelValues("loaded").Inc()
 
 	m.Retries.WithLabelValues("/v1/completions").Inc()
 	m.RetryBackoff.WithLabelValues("2").Observe(0.05)

@@ -217,6 +217,7 @@ func (s *Server) noteLoRA(path, name string, body []byte, answers []loraAnswer) 
 			return // no worker took it
 		}
 		s.lora.remember(name, body, models)
+		s.countAdapters()
 		s.log.Info("LoRA adapter loaded", "lora_name", name, "workers", len(answers), "models", models)
 		if s.o.LoRAChanged != nil {
 			s.o.LoRAChanged(name, models)
@@ -228,6 +229,7 @@ func (s *Server) noteLoRA(path, name string, body []byte, answers []loraAnswer) 
 			}
 		}
 		s.lora.forget(name)
+		s.countAdapters()
 		if s.o.LoRAChanged != nil {
 			s.o.LoRAChanged(name, nil)
 		}
@@ -385,9 +387,11 @@ func (s *Server) syncWorkerLoRA(ctx context.Context, url string) {
 		}
 		a := s.postLoRA(ctx, nil, url, loraLoadPath, bodies[i])
 		if !a.ok() {
+			s.countGiven("failed")
 			s.log.Warn("LoRA adapter sync: load failed", "lora_name", name, "answer", a.describe())
 			continue
 		}
+		s.countGiven("loaded")
 		s.log.Info("LoRA adapter loaded on a worker that lacked it", "lora_name", name, "url", url)
 	}
 }
@@ -400,4 +404,17 @@ func (s *Server) workerAt(url string) *worker.Worker {
 		}
 	}
 	return nil
+}
+
+func (s *Server) countGiven(outcome string) {
+	if s.m != nil {
+		s.m.LoRAGiven.WithLabelValues(outcome).Inc()
+	}
+}
+
+func (s *Server) countAdapters() {
+	if s.m != nil {
+		names, _ := s.lora.adapters("")
+		s.m.LoRAAdapters.Set(float64(len(names)))
+	}
 }

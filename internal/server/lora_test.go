@@ -152,6 +152,9 @@ func TestLoRASyncGivesAdaptersBack(t *testing.T) {
 	e.add(b.URL, worker.RoleRegular, -1, 0)
 	e.s.SyncLoRA(b.URL) // as the app does for an added worker
 	waitFor(t, "the new worker's adapters", func() bool { return b.Has("sql") && b.Has("chat") })
+	if g, n := value(e.m.LoRAAdapters), value(e.m.LoRAGiven.WithLabelValues("loaded")); g != 2 || n != 2 {
+		t.Errorf("lora_adapters %v, given loaded %v; want 2 and 2", g, n)
+	}
 
 	a.Restart(false)
 	loadsB := b.Loads()
