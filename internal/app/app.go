@@ -299,9 +299,6 @@ func (a *app) onRegistryChange(c worker.Change) {
 			a.history.ForgetWorker(w.URL)
 		}
 	}
-	for _, w := range c.Added {
-		a.syncLoRA(w.URL)
-	}
 	a.m.ActiveWorkers.Set(float64(len(c.Snap.All)))
 	counts := map[[2]string]int{}
 	for _, w := range c.Snap.All {
@@ -560,6 +557,7 @@ func (a *app) buildServer(ctx context.Context) error {
 		Metrics:              a.m,
 		Logger:               a.log,
 		BeforeHealthy:        a.prepareLoRA,
+		HoldNew:              a.holdForLoRA,
 	})
 	if a.kvs != nil {
 		sopts.Sections = map[string]func() any{"kv_aware": a.kvStatus}
@@ -767,13 +765,10 @@ func (a *app) run(ctx context.Context) error {
 	return err
 }
 
-// syncLoRA has the server give a worker that joined the LoRA adapters
-// loaded through the router (none before the server exists).
-func (a *app) syncLoRA(url string) {
-	if a.srv != nil {
-		a.srv.SyncLoRA(url)
-	}
-}
+// holdForLoRA: while LoRA adapters are remembered, a worker that joins is
+// held out of routing until its first passing health probe, before which
+// the health checker gives it the adapters (prepareLoRA).
+func (a *app) holdForLoRA() bool { return a.srv != nil && a.srv.HasLoRA() }
 
 // prepareLoRA gives a worker about to be healthy again its LoRA adapters.
 func (a *app) prepareLoRA(ctx context.Context, url string) {

@@ -81,6 +81,10 @@ type Options struct {
 	// before it is given traffic (its LoRA adapters). It must return; no
 	// other probe of the URL runs meanwhile.
 	BeforeHealthy func(ctx context.Context, url string)
+	// HoldNew, if set and true when workers join, holds them out of
+	// routing (unhealthy) until their first passing probe, which then runs
+	// BeforeHealthy first.
+	HoldNew func() bool
 }
 
 // Checker probes workers. Build it with NewChecker and start Run once.
@@ -260,6 +264,11 @@ func (c *Checker) schedule(st *urlState, passed, settled bool) {
 // state of base URLs that left. It runs on the registry writer's goroutine
 // and never blocks.
 func (c *Checker) onChange(ch worker.Change) {
+	if len(ch.Added) > 0 && c.o.HoldNew != nil && c.o.HoldNew() {
+		for _, w := range ch.Added {
+			w.SetHealthy(false) // before the probe this change starts
+		}
+	}
 	c.mu.Lock()
 	for _, w := range ch.Added {
 		c.pending[w.URL] = true

@@ -386,3 +386,44 @@ func TestBeforeHealthyRunsBeforeTheReturn(t *testing.T) {
 		t.Fatal("not healthy after the passing probe")
 	}
 }
+
+// With HoldNew true, a worker that joins is unhealthy (not routed) until
+// its first passing probe, and BeforeHealthy runs before it is healthy;
+// with HoldNew false it is routed at once and nothing runs.
+func TestHoldNewUntilFirstProbe(t *testing.T) {
+	for _, hold := range []bool{true, false} {
+		t.Run(fmt.Sprint("hold=", hold), func(t *testing.T) {
+			reg := newRegistry(t)
+			f := newFakeVLLM(t)
+			f.delay = 50 * time.Millisecond // the probe in flight while the test looks
+			var prepared atomic.Int32
+			var healthyInside atomic.Bool
+			var ws []*worker.Worker
+			var mu sync.Mutex
+			c := newChecker(t, Options{Registry: reg, Interval: time.Hour, HoldNew: func() bool { return hold },
+				BeforeHealthy: func(context.Context, string) {
+					mu.Lock()
+					healthyInside.Store(ws[0].Healthy())
+					mu.Unlock()
+					prepared.Add(1)
+				}})
+			runChecker(t, c)
+			time.Sleep(10 * time.Millisecond) // Run has subscribed
+			mu.Lock()
+			ws = add(t, reg, f.srv.URL, worker.RoleRegular, 1)
+			mu.Unlock()
+			if ws[0].Healthy() == hold {
+				t.Fatalf("right after joining healthy=%v, want %v", ws[0].Healthy(), !hold)
+			}
+			eventually(t, 10*time.Second, "healthy after the first probe", func() bool { return ws[0].Healthy() && f.health.Load() >= 1 })
+			time.Sleep(20 * time.Millisecond)
+			want := int32(0)
+			if hold {
+				want = 1
+			}
+			if prepared.Load() != want || healthyInside.Load() {
+				t.Fatalf("BeforeHealthy ran %d times (worker healthy inside: %v), want %d", prepared.Load(), healthyInside.Load(), want)
+			}
+		})
+	}
+}

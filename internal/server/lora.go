@@ -23,9 +23,10 @@ import (
 // the others; in PD mode both legs of a request need it. So the router
 // sends both calls to every worker of every role, and remembers what was
 // loaded: a worker that joins later, or comes back healthy (a restarted
-// engine has lost its run-time adapters), is given them again: before it
-// is routed again (PrepareLoRA, from the health checker), soon after it
-// joins (SyncLoRA), and at every reconcile interval (RunLoRASync).
+// engine has lost its run-time adapters), is given them again before it
+// is routed (PrepareLoRA, from the health checker; the app holds a joining
+// worker until then), and every worker is checked at each reconcile
+// interval (RunLoRASync).
 
 const (
 	loraLoadPath   = "/v1/load_lora_adapter"
@@ -315,6 +316,10 @@ func (s *Server) SyncLoRA(url string) {
 		s.log.Warn("LoRA adapter sync queue full: worker skipped", "url", url)
 	}
 }
+
+// HasLoRA reports whether adapters loaded through the router are
+// remembered.
+func (s *Server) HasLoRA() bool { return s.lora.any() }
 
 // PrepareLoRA gives a worker the remembered adapters it lacks and returns
 // when it has (or the loads failed): the health checker runs it before a

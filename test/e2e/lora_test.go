@@ -9,8 +9,8 @@ import (
 )
 
 // A LoRA adapter loaded through the router reaches every worker; a worker
-// added later is given it without a call, and an engine that restarts is
-// given it before the router routes to it again.
+// added later, and an engine that restarts, are given it without a call,
+// before the router routes to them.
 func TestLoRAAdaptersFollowTheFleet(t *testing.T) {
 	a, b, c := lorafake.New(t), lorafake.New(t), lorafake.New(t)
 	r := startRouter(t, "--worker-urls", a.URL, b.URL, "--policy", "round_robin",
@@ -29,9 +29,11 @@ func TestLoRAAdaptersFollowTheFleet(t *testing.T) {
 	if st/100 != 2 {
 		t.Fatalf("add_worker: %d %s", st, body)
 	}
-	// A new worker is routed at once; its adapter follows (queued).
-	took := waitFor(t, 10*time.Second, "the added worker's adapter", func() bool { return c.Has("sql") })
-	t.Logf("added worker given the adapter after %v", took)
+	took := waitFor(t, 10*time.Second, "the added worker routed", func() bool { return healthy(t, r.Base, c.URL) })
+	if !c.Has("sql") {
+		t.Fatal("the added worker was routed before it had the adapter")
+	}
+	t.Logf("added worker routed, with the adapter, after %v", took)
 
 	b.Restart(true) // the engine restarts: unhealthy, its adapters gone
 	waitFor(t, 20*time.Second, "the router to see the engine down", func() bool { return !healthy(t, r.Base, b.URL) })
