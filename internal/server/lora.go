@@ -32,7 +32,6 @@ const (
 	loraLoadPath   = "/v1/load_lora_adapter"
 	loraUnloadPath = "/v1/unload_lora_adapter"
 	loraAnswerMax  = 64 << 10 // a worker's answer kept for the client
-	loraSyncQueue  = 256      // workers waiting for their adapters
 	// loraListTimeout bounds a sync's /v1/models call (a load is bounded
 	// by the upstream timeout: an engine may take seconds to read one).
 	loraListTimeout = 10 * time.Second
@@ -80,13 +79,10 @@ type loraSet struct {
 	bodies map[string][]byte
 	models map[string][]string
 	order  []string // load order
-	queue  chan string
-	mq     sync.Mutex
-	queued map[string]bool // URLs in queue
 }
 
 func newLoRASet() *loraSet {
-	return &loraSet{bodies: map[string][]byte{}, models: map[string][]string{}, queue: make(chan string, loraSyncQueue), queued: map[string]bool{}}
+	return &loraSet{bodies: map[string][]byte{}, models: map[string][]string{}}
 }
 
 func (l *loraSet) remember(name string, body []byte, models []string) {
@@ -296,27 +292,6 @@ func (s *Server) writeLoRA(w http.ResponseWriter, r *http.Request, path string, 
 		" of "+strconv.Itoa(len(answers))+" workers: ["+strings.Join(failed, "; ")+"]")
 }
 
-// SyncLoRA queues a worker (its base URL) to be given the remembered
-// adapters it lacks. It never blocks: with the queue full the worker is
-// skipped (logged).
-func (s *Server) SyncLoRA(url string) {
-	if !s.lora.any() {
-		return
-	}
-	l := s.lora
-	l.mq.Lock()
-	defer l.mq.Unlock()
-	if l.queued[url] {
-		return
-	}
-	select {
-	case l.queue <- url:
-		l.queued[url] = true
-	default:
-		s.log.Warn("LoRA adapter sync queue full: worker skipped", "url", url)
-	}
-}
-
 // HasLoRA reports whether adapters loaded through the router are
 // remembered.
 func (s *Server) HasLoRA() bool { return s.lora.any() }
@@ -330,31 +305,32 @@ func (s *Server) PrepareLoRA(ctx context.Context, url string) {
 	}
 }
 
-// RunLoRASync gives queued workers their adapters until ctx ends, and
-// every interval (0: never) queues every worker: an engine restarted
-// between two health probes has lost its adapters without ever looking
-// unhealthy.
+// RunLoRASync gives every healthy worker the remembered adapters it
+// lacks, every interval, until ctx ends (every <= 0: it only waits): an
+// engine restarted between two health probes has lost its adapters
+// without ever looking unhealthy.
 func (s *Server) RunLoRASync(ctx context.Context, every time.Duration) {
-	l := s.lora
-	var tick <-chan time.Time
-	if every > 0 {
-		t := time.NewTicker(every)
-		defer t.Stop()
-		tick = t.C
+	if every <= 0 {
+		<-ctx.Done()
+		return
 	}
+	t := time.NewTicker(every)
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick: // the healthy ones: a returning one is prepared
-			for _, u := range instanceURLs(s.reg.Snapshot(), true, worker.RolePrefill, worker.RoleDecode, worker.RoleRegular) {
-				s.SyncLoRA(u)
+		case <-t.C:
+		}
+		if !s.lora.any() {
+			continue
+		}
+		// The healthy ones: a returning one is prepared before it is.
+		for _, u := range instanceURLs(s.reg.Snapshot(), true, worker.RolePrefill, worker.RoleDecode, worker.RoleRegular) {
+			if ctx.Err() != nil {
+				return
 			}
-		case url := <-l.queue:
-			l.mq.Lock()
-			delete(l.queued, url)
-			l.mq.Unlock()
-			s.syncWorkerLoRA(ctx, url)
+			s.syncWorkerLoRA(ctx, u)
 		}
 	}
 }
@@ -364,11 +340,11 @@ func (s *Server) RunLoRASync(ctx context.Context, every time.Duration) {
 func (s *Server) syncWorkerLoRA(ctx context.Context, url string) {
 	model := ""
 	if s.o.LoRAByModel {
-		w := s.workerAt(url)
-		if w == nil {
+		ws := s.lookup(url)
+		if len(ws) == 0 {
 			return // gone
 		}
-		model = w.ModelID
+		model = ws[0].ModelID
 	}
 	names, bodies := s.lora.adapters(model)
 	if len(names) == 0 {
@@ -399,16 +375,6 @@ func (s *Server) syncWorkerLoRA(ctx context.Context, url string) {
 		s.countGiven("loaded")
 		s.log.Info("LoRA adapter loaded on a worker that lacked it", "lora_name", name, "url", url)
 	}
-}
-
-// workerAt returns a worker of base URL url (nil if none).
-func (s *Server) workerAt(url string) *worker.Worker {
-	for _, w := range s.reg.Snapshot().All {
-		if w.URL == url {
-			return w
-		}
-	}
-	return nil
 }
 
 func (s *Server) countGiven(outcome string) {

@@ -124,8 +124,8 @@ func TestLoRAUnreachableWorker(t *testing.T) {
 }
 
 // A worker that joins, or an engine that restarts, is given the adapters
-// loaded through the router; one that holds them is not asked again, and
-// an unloaded adapter is not given back.
+// loaded through the router before PrepareLoRA returns; one that holds
+// them is not asked again, and an unloaded adapter is not given back.
 func TestLoRASyncGivesAdaptersBack(t *testing.T) {
 	e := newEnv(t, nil)
 	a, b := lorafake.New(t), lorafake.New(t)
@@ -136,11 +136,6 @@ func TestLoRASyncGivesAdaptersBack(t *testing.T) {
 	if r := e.do("POST", loraLoadPath, `{"lora_name": "chat", "lora_path": "/adapters/chat"}`); r.status != 200 {
 		t.Fatalf("load: %d %s", r.status, r.body)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { defer close(done); e.s.RunLoRASync(ctx, 0) }()
-	defer func() { cancel(); <-done }()
-
 	var st struct {
 		LoRA []loraStatus `json:"lora_adapters"`
 	}
@@ -150,8 +145,10 @@ func TestLoRASyncGivesAdaptersBack(t *testing.T) {
 	}
 
 	e.add(b.URL, worker.RoleRegular, -1, 0)
-	e.s.SyncLoRA(b.URL) // as the app does for an added worker
-	waitFor(t, "the new worker's adapters", func() bool { return b.Has("sql") && b.Has("chat") })
+	e.s.PrepareLoRA(t.Context(), b.URL) // as the health checker does before a joining worker is routed
+	if !b.Has("sql") || !b.Has("chat") {
+		t.Fatal("PrepareLoRA returned before the new worker had its adapters")
+	}
 	if g, n := value(e.m.LoRAAdapters), value(e.m.LoRAGiven.WithLabelValues("loaded")); g != 2 || n != 2 {
 		t.Errorf("lora_adapters %v, given loaded %v; want 2 and 2", g, n)
 	}
@@ -163,8 +160,6 @@ func TestLoRASyncGivesAdaptersBack(t *testing.T) {
 		t.Fatal("PrepareLoRA returned before the restarted worker had its adapters")
 	}
 	e.s.PrepareLoRA(t.Context(), b.URL)
-	e.s.SyncLoRA(b.URL)
-	time.Sleep(100 * time.Millisecond)
 	if n := b.Loads(); n != loadsB {
 		t.Errorf("worker holding the adapters got %d more loads", n-loadsB)
 	}
@@ -173,9 +168,10 @@ func TestLoRASyncGivesAdaptersBack(t *testing.T) {
 		t.Fatalf("unload: %d %s", r.status, r.body)
 	}
 	b.Restart(false)
-	e.s.SyncLoRA(b.URL)
-	waitFor(t, "the remaining adapter", func() bool { return b.Has("sql") })
-	time.Sleep(100 * time.Millisecond)
+	e.s.PrepareLoRA(t.Context(), b.URL)
+	if !b.Has("sql") {
+		t.Fatal("the remaining adapter was not given back")
+	}
 	if b.Has("chat") {
 		t.Error("an unloaded adapter was given back")
 	}
