@@ -308,7 +308,7 @@ func (s *Server) handleWorkers(w http.ResponseWriter, _ *http.Request) {
 	if s.o.PDStatus != nil {
 		body["pd"] = s.o.PDStatus()
 	}
-	if names, _ := s.lora.adapters(""); len(names) > 0 {
+	if s.lora.any() {
 		body["lora_adapters"] = s.lora.status()
 	}
 	for name, f := range s.o.Sections {
