@@ -47,6 +47,8 @@ type H1Transport struct {
 	pollOnce sync.Once
 	poll     *fdpoll.Poller // RoundTripAsync's epoll set, started on first use
 	closed   bool           // Close ran (under mu)
+
+	resends atomic.Uint64
 }
 
 // h1ReadBuffer is a connection's read buffer while it reads: it holds a
@@ -288,13 +290,96 @@ type exchange struct {
 	req  *http.Request
 	c    *h1Conn
 	stop abortOnDone // closes c when the context ends
+	// mayResend: c came from the pool and req can be written again, so a
+	// connection the worker turns out to have closed before answering is
+	// not a failure of the request (see resend).
+	mayResend bool
 	// The response's body and its framing, allocated with the exchange.
 	body h1Body
 	lb   lengthBody
 }
 
-// send writes req on a pooled or new connection.
+// h1TrustIdle: a connection back in the pool for less than this is reused
+// without the system call that checks it is still open (a peek), when its
+// request can be written again: should the worker have closed it, the
+// request is resent on another connection (resend). A worker closes an
+// idle keep-alive connection after seconds (uvicorn, which serves vLLM:
+// 5 s), so under load, where the pool's most recent connection is
+// microseconds old, the peek finds it open every time.
+const h1TrustIdle = time.Second
+
+// errStaleConn: the pooled connection a request was written on had been
+// closed by the worker; nothing of an answer arrived.
+var errStaleConn = errors.New("proxy: the worker had closed the pooled connection")
+
+// send writes req on a pooled or new connection, and once more on a new
+// one when the worker had closed the pooled one under the write.
 func (t *H1Transport) send(ctx context.Context, req *http.Request) (*exchange, error) {
+	x, err := t.sendOnce(ctx, req, canResend(req))
+	if err == errStaleConn {
+		return t.resend(ctx, req)
+	}
+	return x, err
+}
+
+// resend writes req again, with its body anew, on a connection checked to
+// be open or a new one, without a second resend. It is what net/http's
+// Transport does for a request whose reused connection the server closed
+// before answering (a server that closes a connection without an answer
+// did not process what arrived on it): the worker is not at fault and the
+// client does not see it.
+func (t *H1Transport) resend(ctx context.Context, req *http.Request) (*exchange, error) {
+	t.resends.Add(1)
+	r, err := rewound(req)
+	if err != nil {
+		return nil, err
+	}
+	return t.sendOnce(ctx, r, false)
+}
+
+// Resends is how many requests were written again after the worker had
+// closed their pooled connection (resend).
+func (t *H1Transport) Resends() uint64 { return t.resends.Load() }
+
+// canResend reports whether req's body can be produced again after it was
+// written: none, the proxy's own byte-slice body, or one with GetBody.
+func canResend(req *http.Request) bool {
+	if req.Body == nil || req.Body == http.NoBody || req.GetBody != nil {
+		return true
+	}
+	_, ok := req.Body.(*bytesBody)
+	return ok
+}
+
+// rewound is req with its body anew (canResend said it can be).
+func rewound(req *http.Request) (*http.Request, error) {
+	r := *req
+	switch b := req.Body.(type) {
+	case nil:
+	case *bytesBody:
+		r.Body = newBytesBody(b.b)
+	default:
+		if b == http.NoBody {
+			break
+		}
+		nb, err := req.GetBody()
+		if err != nil {
+			return nil, fmt.Errorf("resending the request: its body: %w", err)
+		}
+		r.Body = nb
+	}
+	return &r, nil
+}
+
+// closedUnder reports whether err is what a write to, or the first read
+// from, a connection the worker had closed meets.
+func closedUnder(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// sendOnce writes req on a pooled or new connection; a pooled one is
+// trusted without a peek when the request can be resent (trust).
+func (t *H1Transport) sendOnce(ctx context.Context, req *http.Request, trust bool) (*exchange, error) {
 	closeBody := func() {
 		if req.Body != nil {
 			req.Body.Close()
@@ -308,7 +393,7 @@ func (t *H1Transport) send(ctx context.Context, req *http.Request) (*exchange, e
 	if req.URL.Port() == "" {
 		addr = net.JoinHostPort(req.URL.Hostname(), "80")
 	}
-	c, err := t.get(ctx, addr)
+	c, reused, err := t.get(ctx, addr, trust)
 	if err != nil {
 		closeBody()
 		return nil, err
@@ -322,12 +407,16 @@ func (t *H1Transport) send(ctx context.Context, req *http.Request) (*exchange, e
 		t.put(c) // unused
 		return nil, err
 	}
-	x := &exchange{t: t, req: req, c: c}
+	x := &exchange{t: t, req: req, c: c, mayResend: reused && trust}
 	x.stop.set(ctx, c.closeFn)
 	err = c.writeRequest(bp, head, req)
 	h1Bufs.Put(bp) // not held while the response is awaited
 	closeBody()
 	if err != nil {
+		if x.mayResend && ctx.Err() == nil && closedUnder(err) {
+			x.fail(err)
+			return nil, errStaleConn
+		}
 		return nil, x.fail(err)
 	}
 	if w, ok := ctx.(WroteRequester); ok {
@@ -360,10 +449,29 @@ func (x *exchange) fail(err error) error {
 	return err
 }
 
-// receive waits for the response and reads its head.
+// receive waits for the response and reads its head; when the worker had
+// closed the pooled connection before answering, it resends the request
+// (send) and reads that answer.
 func (x *exchange) receive() (*http.Response, error) {
+	resp, err := x.receiveOnce()
+	if err != errStaleConn {
+		return resp, err
+	}
+	ctx := x.req.Context()
+	y, err := x.t.resend(ctx, x.req)
+	if err != nil {
+		return nil, ctxErr(ctx, err)
+	}
+	return y.receiveOnce()
+}
+
+func (x *exchange) receiveOnce() (*http.Response, error) {
 	c, req := x.c, x.req
 	c.waitReadable()
+	if x.mayResend && c.rawErr != nil && c.br.Buffered() == 0 && closedUnder(c.rawErr) && req.Context().Err() == nil {
+		x.fail(c.rawErr)
+		return nil, errStaleConn
+	}
 	resp, ok := readHeadFast(c.br, req)
 	if ok {
 		setBodyIn(resp, c.br, &x.lb)
@@ -488,8 +596,11 @@ func (c *h1Conn) writeRequest(bp *[]byte, head []byte, req *http.Request) error 
 	return nil
 }
 
-// get returns a pooled connection to addr that is still open, or dials one.
-func (t *H1Transport) get(ctx context.Context, addr string) (*h1Conn, error) {
+// get returns a pooled connection to addr that is still open, or dials one
+// (reused: it came from the pool). With trust, a connection idle for less
+// than h1TrustIdle is taken without the peek (send resends on another when
+// the worker had closed it).
+func (t *H1Transport) get(ctx context.Context, addr string, trust bool) (c *h1Conn, reused bool, err error) {
 	now := time.Now()
 	for {
 		t.mu.Lock()
@@ -502,16 +613,20 @@ func (t *H1Transport) get(ctx context.Context, addr string) (*h1Conn, error) {
 		l[len(l)-1] = nil
 		t.idle[addr] = l[:len(l)-1]
 		t.mu.Unlock()
-		if now.Sub(c.idleSince) < t.idleTimeout && c.open() {
-			return c, nil
+		idle := now.Sub(c.idleSince)
+		if trust && idle < min(h1TrustIdle, t.idleTimeout) && c.rc != nil && !c.attached {
+			return c, true, nil
+		}
+		if idle < t.idleTimeout && c.open() {
+			return c, true, nil
 		}
 		c.nc.Close()
 	}
 	nc, err := t.dial(ctx, "tcp", addr)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return newH1Conn(nc, addr), nil
+	return newH1Conn(nc, addr), false, nil
 }
 
 // open reports whether an idle connection is still usable: the worker has

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -644,4 +645,180 @@ func tcpPair(t *testing.T) (client net.Conn, peer *net.TCPConn) {
 	}
 	t.Cleanup(func() { peer.Close() })
 	return client, peer
+}
+
+// rawWorker is an upstream that runs serve on each accepted connection
+// (i counts them from 1) and reports each one it closed.
+type rawWorker struct {
+	addr   string
+	conns  atomic.Int32
+	reqs   atomic.Int32 // requests read by readReq
+	closed chan int
+}
+
+func newRawWorker(t *testing.T, serve func(w *rawWorker, i int, c net.Conn, br *bufio.Reader)) *rawWorker {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &rawWorker{addr: ln.Addr().String(), closed: make(chan int, 16)}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			i := int(w.conns.Add(1))
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				serve(w, i, c, bufio.NewReader(c))
+				c.Close()
+				w.closed <- i
+			}()
+		}
+	}()
+	return w
+}
+
+// readReq reads one request and its body: false when the connection ended.
+func (w *rawWorker) readReq(br *bufio.Reader) (string, bool) {
+	r, err := http.ReadRequest(br)
+	if err != nil {
+		return "", false
+	}
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		return "", false
+	}
+	w.reqs.Add(1)
+	return string(b), true
+}
+
+func answer(c net.Conn, body string) {
+	fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+}
+
+// TestH1ResendsOnClosedPooledConnection: a request written on a pooled
+// connection the worker had closed, and answered by nothing, is written
+// again on a new connection when its body can be produced again (the
+// pooled connection was then taken without a peek); a body that cannot be
+// is never written on such a connection (the peek finds it closed). A
+// fresh connection, or one that carried part of an answer, is never
+// resent on.
+func TestH1ResendsOnClosedPooledConnection(t *testing.T) {
+	const body = `{"prompt":"hi"}`
+	// Each worker answers its first connection's first request; what the
+	// first connection does next is the case.
+	answerThen := func(next func(w *rawWorker, c net.Conn, br *bufio.Reader)) func(*rawWorker, int, net.Conn, *bufio.Reader) {
+		return func(w *rawWorker, i int, c net.Conn, br *bufio.Reader) {
+			if i > 1 { // later connections answer every request
+				for {
+					b, ok := w.readReq(br)
+					if !ok {
+						return
+					}
+					answer(c, "again:"+b)
+				}
+			}
+			if b, ok := w.readReq(br); ok {
+				answer(c, "first:"+b)
+				next(w, c, br)
+			}
+		}
+	}
+	closeIdle := func(*rawWorker, net.Conn, *bufio.Reader) {}                             // closes it idle
+	closeUnanswered := func(w *rawWorker, c net.Conn, br *bufio.Reader) { w.readReq(br) } // takes the request, no answer
+	partial := func(w *rawWorker, c net.Conn, br *bufio.Reader) {
+		if _, ok := w.readReq(br); ok {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\n")
+		}
+	}
+	newBody := map[string]func() (io.ReadCloser, func() (io.ReadCloser, error)){
+		"bytes": func() (io.ReadCloser, func() (io.ReadCloser, error)) { return newBytesBody([]byte(body)), nil },
+		"getbody": func() (io.ReadCloser, func() (io.ReadCloser, error)) {
+			return io.NopCloser(strings.NewReader(body)), func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(body)), nil }
+		},
+		"once": func() (io.ReadCloser, func() (io.ReadCloser, error)) {
+			return io.NopCloser(strings.NewReader(body)), nil
+		},
+	}
+	for _, tc := range []struct {
+		name, body string
+		next       func(*rawWorker, net.Conn, *bufio.Reader)
+		idle       bool // the worker closes the connection idle, before the second request
+		wantErr    bool
+		resends    uint64
+		reqs       int32 // requests the worker read
+	}{
+		{"closed idle, proxy's body", "bytes", closeIdle, true, false, 1, 2},
+		{"closed idle, GetBody", "getbody", closeIdle, true, false, 1, 2},
+		{"closed idle, body read once", "once", closeIdle, true, false, 0, 2}, // the peek
+		{"taken and closed unanswered, proxy's body", "bytes", closeUnanswered, false, false, 1, 3},
+		{"taken and closed unanswered, body read once", "once", closeUnanswered, false, true, 0, 2},
+		{"part of an answer", "bytes", partial, false, true, 0, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newRawWorker(t, answerThen(tc.next))
+			tr := newH1(t, TransportOptions{})
+			send := func() (string, error) {
+				rb, gb := newBody[tc.body]()
+				req, _ := http.NewRequest(http.MethodPost, "http://"+w.addr+"/v1/completions", rb)
+				req.ContentLength, req.GetBody = int64(len(body)), gb
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					return "", err
+				}
+				defer resp.Body.Close()
+				b, err := io.ReadAll(resp.Body)
+				return string(b), err
+			}
+			if got, err := send(); err != nil || got != "first:"+body {
+				t.Fatalf("first request: %q %v", got, err)
+			}
+			if tc.idle {
+				select {
+				case <-w.closed:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the worker did not close its connection within 10 s")
+				}
+				time.Sleep(10 * time.Millisecond) // its FIN arrived
+			}
+			got, err := send()
+			switch {
+			case tc.wantErr && err == nil:
+				t.Fatalf("second request answered %q, want an error", got)
+			case !tc.wantErr && (err != nil || got != "again:"+body):
+				t.Fatalf("second request: %q %v, want the answer on a new connection", got, err)
+			}
+			if n := tr.Resends(); n != tc.resends {
+				t.Fatalf("%d resends, want %d", n, tc.resends)
+			}
+			if n := w.reqs.Load(); n != tc.reqs {
+				t.Fatalf("the worker read %d requests, want %d", n, tc.reqs)
+			}
+		})
+	}
+}
+
+// TestH1FreshConnectionIsNotResent: a worker that takes a request on a new
+// connection and closes it unanswered fails the request: only a pooled
+// connection's close says the worker never processed it.
+func TestH1FreshConnectionIsNotResent(t *testing.T) {
+	w := newRawWorker(t, func(w *rawWorker, _ int, _ net.Conn, br *bufio.Reader) { w.readReq(br) })
+	tr := newH1(t, TransportOptions{})
+	req, _ := http.NewRequest(http.MethodPost, "http://"+w.addr+"/v1/completions", newBytesBody([]byte("{}")))
+	req.ContentLength = 2
+	if resp, err := tr.RoundTrip(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("answered %d, want an error", resp.StatusCode)
+	}
+	if n, c := tr.Resends(), w.conns.Load(); n != 0 || c != 1 {
+		t.Fatalf("%d resends over %d connections, want none over 1", n, c)
+	}
 }
