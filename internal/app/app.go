@@ -32,6 +32,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/health"
 	"github.com/switchyard-llm/switchyard/internal/history"
 	"github.com/switchyard-llm/switchyard/internal/igw"
+	"github.com/switchyard-llm/switchyard/internal/kvevents"
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/migrate"
 	"github.com/switchyard-llm/switchyard/internal/pd"
@@ -192,9 +193,14 @@ type app struct {
 	engine   *pd.Engine
 	tracer   *tracing.Tracer // nil = tracing off
 	kvs      *kvState        // nil unless a policy is kv_aware
-	history  *history.Store  // nil = --history-backend none
-	upstream *worker.Worker  // --backend openai: the upstream's registry entry
-	igw      *igw.Router     // --enable-igw
+	// LoRA adapter names the router learned of before kv_aware's index
+	// existed (noteLoRA), and the index once it does.
+	loraMu    sync.Mutex
+	loraNames []string
+	loraIndex *kvevents.Index
+	history   *history.Store // nil = --history-backend none
+	upstream  *worker.Worker // --backend openai: the upstream's registry entry
+	igw       *igw.Router    // --enable-igw
 	// igwModels names discovered workers' models (--enable-igw with discovery)
 	igwModels *modelCache
 	migm      *migrate.Metrics
@@ -561,6 +567,15 @@ func (a *app) buildServer(ctx context.Context) error {
 	})
 	if a.kvs != nil {
 		sopts.Sections = map[string]func() any{"kv_aware": a.kvStatus}
+	}
+	given := sopts.LoRAChanged
+	sopts.LoRAChanged = func(name string, models []string) {
+		if given != nil {
+			given(name, models)
+		}
+		if len(models) > 0 {
+			a.noteLoRA(name)
+		}
 	}
 	srv, err := server.New(sopts)
 	if err != nil {

@@ -247,7 +247,11 @@ func (a *app) discoverModel(ctx context.Context, base string) (string, error) {
 		for _, m := range list.Data[1:] {
 			// vLLM lists its LoRA adapters after the model, with it as
 			// their parent: their requests go to the model's fleet.
-			if m.Parent == model && m.ID != "" && a.igw != nil {
+			if m.Parent != model || m.ID == "" {
+				continue
+			}
+			a.noteLoRA(m.ID)
+			if a.igw != nil {
 				a.igw.SetAdapter(m.ID, model)
 			}
 		}

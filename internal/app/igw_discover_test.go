@@ -11,6 +11,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/internal/config"
 	"github.com/switchyard-llm/switchyard/internal/igw"
+	"github.com/switchyard-llm/switchyard/internal/kvevents"
 	"github.com/switchyard-llm/switchyard/internal/policy"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
@@ -80,6 +81,16 @@ func TestDiscoverModelRecordsAdapters(t *testing.T) {
 	for name, want := range map[string]string{"sql": "base", "stray": "", "plain": ""} {
 		if got, _ := rt.AdapterModel(name); got != want {
 			t.Errorf("adapter %s → %q, want %q", name, got, want)
+		}
+	}
+	// kv_aware's index, built after, keys the adapter's requests with its name
+	a.noteLoRA("loaded") // a load through the router
+	x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 16})
+	a.setLoRAIndex(x)
+	a.noteLoRA("later")
+	for name, want := range map[string]bool{"sql": true, "loaded": true, "later": true, "stray": false, "plain": false, "base": false} {
+		if x.IsLoRA(name) != want {
+			t.Errorf("index: IsLoRA(%s) = %v, want %v", name, !want, want)
 		}
 	}
 }

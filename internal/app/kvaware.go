@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -66,6 +67,7 @@ func (a *app) kv() (*kvState, error) {
 		return nil, err
 	}
 	a.kvs = st
+	a.setLoRAIndex(st.index)
 	a.closers = append(a.closers, st.sub.Close)
 	st.unsubReg = a.reg.Subscribe(func(worker.Change) { a.syncKVSources() })
 	a.closers = append(a.closers, st.unsubReg)
@@ -120,6 +122,35 @@ func (a *app) newKVAware() (policy.Policy, error) {
 	st.policies = append(st.policies, p)
 	a.syncKVSources()
 	return p, nil
+}
+
+// noteLoRA tells kv_aware's index (now, or once it is built) that name is
+// a LoRA adapter: loaded through the router, or listed by an engine's
+// /v1/models with the engine's model as its parent. vLLM keys an adapter's
+// blocks with its name, so its requests are keyed so from the first one,
+// not matched against the base model's blocks until the adapter's own
+// events arrive.
+func (a *app) noteLoRA(name string) {
+	a.loraMu.Lock()
+	defer a.loraMu.Unlock()
+	switch {
+	case a.loraIndex != nil:
+		a.loraIndex.NoteLoRA(name)
+	case !slices.Contains(a.loraNames, name) && len(a.loraNames) < kvevents.MaxLoRANames:
+		a.loraNames = append(a.loraNames, name)
+	}
+}
+
+// setLoRAIndex hands noteLoRA's names to kv_aware's index, and later ones
+// straight to it.
+func (a *app) setLoRAIndex(x *kvevents.Index) {
+	a.loraMu.Lock()
+	defer a.loraMu.Unlock()
+	a.loraIndex = x
+	for _, n := range a.loraNames {
+		x.NoteLoRA(n)
+	}
+	a.loraNames = nil
 }
 
 // kvHasEvents: a worker counts as publishing once its subscription has

@@ -287,6 +287,39 @@ func TestKVAwareLoRA(t *testing.T) {
 	}
 }
 
+// TestKVAwareAdapterKnownBeforeItsBlocks: an adapter no engine has stored
+// blocks for yet would be keyed as the base model and matched against the
+// base model's blocks, which vLLM does not reuse for it; once the router
+// knows the name (Index.NoteLoRA: a load through it, an engine's
+// /v1/models), its requests match nothing until its own blocks exist.
+func TestKVAwareAdapterKnownBeforeItsBlocks(t *testing.T) {
+	ts := newTokenizeServer(t)
+	x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 4})
+	ws := mkWorkers(ts.URL, "http://b:1")
+	c := policy.Candidates{Gen: 1, Workers: ws}
+	p := newPolicy(t, x, func(o *Options) { o.HasEvents = func(string) bool { return true } })
+	prompt := words(40, "w")
+	storeFor(x, ws[0].Key(), wordIDs(prompt), 8) // A: the base model's blocks
+	pick := func() policy.Choice {
+		t.Helper()
+		b, _ := json.Marshal(map[string]any{"model": "fresh", "prompt": prompt, "max_tokens": 5})
+		req := &policy.Request{Path: "/v1/completions", Body: b}
+		policy.Prepare(t.Context(), p, req, c)
+		ch, err := p.Pick(req, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ch
+	}
+	if ch := pick(); !strings.HasPrefix(ch.Reason, "kv match 8/10 blocks") {
+		t.Fatalf("unknown adapter: %s, want the base model's blocks matched (the guess NoteLoRA prevents)", ch.Reason)
+	}
+	x.NoteLoRA("fresh")
+	if ch := pick(); !strings.HasPrefix(ch.Reason, "kv match 0/10 blocks") {
+		t.Fatalf("known adapter: %s, want no blocks matched", ch.Reason)
+	}
+}
+
 // TestKVAwareTokenizesWhereTheModelIsServed: an engine answering 404 to
 // /tokenize does not serve the request's model (an adapter loaded on some
 // engines only): the next candidate is asked, whichever the rotation

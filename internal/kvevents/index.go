@@ -312,7 +312,7 @@ func (x *Index) storeLocked(w *workerBlocks, e BlockStored) {
 		x.stats.BlockSizeMismatch += uint64(len(e.BlockHashes))
 		return
 	}
-	if _, ok := x.loras[e.LoRAName]; !ok && e.LoRAName != "" && len(x.loras) < maxLoRANames {
+	if _, ok := x.loras[e.LoRAName]; !ok && e.LoRAName != "" && len(x.loras) < MaxLoRANames {
 		x.loras[e.LoRAName] = struct{}{}
 	}
 	prev := x.root(e.LoRAName, "")
@@ -435,15 +435,29 @@ func (x *Index) Clear(worker string) {
 	}
 }
 
-// maxLoRANames bounds the LoRA names remembered (vLLM's --max-loras is
+// MaxLoRANames bounds the LoRA names remembered (vLLM's --max-loras is
 // per engine and usually single digits; a fleet's adapters are a list an
 // operator manages).
-const maxLoRANames = 4096
+const MaxLoRANames = 4096
 
-// IsLoRA reports whether some engine stored blocks for a LoRA adapter of
-// this name: vLLM names an adapter's requests by it (the request's model)
-// and keys their blocks with it, so a request for it needs the adapter's
-// keys (BlockKeys's lora), not the base model's.
+// NoteLoRA records name as a LoRA adapter's before any engine stored
+// blocks for it (the router learned it elsewhere: a load through it, an
+// engine's /v1/models).
+func (x *Index) NoteLoRA(name string) {
+	if name == "" {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if len(x.loras) < MaxLoRANames {
+		x.loras[name] = struct{}{}
+	}
+}
+
+// IsLoRA reports whether name is a LoRA adapter's: some engine stored
+// blocks for it, or NoteLoRA was told. vLLM names an adapter's requests by
+// it (the request's model) and keys their blocks with it, so a request for
+// it needs the adapter's keys (BlockKeys's lora), not the base model's.
 func (x *Index) IsLoRA(name string) bool {
 	if name == "" {
 		return false

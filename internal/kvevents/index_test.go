@@ -91,6 +91,11 @@ func TestIndexLoRAAndSeedSeparate(t *testing.T) {
 	if !x.IsLoRA("sql-adapter") || x.IsLoRA("other") || x.IsLoRA("") {
 		t.Fatal("IsLoRA does not follow the stored events' LoRA names")
 	}
+	x.NoteLoRA("other") // learned before any block of it
+	x.NoteLoRA("")
+	if !x.IsLoRA("other") || x.IsLoRA("") {
+		t.Fatal("IsLoRA does not follow NoteLoRA")
+	}
 	y := NewIndex(IndexOptions{BlockSize: 4, Seed: 7})
 	if x.BlockKeys(prompt, "")[0] == y.BlockKeys(prompt, "")[0] {
 		t.Fatal("the seed does not change block keys")
