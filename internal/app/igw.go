@@ -153,6 +153,8 @@ func (a *app) adminAddIGW(ctx context.Context, req server.AddWorkerRequest) ([]*
 		if model, err = a.discoverModel(ctx, base); err != nil {
 			return nil, fmt.Errorf("model_id not given and the worker cannot tell its model: %w", err)
 		}
+	} else {
+		a.learnAdapters(ctx, base, model)
 	}
 	if err := a.checkModelKind(base, model, req.Role); err != nil {
 		return nil, err
@@ -227,6 +229,44 @@ func (a *app) addModelWorker(w igwWorker, model string, src worker.Source, dp in
 // maxModelsBody bounds a worker's /v1/models answer.
 const maxModelsBody = 1 << 20
 
+// modelList is a worker's /v1/models answer.
+type modelList struct {
+	Data []struct {
+		ID     string `json:"id"`
+		Parent string `json:"parent"`
+	} `json:"data"`
+}
+
+// noteAdapters records the LoRA adapters the worker at base, of model,
+// lists: vLLM lists them after the model, with it as their parent. Their
+// requests go to the model's fleet, to the workers that list them, and
+// kv_aware keys them with the adapter's name.
+func (a *app) noteAdapters(base, model string, list modelList) {
+	for _, m := range list.Data {
+		if m.Parent != model || m.ID == "" || m.ID == model {
+			continue
+		}
+		a.noteLoRA(m.ID)
+		if a.igw != nil {
+			a.igw.AddAdapterWorker(m.ID, model, base)
+		}
+	}
+}
+
+// learnAdapters reads the adapters of a worker added with its model named
+// (its engine may have been started with --lora-modules). A worker that
+// cannot list them still joins.
+func (a *app) learnAdapters(ctx context.Context, base, model string) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var list modelList
+	if err := a.getWorkerJSON(ctx, base+"/v1/models", &list); err != nil {
+		a.log.Debug("added worker: its LoRA adapters are not known (its /v1/models)", "url", base, "model", model, "err", err)
+		return
+	}
+	a.noteAdapters(base, model, list)
+}
+
 // discoverModel asks a worker which model it serves: the first id of its
 // /v1/models (vLLM lists the served model first, then LoRA adapters), else
 // (vllm-router's source for a POST /workers without model_id) the
@@ -235,26 +275,11 @@ const maxModelsBody = 1 << 20
 func (a *app) discoverModel(ctx context.Context, base string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var list struct {
-		Data []struct {
-			ID     string `json:"id"`
-			Parent string `json:"parent"`
-		} `json:"data"`
-	}
+	var list modelList
 	err := a.getWorkerJSON(ctx, base+"/v1/models", &list)
 	if err == nil && len(list.Data) > 0 && list.Data[0].ID != "" {
 		model := list.Data[0].ID
-		for _, m := range list.Data[1:] {
-			// vLLM lists its LoRA adapters after the model, with it as
-			// their parent: their requests go to the model's fleet.
-			if m.Parent != model || m.ID == "" {
-				continue
-			}
-			a.noteLoRA(m.ID)
-			if a.igw != nil {
-				a.igw.SetAdapter(m.ID, model)
-			}
-		}
+		a.noteAdapters(base, model, list)
 		return model, nil
 	}
 	if err == nil {

@@ -128,7 +128,7 @@ type Router struct {
 	started time.Time           // the upstream models' "created"
 
 	amu      sync.RWMutex
-	adapters map[string]string // LoRA adapter → the base model whose workers serve it
+	adapters map[string]*adapter // by LoRA adapter name
 
 	requests  *prometheus.CounterVec   // model (a registered one), outcome: routed|no_live_workers|limited
 	rejected  *prometheus.CounterVec   // reason: unknown_model|bad_model|model_required
@@ -365,7 +365,7 @@ func (rt *Router) newRegularFleet(model string) (*fleet, error) {
 	ro := rt.o.Regular
 	ro.Registry = rt.o.Registry
 	ro.Role = worker.RoleRegular
-	ro.Policy = ForModel(p, model)
+	ro.Policy = rt.forModel(p, model)
 	reg := proxy.NewRegular(ro)
 	return &fleet{model: model, kind: KindRegular, policy: name, disp: reg, pass: reg}, nil
 }
@@ -383,8 +383,8 @@ func (rt *Router) newPDFleet(model string) (*fleet, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model %q: decode policy %q: %w", model, dn, err)
 	}
-	mpp := ForModel(pp, model)
-	eng, err := rt.o.NewPD(model, mpp, ForModel(dp, model))
+	mpp := rt.forModel(pp, model)
+	eng, err := rt.o.NewPD(model, mpp, rt.forModel(dp, model))
 	if err != nil {
 		return nil, fmt.Errorf("model %q: PD engine: %w", model, err)
 	}
@@ -480,9 +480,18 @@ func (rt *Router) route(w http.ResponseWriter, v []byte, generation bool) (model
 	return model, st.Kind(), true
 }
 
-// SetAdapter records that the workers of base model serve the LoRA
-// adapter name (loaded through the router, or listed in a worker's
-// /v1/models with that parent); model "" forgets it.
+// adapter is a LoRA adapter the router knows of.
+type adapter struct {
+	model string // the base model whose fleet serves it
+	// on: the workers (base URLs) known to hold it, when not every worker
+	// of the model does (an engine started with --lora-modules); nil once
+	// it was loaded through the router, which gives it to all of them.
+	on map[string]struct{}
+}
+
+// SetAdapter records that every worker of base model serves the LoRA
+// adapter name (it was loaded through the router, which loads it on all
+// of them and keeps them so); model "" forgets it.
 func (rt *Router) SetAdapter(name, model string) {
 	rt.amu.Lock()
 	defer rt.amu.Unlock()
@@ -491,17 +500,63 @@ func (rt *Router) SetAdapter(name, model string) {
 		return
 	}
 	if rt.adapters == nil {
-		rt.adapters = map[string]string{}
+		rt.adapters = map[string]*adapter{}
 	}
-	rt.adapters[name] = model
+	rt.adapters[name] = &adapter{model: model}
+}
+
+// AddAdapterWorker records that the worker at url (a worker of base model)
+// lists the LoRA adapter name in its /v1/models. Until the adapter is
+// loaded through the router (SetAdapter), its requests go to the workers
+// known to hold it while any of them is a candidate.
+func (rt *Router) AddAdapterWorker(name, model, url string) {
+	rt.amu.Lock()
+	defer rt.amu.Unlock()
+	if rt.adapters == nil {
+		rt.adapters = map[string]*adapter{}
+	}
+	a := rt.adapters[name]
+	switch {
+	case a == nil || a.model != model:
+		rt.adapters[name] = &adapter{model: model, on: map[string]struct{}{url: {}}}
+	case a.on != nil:
+		a.on[url] = struct{}{}
+	}
 }
 
 // AdapterModel returns the base model whose fleet serves LoRA adapter name.
 func (rt *Router) AdapterModel(name string) (string, bool) {
 	rt.amu.RLock()
 	defer rt.amu.RUnlock()
-	m, ok := rt.adapters[name]
-	return m, ok
+	if a := rt.adapters[name]; a != nil {
+		return a.model, true
+	}
+	return "", false
+}
+
+// onAdapter narrows a model's candidates ws to the workers known to hold
+// the LoRA adapter name, when only some do; ws itself when all do, when
+// name is no adapter, or when none of its holders is available (the
+// others' engines answer for it).
+func (rt *Router) onAdapter(name string, ws []*worker.Worker) []*worker.Worker {
+	rt.amu.RLock()
+	defer rt.amu.RUnlock()
+	a := rt.adapters[name]
+	if a == nil || a.on == nil {
+		return ws
+	}
+	var out []*worker.Worker
+	up := false
+	for _, w := range ws {
+		if _, ok := a.on[w.URL]; ok {
+			out = append(out, w)
+			up = up || w.Available()
+		}
+	}
+	if !up {
+		return ws
+	}
+	return out
 }
 
 // ServePassthrough serves the non-generation routes (/tokenize,

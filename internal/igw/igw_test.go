@@ -593,3 +593,55 @@ func TestAdapterRoutesToItsBaseModel(t *testing.T) {
 		t.Fatalf("forgotten adapter: %d %s", st, body)
 	}
 }
+
+// TestAdapterOnSomeWorkers: an adapter listed by some workers of its model
+// (engines started with --lora-modules) is routed to them while any is
+// available, to the whole fleet otherwise, and to the whole fleet once it
+// was loaded through the router (which gives it to every worker).
+func TestAdapterOnSomeWorkers(t *testing.T) {
+	e := newEnv(t)
+	a, b, c := newWorker(t, "a"), newWorker(t, "b"), newWorker(t, "c")
+	e.add(t, a.URL, "m")
+	e.add(t, b.URL, "m")
+	cw := e.add(t, c.URL, "m")
+	send := func(model string, n int) (hits [3]int32) {
+		t.Helper()
+		before := [3]int32{a.hits.Load(), b.hits.Load(), c.hits.Load()}
+		for range n {
+			if st, body := e.post(t, `{"model":"`+model+`","prompt":"x"}`); st != 200 {
+				t.Fatalf("%s: %d %s", model, st, body)
+			}
+		}
+		return [3]int32{a.hits.Load() - before[0], b.hits.Load() - before[1], c.hits.Load() - before[2]}
+	}
+	e.rt.AddAdapterWorker("tuned", "m", c.URL)
+	for _, step := range []struct {
+		name  string
+		do    func()
+		model string
+		want  [3]bool // which workers may get requests (all of them must, in 6)
+	}{
+		{"held by c", func() {}, "tuned", [3]bool{false, false, true}},
+		{"the base model", func() {}, "m", [3]bool{true, true, true}},
+		{"c unavailable", func() { cw.SetHealthy(false) }, "tuned", [3]bool{true, true, false}},
+		{"c back, b lists it too", func() { cw.SetHealthy(true); e.rt.AddAdapterWorker("tuned", "m", b.URL) }, "tuned", [3]bool{false, true, true}},
+		{"loaded through the router", func() { e.rt.SetAdapter("tuned", "m") }, "tuned", [3]bool{true, true, true}},
+		{"listed again after the load", func() { e.rt.AddAdapterWorker("tuned", "m", c.URL) }, "tuned", [3]bool{true, true, true}},
+	} {
+		step.do()
+		got := send(step.model, 6)
+		for i, may := range step.want {
+			if may != (got[i] > 0) {
+				t.Fatalf("%s: requests per worker %v, want on %v", step.name, got, step.want)
+			}
+		}
+	}
+}
+
+func TestAdapterGenApart(t *testing.T) {
+	g := uint64(7)
+	x, y := adapterGen(g, "x"), adapterGen(g, "y")
+	if x == y || x == g || y == g || adapterGen(g+1, "x") == x || x>>63 != 1 {
+		t.Fatalf("adapter generations %x %x (registry %d) are not apart", x, y, g)
+	}
+}

@@ -14,9 +14,16 @@ func ForModel(inner policy.Policy, model string) policy.Policy {
 	return &modelPolicy{inner: inner, model: model}
 }
 
+// forModel is ForModel whose request for a LoRA adapter of the model sees
+// only the candidates known to hold it (Router.onAdapter).
+func (rt *Router) forModel(inner policy.Policy, model string) policy.Policy {
+	return &modelPolicy{inner: inner, model: model, rt: rt}
+}
+
 type modelPolicy struct {
 	inner policy.Policy
 	model string
+	rt    *Router // nil: no adapter narrowing
 	cache atomic.Pointer[subset]
 }
 
@@ -29,7 +36,29 @@ type subset struct {
 func (p *modelPolicy) Name() string { return p.inner.Name() }
 
 func (p *modelPolicy) Pick(req *policy.Request, c policy.Candidates) (policy.Choice, error) {
-	return p.inner.Pick(req, policy.Candidates{Gen: c.Gen, Workers: p.filter(c)})
+	ws, gen := p.filter(c), c.Gen
+	if p.rt != nil && req != nil && req.Obj != nil {
+		if m, _ := req.Obj.String("model"); m != "" && m != p.model {
+			if on := p.rt.onAdapter(m, ws); len(on) != len(ws) {
+				ws, gen = on, adapterGen(c.Gen, m)
+			}
+		}
+	}
+	return p.inner.Pick(req, policy.Candidates{Gen: gen, Workers: ws})
+}
+
+// adapterGen is the generation an adapter's narrowed candidates are
+// offered under: policies cache what they derive from a membership by its
+// generation, and each adapter's holders are a membership of their own.
+// It mixes the registry's generation with the name (FNV-1a), top bit set,
+// apart from the registry's small counters.
+func adapterGen(gen uint64, name string) uint64 {
+	h := uint64(14695981039346656037) ^ gen
+	for i := range len(name) {
+		h ^= uint64(name[i])
+		h *= 1099511628211
+	}
+	return h | 1<<63
 }
 
 func (p *modelPolicy) filter(c policy.Candidates) []*worker.Worker {

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -95,5 +96,22 @@ func TestLoRAAdapterRoutedByIGW(t *testing.T) {
 		if st, _, body := post(t, ctx, r.Base+"/v1/completions", req); st != 200 || !strings.Contains(string(body), `"model":"sql"`) {
 			t.Fatalf("after the load: %d %s", st, body)
 		}
+	}
+	// A worker added with its model named, whose engine was started with
+	// an adapter (vLLM's --lora-modules): its /v1/models is still read for
+	// the adapters.
+	c := lorafake.New(t)
+	c.Preload("tuned", "/adapters/tuned")
+	if st, _, body := post(t, ctx, r.Base+"/workers", fmt.Sprintf(`{"url":%q,"model_id":%q,"worker_type":"regular"}`, c.URL, lorafake.Base)); st != 200 {
+		t.Fatalf("add_worker: %d %s", st, body)
+	}
+	waitFor(t, 10*time.Second, "the added worker routed", func() bool { return healthy(t, r.Base, c.URL) })
+	for range 4 { // round robin over the model's three workers: only c holds it
+		if st, _, body := post(t, ctx, r.Base+"/v1/completions", `{"model": "tuned", "prompt": "x", "max_tokens": 1}`); st != 200 || !strings.Contains(string(body), `"model":"tuned"`) {
+			t.Fatalf("the added worker's own adapter: %d %s", st, body)
+		}
+	}
+	if !c.Has("sql") {
+		t.Fatal("the added worker lacks the adapter loaded through the router")
 	}
 }
