@@ -196,6 +196,8 @@ type storedEvent struct {
 	extraKeys any
 	hasExtra  bool
 	fields    int // positional: array length, tag included
+	loraID    any
+	loraName  any
 }
 
 // storedEvents decodes the BlockStored events of p's sent batches.
@@ -220,12 +222,14 @@ func storedEvents(t *testing.T, p *kvPublisher, named bool) []storedEvent {
 				}
 				hashes, parent = m["block_hashes"], m["parent_block_hash"]
 				ev.extraKeys, ev.hasExtra = m["extra_keys"]
+				ev.loraID, ev.loraName = m["lora_id"], m["lora_name"]
 			} else {
 				a := raw.([]any)
 				if a[0] != "BlockStored" {
 					continue
 				}
 				hashes, parent, ev.fields = a[1], a[2], len(a)
+				ev.loraID, ev.loraName = a[5], a[7]
 				if len(a) > 8 {
 					ev.extraKeys, ev.hasExtra = a[8], true
 				}

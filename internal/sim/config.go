@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -41,6 +42,15 @@ type Config struct {
 	Host  string
 	Port  int
 	Model string
+	// EnableLoRA is vLLM's --enable-lora: requests may name a LoRA adapter
+	// (LoRAModules, or one loaded at run time), whose blocks are keyed
+	// with its name.
+	EnableLoRA  bool
+	LoRAModules []LoRAModule
+	// RuntimeLoRA is vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (the
+	// environment variable, read by ParseArgs): /v1/load_lora_adapter and
+	// /v1/unload_lora_adapter exist.
+	RuntimeLoRA bool
 	// Tokenizer is a HuggingFace tokenizer.json (or a model directory
 	// holding one) for prompts; "" = the built-in word tokenizer.
 	Tokenizer     string
@@ -174,6 +184,8 @@ func ParseArgs(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&c.Host, "host", "127.0.0.1", "HTTP (and ZMQ) bind address")
 	fs.IntVar(&c.Port, "port", 8000, "HTTP port (0 = pick a free port)")
 	fs.StringVar(&c.Model, "model", "sim-model", "served model name")
+	fs.BoolVar(&c.EnableLoRA, "enable-lora", false, "serve LoRA adapters (vLLM's --enable-lora): --lora-modules, and with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in the environment, adapters loaded at run time")
+	fs.Var(loraModulesFlag{&c.LoRAModules}, "lora-modules", "LoRA adapters served from the start, as vLLM's: name=path entries (space-separated) or a JSON object {\"name\", \"path\"}; repeatable; needs --enable-lora")
 	fs.StringVar(&c.Tokenizer, "tokenizer", "", "tokenize prompts with this HuggingFace tokenizer.json (or a model directory holding one; byte-level BPE, see internal/tokenizer) instead of the built-in word tokenizer: /tokenize, usage, the prefix cache and KV events then carry its ids (generated tokens stay the word model's)")
 	fs.StringVar(&c.Role, "role", RoleUnified, "prefill, decode or unified")
 	fs.StringVar(&c.KVConnector, "kv-connector", ConnMoRIIO, "moriio, nixl, mooncake or p2pnccl (ignored for unified)")
@@ -232,6 +244,10 @@ func ParseArgs(args []string, stderr io.Writer) (Config, error) {
 	}
 	if fs.NArg() > 0 {
 		return c, &UsageError{Err: fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
+	switch strings.ToLower(strings.TrimSpace(os.Getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))) {
+	case "1", "true": // vLLM's envs.py reads it so
+		c.RuntimeLoRA = true
 	}
 	p, mml, err := Preset(c.Preset)
 	if err != nil {
@@ -336,6 +352,16 @@ func (c *Config) Validate() error {
 	checkPort("bootstrap-port", c.BootstrapPort)
 	if strings.TrimSpace(c.Model) == "" {
 		bad("model", "must not be empty")
+	}
+	if len(c.LoRAModules) > 0 && !c.EnableLoRA {
+		bad("lora-modules", "needs --enable-lora")
+	}
+	seen := map[string]bool{c.Model: true}
+	for _, m := range c.LoRAModules {
+		if seen[m.Name] {
+			bad("lora-modules", "%q is named twice (or is the model's name)", m.Name)
+		}
+		seen[m.Name] = true
 	}
 	switch c.Role {
 	case RolePrefill, RoleDecode, RoleUnified:

@@ -40,6 +40,10 @@ func (in *Instance) routes() http.Handler {
 		"/reset_prefix_cache":  {map[string]http.HandlerFunc{http.MethodPost: in.handleResetPrefixCache}},
 		"/sim/faults":          {map[string]http.HandlerFunc{http.MethodGet: in.handleFaultsGet, http.MethodPost: in.handleFaultsPost}},
 	}
+	if in.cfg.RuntimeLoRA {
+		table["/v1/load_lora_adapter"] = route{map[string]http.HandlerFunc{http.MethodPost: in.handleLoadLoRA}}
+		table["/v1/unload_lora_adapter"] = route{map[string]http.HandlerFunc{http.MethodPost: in.handleUnloadLoRA}}
+	}
 	// Paths with parameters: a "{name}" segment matches one non-empty path
 	// segment, like a FastAPI path parameter.
 	params := []paramRoute{
@@ -204,16 +208,18 @@ func (in *Instance) handleLoad(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, 200, map[string]int64{"server_load": in.ctr.inflight.Load()})
 }
 
+// handleModels lists the model, then its LoRA adapters in the order they
+// were added, each with the model as parent and its path as root (vLLM
+// 0.32's show_available_models).
 func (in *Instance) handleModels(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, 200, map[string]any{
-		"object": "list",
-		"data": []any{map[string]any{
-			"id":            in.cfg.Model,
+	entry := func(id, root string, parent any) map[string]any {
+		return map[string]any{
+			"id":            id,
 			"object":        "model",
 			"created":       in.created,
 			"owned_by":      "vllm",
-			"root":          in.cfg.Model,
-			"parent":        nil,
+			"root":          root,
+			"parent":        parent,
 			"max_model_len": in.cfg.MaxModelLen,
 			"permission": []any{map[string]any{
 				"id": "modelperm-" + in.permID, "object": "model_permission", "created": in.created,
@@ -221,8 +227,13 @@ func (in *Instance) handleModels(w http.ResponseWriter, _ *http.Request) {
 				"allow_search_indices": false, "allow_view": true, "allow_fine_tuning": false,
 				"organization": "*", "group": nil, "is_blocking": false,
 			}},
-		}},
-	})
+		}
+	}
+	data := []any{entry(in.cfg.Model, in.cfg.Model, nil)}
+	for _, a := range in.lora.list() {
+		data = append(data, entry(a.name, a.path, in.cfg.Model))
+	}
+	writeJSON(w, 200, map[string]any{"object": "list", "data": data})
 }
 
 func (in *Instance) handleProfile(start bool) http.HandlerFunc {
@@ -582,7 +593,7 @@ func (in *Instance) newJobs(r *http.Request, g *genReq, pinned int) ([]*job, *ap
 		}
 		j := &job{in: in, g: sg, rank: rank, eng: in.engines[rank], ctx: r.Context()}
 		j.req = engine.Request{ID: sg.requestID, PromptTokens: len(sg.promptIDs), MaxTokens: sg.maxTokens,
-			Priority: sg.priority, Tokens: sg.promptIDs, CacheSalt: sg.cacheSalt, ReportCachedBlocks: sg.reportCached,
+			Priority: sg.priority, Tokens: sg.promptIDs, CacheSalt: sg.cacheSalt, LoRA: sg.lora.name, LoRAID: sg.lora.id, ReportCachedBlocks: sg.reportCached,
 			OutputToken: j.outputToken}
 		if !sg.ignoreEOS && sg.minTokens == 0 && in.cfg.EOSProbability > 0 {
 			j.req.EOS = func(i int) bool { return i == 0 && j.firstEOS.Load() }

@@ -35,6 +35,7 @@ type Options struct {
 // Instance is one running simulated vLLM server.
 type Instance struct {
 	cfg    Config
+	lora   *loraSet // the LoRA adapters it serves
 	tok    *tokenizer.Tokenizer // --tokenizer; nil = the word tokenizer
 	params engine.Params        // after --time-scale
 	log    *slog.Logger
@@ -186,6 +187,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (*Instance, error) {
 		cancel:  cancel,
 		hbWake:  make(chan struct{}, 1),
 		created: time.Now().Unix(),
+		lora:    newLoRASet(cfg.LoRAModules),
 		permID:  randomHex(),
 		words:   make(map[uint32]string),
 	}

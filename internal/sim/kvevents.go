@@ -330,7 +330,6 @@ func (p *kvPublisher) encodeEvent(enc *msgpack.Encoder, ev engine.KVEvent) {
 	var fields []field
 	hashes := func() { p.encodeHashes(enc, ev.Hashes) }
 	medium := func() { _ = enc.EncodeString("GPU") }
-	null := func() { _ = enc.EncodeNil() }
 	switch ev.Kind {
 	case engine.BlockStored:
 		tag = "BlockStored"
@@ -350,9 +349,21 @@ func (p *kvPublisher) encodeEvent(enc *msgpack.Encoder, ev engine.KVEvent) {
 				}
 			}},
 			{"block_size", func() { _ = enc.EncodeInt(int64(p.blockSize)) }},
-			{"lora_id", null},
+			{"lora_id", func() {
+				if ev.LoRA == "" {
+					_ = enc.EncodeNil()
+				} else {
+					_ = enc.EncodeInt(int64(ev.LoRAID))
+				}
+			}},
 			{"medium", medium},
-			{"lora_name", null},
+			{"lora_name", func() {
+				if ev.LoRA == "" {
+					_ = enc.EncodeNil()
+				} else {
+					_ = enc.EncodeString(ev.LoRA)
+				}
+			}},
 		}
 		// vLLM 0.32 publishes these on every stored block: extra_keys of
 		// one entry per block (to_event_extra_keys of a list of Nones is
@@ -387,17 +398,31 @@ func (p *kvPublisher) encodeEvent(enc *msgpack.Encoder, ev engine.KVEvent) {
 
 // encodeExtraKeys writes a BlockStored's extra_keys as vLLM's
 // to_event_extra_keys does: one entry per block, null for a block without
-// extra keys, else the tuple of its untagged keys; a salted sequence's first
-// block has (salt,).
+// extra keys, else the tuple of its untagged keys in vLLM's order (the
+// LoRA adapter's name on every block of its requests, then the salt on a
+// salted sequence's first block: (lora, salt), (lora,) or (salt,)).
 func encodeExtraKeys(enc *msgpack.Encoder, ev engine.KVEvent) {
 	_ = enc.EncodeArrayLen(len(ev.Hashes))
 	for i := range ev.Hashes {
-		if i > 0 || ev.Salt == "" {
+		salt := i == 0 && ev.Salt != ""
+		n := 0
+		if ev.LoRA != "" {
+			n++
+		}
+		if salt {
+			n++
+		}
+		if n == 0 {
 			_ = enc.EncodeNil()
 			continue
 		}
-		_ = enc.EncodeArrayLen(1)
-		_ = enc.EncodeString(ev.Salt)
+		_ = enc.EncodeArrayLen(n)
+		if ev.LoRA != "" {
+			_ = enc.EncodeString(ev.LoRA)
+		}
+		if salt {
+			_ = enc.EncodeString(ev.Salt)
+		}
 	}
 }
 

@@ -82,7 +82,8 @@ type genReq struct {
 	api             apiKind
 	chat            bool
 	model           string
-	prompts         [][]uint32 // every prompt (len > 1: batched completion)
+	lora            loraAdapter // the LoRA adapter the request names (zero: the base model)
+	prompts         [][]uint32  // every prompt (len > 1: batched completion)
 	promptIDs       []uint32
 	digest          uint64
 	maxTokens       int
@@ -259,10 +260,9 @@ func (in *Instance) parseGen(body []byte, chat bool, xrid string) (*genReq, *api
 	}
 	g.kv = kv
 
-	if raw.Model != nil && *raw.Model != "" && *raw.Model != in.cfg.Model {
-		return g, &apiError{status: http.StatusNotFound, typ: "NotFoundError", message: fmt.Sprintf("The model `%s` does not exist. Valid aliases: %s.", *raw.Model, in.cfg.Model), param: "model"}
+	if aerr := in.servedModel(g, raw.Model, fmt.Sprintf(" Valid aliases: %s.", in.cfg.Model)); aerr != nil {
+		return g, aerr
 	}
-	g.model = in.cfg.Model
 
 	if chat {
 		if len(raw.Messages) == 0 || string(raw.Messages) == "null" {
@@ -679,4 +679,20 @@ type chatMessage struct {
 	Content          string  `json:"content"`
 	ReasoningContent *string `json:"reasoning_content"`
 	ToolCalls        []any   `json:"tool_calls"`
+}
+
+// servedModel sets g's model from the request's: the model itself (also
+// when absent), or a LoRA adapter the engine holds; else vLLM's 404 (with
+// the endpoint's own tail on its message).
+func (in *Instance) servedModel(g *genReq, model *string, tail string) *apiError {
+	g.model = in.cfg.Model
+	if model == nil || *model == "" || *model == in.cfg.Model {
+		return nil
+	}
+	a, ok := in.lora.get(*model)
+	if !ok {
+		return &apiError{status: http.StatusNotFound, typ: "NotFoundError", message: fmt.Sprintf("The model `%s` does not exist.%s", *model, tail), param: "model"}
+	}
+	g.model, g.lora = a.name, a
+	return nil
 }

@@ -59,10 +59,9 @@ func (in *Instance) parseResponses(body []byte, xrid string) (*genReq, *apiError
 		g.kvRaw = raw.KVParams
 		g.kvDropped = true
 	}
-	if raw.Model != nil && *raw.Model != "" && *raw.Model != in.cfg.Model {
-		return g, &apiError{status: http.StatusNotFound, typ: "NotFoundError", message: fmt.Sprintf("The model `%s` does not exist.", *raw.Model), param: "model"}
+	if aerr := in.servedModel(g, raw.Model, ""); aerr != nil {
+		return g, aerr
 	}
-	g.model = in.cfg.Model
 	if raw.PreviousID != nil {
 		// vLLM answers 404 when the previous response is not in this
 		// server's store (without the store, never found).

@@ -496,3 +496,47 @@ func TestKVAwareSimTokenizerProbe(t *testing.T) {
 		})
 	}
 }
+
+// TestKVAwareLoRAWithSims: with vllm-sim engines serving a LoRA adapter
+// (--enable-lora --lora-modules), the adapter's blocks attract only the
+// adapter's requests and the base model's only the base model's; an
+// adapter loaded through the router is keyed with its name from its first
+// request, so the base model's blocks of the same prompt do not draw it.
+func TestKVAwareLoRAWithSims(t *testing.T) {
+	t.Setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+	lora := []string{"--enable-lora", "--lora-modules", "sql=/adapters/sql"}
+	a, b := startKVSim(t, 256, lora...), startKVSim(t, 256, lora...)
+	r := startRouter(t, "--worker-urls", a.URL(), b.URL(), "--policy", "kv_aware", "--route-receipt",
+		"--kv-block-size", fmt.Sprint(simKVBlock), "--kv-speculative-indexing=false",
+		"--kv-events-endpoints", a.kvEndpoints(t), b.kvEndpoints(t))
+	r.WaitReady(t, 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	send := func(url, model, prompt string) (string, []byte) {
+		t.Helper()
+		st, h, body := post(t, ctx, url+"/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":1,"ignore_eos":true}`, model, prompt))
+		if st != 200 {
+			t.Fatalf("%s for %s: %d %s", url, model, st, body)
+		}
+		return h.Get("X-Switchyard-Route"), body
+	}
+	direct(t, a, words("warm-a", 40), 1) // each worker counts as publishing
+	direct(t, b, words("warm-b", 40), 1)
+	waitPublishing(t, r, a, b)
+
+	prompt := words("lora", 100)       // 6 full blocks
+	send(a.URL(), "sim-model", prompt) // a: the base model's blocks
+	send(b.URL(), "sql", prompt)       // b: the adapter's
+	waitFor(t, 20*time.Second, "each request goes to the worker holding its own blocks", func() bool {
+		ra, _ := send(r.Base, "sim-model", prompt)
+		rb, _ := send(r.Base, "sql", prompt)
+		return servedBy(ra, a) && strings.Contains(ra, "kv match") && servedBy(rb, b) && strings.Contains(rb, "kv match")
+	})
+	if st, _, body := post(t, ctx, r.Base+"/v1/load_lora_adapter", `{"lora_name":"fresh","lora_path":"/adapters/fresh"}`); st != 200 {
+		t.Fatalf("load through the router: %d %s", st, body)
+	}
+	got, body := send(r.Base, "fresh", prompt)
+	if !strings.Contains(got, "kv match 0/") || !strings.Contains(string(body), `"model":"fresh"`) {
+		t.Fatalf("the new adapter's first request: receipt %q, body %s; want no blocks matched (the base model's do not count)", got, body)
+	}
+}

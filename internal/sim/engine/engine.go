@@ -87,6 +87,11 @@ type Request struct {
 	// request's first block, so requests share cached blocks only with
 	// requests of the same salt.
 	CacheSalt string
+	// LoRA is the LoRA adapter the request names ("" for the base model),
+	// LoRAID its id (vLLM's lora_int_id): the request's blocks are keyed
+	// with the name (see FirstLoRABlockHash) and its events carry both.
+	LoRA   string
+	LoRAID int
 	// ReportCachedBlocks is vLLM 0.32's kv_cache_report_mode "full"
 	// (sampling_params.extra_args, sent as vllm_xargs): each prefix-cache
 	// lookup that finds cached blocks for the request also publishes a

@@ -32,7 +32,7 @@ var noneHash = BlockHash(sha256.Sum256([]byte("vllm-none-hash")))
 // ChainHash is the hash of a block with these token ids after parent (nil:
 // the first block of a sequence), without extra keys.
 func ChainHash(parent *BlockHash, tokens []uint32) BlockHash {
-	return blockHash(parent, tokens, "")
+	return blockHash(parent, tokens, "", "")
 }
 
 // FirstBlockHash is the hash of a sequence's first block under a request's
@@ -40,21 +40,36 @@ func ChainHash(parent *BlockHash, tokens []uint32) BlockHash {
 // at token 0 only, so the salt changes every hash of the chain. An empty
 // salt is ChainHash(nil, tokens).
 func FirstBlockHash(salt string, tokens []uint32) BlockHash {
-	return blockHash(nil, tokens, salt)
+	return blockHash(nil, tokens, salt, "")
 }
 
-// saltKey separates a salted block's token ids from its salt.
-const saltKey = "\x00cache_salt\x00"
+// FirstLoRABlockHash is FirstBlockHash for a request of LoRA adapter lora:
+// vLLM puts the adapter's name in the extra keys of every block of its
+// requests, so their chains are apart from the base model's and from
+// other adapters'. The chain carries it on; the sim keys the first block.
+func FirstLoRABlockHash(lora, salt string, tokens []uint32) BlockHash {
+	return blockHash(nil, tokens, salt, lora)
+}
 
-func blockHash(parent *BlockHash, tokens []uint32, salt string) BlockHash {
+// saltKey and loraKey separate a block's token ids from its salt and its
+// LoRA adapter's name.
+const (
+	saltKey = "\x00cache_salt\x00"
+	loraKey = "\x00lora\x00"
+)
+
+func blockHash(parent *BlockHash, tokens []uint32, salt, lora string) BlockHash {
 	p := noneHash
 	if parent != nil {
 		p = *parent
 	}
-	buf := make([]byte, len(p)+4*len(tokens), len(p)+4*len(tokens)+len(saltKey)+len(salt))
+	buf := make([]byte, len(p)+4*len(tokens), len(p)+4*len(tokens)+len(saltKey)+len(salt)+len(loraKey)+len(lora))
 	copy(buf, p[:])
 	for i, t := range tokens {
 		binary.LittleEndian.PutUint32(buf[len(p)+4*i:], t)
+	}
+	if lora != "" {
+		buf = append(append(buf, loraKey...), lora...)
 	}
 	if salt != "" {
 		buf = append(append(buf, saltKey...), salt...)
@@ -85,6 +100,11 @@ type KVEvent struct {
 	// ("" for none); only a block that starts a sequence (Parent nil) has
 	// one. BlockStored only.
 	Salt string
+	// LoRA and LoRAID name the LoRA adapter whose request stored the blocks
+	// ("" and 0 for the base model): vLLM's lora_name and lora_id, and the
+	// name first in every block's extra keys. BlockStored only.
+	LoRA   string
+	LoRAID int
 }
 
 // KVEventBatch is the events of one engine step.
@@ -215,7 +235,7 @@ func (e *Engine) extendHashes(h *Handle, n int) {
 	for k := len(h.pc.hashes); (k+1)*bs <= n; k++ {
 		tokens := h.tokenRange(k*bs, (k+1)*bs)
 		if k == 0 {
-			h.pc.hashes = append(h.pc.hashes, FirstBlockHash(h.req.CacheSalt, tokens))
+			h.pc.hashes = append(h.pc.hashes, FirstLoRABlockHash(h.req.LoRA, h.req.CacheSalt, tokens))
 			continue
 		}
 		h.pc.hashes = append(h.pc.hashes, ChainHash(&h.pc.hashes[k-1], tokens))
@@ -287,7 +307,7 @@ func (e *Engine) reportHits(h *Handle, n int) {
 	}
 	e.pool.events = append(e.pool.events, KVEvent{Kind: BlockStored,
 		Hashes: append([]BlockHash(nil), h.pc.hashes[:n]...),
-		Tokens: h.tokenRange(0, n*e.p.BlockSize), Salt: h.req.CacheSalt})
+		Tokens: h.tokenRange(0, n*e.p.BlockSize), Salt: h.req.CacheSalt, LoRA: h.req.LoRA, LoRAID: h.req.LoRAID})
 }
 
 // cacheBlocks registers h's full blocks among its first n tokens (vLLM's
@@ -312,7 +332,7 @@ func (e *Engine) cacheBlocks(h *Handle, n int) {
 		return
 	}
 	ev := KVEvent{Kind: BlockStored, Hashes: append([]BlockHash(nil), h.pc.hashes[from:full]...),
-		Tokens: h.tokenRange(from*bs, full*bs)}
+		Tokens: h.tokenRange(from*bs, full*bs), LoRA: h.req.LoRA, LoRAID: h.req.LoRAID}
 	if from > 0 {
 		p := h.pc.hashes[from-1]
 		ev.Parent = &p
