@@ -219,6 +219,9 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger) (*app, err
 	a.tr = proxy.NewH1Transport(proxy.TransportOptions{ConnectTimeout: ct})
 	a.client = &http.Client{Transport: a.tr}
 	a.closers = append(a.closers, a.tr.Close)
+	a.m.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "vllm_router_upstream_resends_total",
+		Help: "Requests written again on a new connection because the worker had closed their pooled one before answering"},
+		func() float64 { return float64(a.tr.Resends()) }))
 	if cfg.HistoryBackend == "memory" {
 		h, err := history.New(history.Options{MaxEntries: cfg.HistoryMaxEntries, TTL: cfg.HistoryTTL(), Registerer: a.m.Registry})
 		if err != nil {

@@ -323,11 +323,13 @@ func (t *H1Transport) send(ctx context.Context, req *http.Request) (*exchange, e
 }
 
 // resend writes req again, with its body anew, on a connection checked to
-// be open or a new one, without a second resend. It is what net/http's
-// Transport does for a request whose reused connection the server closed
-// before answering (a server that closes a connection without an answer
-// did not process what arrived on it): the worker is not at fault and the
-// client does not see it.
+// be open or a new one, without a second resend. A worker that closes a
+// pooled connection without answering is taken not to have processed what
+// arrived on it (it closed the connection as idle), as net/http's Transport
+// takes it for a reused connection; net/http resends only what it knows
+// unwritten or idempotent, where this resends any request whose body it
+// can produce again, as the router's own retries would, but at once, on
+// the same worker, without counting it against the worker.
 func (t *H1Transport) resend(ctx context.Context, req *http.Request) (*exchange, error) {
 	t.resends.Add(1)
 	r, err := rewound(req)
