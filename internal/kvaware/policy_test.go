@@ -252,35 +252,54 @@ func TestKVAwareCacheSalt(t *testing.T) {
 	}
 }
 
-// TestKVAwareLoRA: a request naming a LoRA adapter the engines have
-// stored blocks for (events' lora_name) is keyed with the adapter, as vLLM
-// keys its blocks: drawn to the adapter's blocks, not the base model's
-// with the same tokens, and the base model's requests the other way.
-func TestKVAwareLoRA(t *testing.T) {
+// loraFixture is two workers, A holding the base model's 8 blocks of a
+// 40-word prompt; pick routes a completion of that prompt for model.
+type loraFixture struct {
+	x    *kvevents.Index
+	ws   []*worker.Worker
+	toks []uint32
+	pick func(model string) policy.Choice
+}
+
+func newLoRAFixture(t *testing.T) *loraFixture {
+	t.Helper()
 	ts := newTokenizeServer(t)
-	x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 4})
-	ws := mkWorkers(ts.URL, "http://b:1")
-	c := policy.Candidates{Gen: 1, Workers: ws}
-	p := newPolicy(t, x, func(o *Options) { o.HasEvents = func(string) bool { return true } })
+	f := &loraFixture{x: kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 4}), ws: mkWorkers(ts.URL, "http://b:1")}
+	c := policy.Candidates{Gen: 1, Workers: f.ws}
+	p := newPolicy(t, f.x, func(o *Options) { o.HasEvents = func(string) bool { return true } })
 	prompt := words(40, "w")
-	toks := wordIDs(prompt)
-	storeFor(x, ws[0].Key(), toks, 8) // A: the base model's blocks
-	e := kvevents.BlockStored{BlockSize: 4, LoRAID: 1, LoRAName: "sql", TokenIDs: toks[:32]}
-	for i := range 8 {
-		e.BlockHashes = append(e.BlockHashes, kvevents.BytesHash(fmt.Appendf(nil, "lora/%d", i)))
-	}
-	x.Apply(ws[1].Key(), []kvevents.Event{e}) // B: the adapter's
-	for _, tc := range []struct {
-		model string
-		want  *worker.Worker
-	}{{"m", ws[0]}, {"sql", ws[1]}} {
-		b, _ := json.Marshal(map[string]any{"model": tc.model, "prompt": prompt, "max_tokens": 5})
+	f.toks = wordIDs(prompt)
+	storeFor(f.x, f.ws[0].Key(), f.toks, 8)
+	f.pick = func(model string) policy.Choice {
+		t.Helper()
+		b, _ := json.Marshal(map[string]any{"model": model, "prompt": prompt, "max_tokens": 5})
 		req := &policy.Request{Path: "/v1/completions", Body: b}
 		policy.Prepare(t.Context(), p, req, c)
 		ch, err := p.Pick(req, c)
 		if err != nil {
 			t.Fatal(err)
 		}
+		return ch
+	}
+	return f
+}
+
+// TestKVAwareLoRA: a request naming a LoRA adapter the engines have
+// stored blocks for (events' lora_name) is keyed with the adapter, as vLLM
+// keys its blocks: drawn to the adapter's blocks, not the base model's
+// with the same tokens, and the base model's requests the other way.
+func TestKVAwareLoRA(t *testing.T) {
+	f := newLoRAFixture(t) // A: the base model's blocks
+	e := kvevents.BlockStored{BlockSize: 4, LoRAID: 1, LoRAName: "sql", TokenIDs: f.toks[:32]}
+	for i := range 8 {
+		e.BlockHashes = append(e.BlockHashes, kvevents.BytesHash(fmt.Appendf(nil, "lora/%d", i)))
+	}
+	f.x.Apply(f.ws[1].Key(), []kvevents.Event{e}) // B: the adapter's
+	for _, tc := range []struct {
+		model string
+		want  *worker.Worker
+	}{{"m", f.ws[0]}, {"sql", f.ws[1]}} {
+		ch := f.pick(tc.model)
 		if ch.Worker != tc.want || !strings.HasPrefix(ch.Reason, "kv match 8/10 blocks") || strings.Contains(ch.Reason, "elsewhere") {
 			t.Errorf("model %s: picked %v (%s), want %v and no blocks elsewhere", tc.model, ch.Worker.Key(), ch.Reason, tc.want.Key())
 		}
@@ -293,29 +312,12 @@ func TestKVAwareLoRA(t *testing.T) {
 // knows the name (Index.NoteLoRA: a load through it, an engine's
 // /v1/models), its requests match nothing until its own blocks exist.
 func TestKVAwareAdapterKnownBeforeItsBlocks(t *testing.T) {
-	ts := newTokenizeServer(t)
-	x := kvevents.NewIndex(kvevents.IndexOptions{BlockSize: 4})
-	ws := mkWorkers(ts.URL, "http://b:1")
-	c := policy.Candidates{Gen: 1, Workers: ws}
-	p := newPolicy(t, x, func(o *Options) { o.HasEvents = func(string) bool { return true } })
-	prompt := words(40, "w")
-	storeFor(x, ws[0].Key(), wordIDs(prompt), 8) // A: the base model's blocks
-	pick := func() policy.Choice {
-		t.Helper()
-		b, _ := json.Marshal(map[string]any{"model": "fresh", "prompt": prompt, "max_tokens": 5})
-		req := &policy.Request{Path: "/v1/completions", Body: b}
-		policy.Prepare(t.Context(), p, req, c)
-		ch, err := p.Pick(req, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ch
-	}
-	if ch := pick(); !strings.HasPrefix(ch.Reason, "kv match 8/10 blocks") {
+	f := newLoRAFixture(t)
+	if ch := f.pick("fresh"); !strings.HasPrefix(ch.Reason, "kv match 8/10 blocks") {
 		t.Fatalf("unknown adapter: %s, want the base model's blocks matched (the guess NoteLoRA prevents)", ch.Reason)
 	}
-	x.NoteLoRA("fresh")
-	if ch := pick(); !strings.HasPrefix(ch.Reason, "kv match 0/10 blocks") {
+	f.x.NoteLoRA("fresh")
+	if ch := f.pick("fresh"); !strings.HasPrefix(ch.Reason, "kv match 0/10 blocks") {
 		t.Fatalf("known adapter: %s, want no blocks matched", ch.Reason)
 	}
 }
