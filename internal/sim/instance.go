@@ -35,7 +35,7 @@ type Options struct {
 // Instance is one running simulated vLLM server.
 type Instance struct {
 	cfg    Config
-	lora   *loraSet // the LoRA adapters it serves
+	lora   *loraSet             // the LoRA adapters it serves
 	tok    *tokenizer.Tokenizer // --tokenizer; nil = the word tokenizer
 	params engine.Params        // after --time-scale
 	log    *slog.Logger
