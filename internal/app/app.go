@@ -788,10 +788,21 @@ func (a *app) run(ctx context.Context) error {
 // the health checker gives it the adapters (prepareLoRA).
 func (a *app) holdForLoRA() bool { return a.srv != nil && a.srv.HasLoRA() }
 
-// prepareLoRA gives a worker about to be healthy again its LoRA adapters.
+// prepareLoRA gives a worker about to be healthy again its LoRA adapters
+// and, with --enable-igw, reads the adapters it lists (an engine may come
+// back with other --lora-modules).
 func (a *app) prepareLoRA(ctx context.Context, url string) {
 	if a.srv != nil {
 		a.srv.PrepareLoRA(ctx, url)
+	}
+	if a.igw == nil {
+		return
+	}
+	for _, w := range a.reg.Snapshot().All {
+		if w.URL == url && w.ModelID != "" {
+			a.learnAdapters(ctx, url, w.ModelID)
+			return
+		}
 	}
 }
 

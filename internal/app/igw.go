@@ -242,14 +242,16 @@ type modelList struct {
 // requests go to the model's fleet, to the workers that list them, and
 // kv_aware keys them with the adapter's name.
 func (a *app) noteAdapters(base, model string, list modelList) {
+	var names []string
 	for _, m := range list.Data {
 		if m.Parent != model || m.ID == "" || m.ID == model {
 			continue
 		}
 		a.noteLoRA(m.ID)
-		if a.igw != nil {
-			a.igw.AddAdapterWorker(m.ID, model, base)
-		}
+		names = append(names, m.ID)
+	}
+	if a.igw != nil {
+		a.igw.SetWorkerAdapters(base, model, names)
 	}
 }
 

@@ -505,22 +505,34 @@ func (rt *Router) SetAdapter(name, model string) {
 	rt.adapters[name] = &adapter{model: model}
 }
 
-// AddAdapterWorker records that the worker at url (a worker of base model)
-// lists the LoRA adapter name in its /v1/models. Until the adapter is
+// SetWorkerAdapters records the LoRA adapters the worker at url (a worker
+// of base model) lists in its /v1/models, replacing what it listed before
+// (an engine restarted with other --lora-modules). Until an adapter is
 // loaded through the router (SetAdapter), its requests go to the workers
-// known to hold it while any of them is a candidate.
-func (rt *Router) AddAdapterWorker(name, model, url string) {
+// known to hold it while any of them is a candidate; one that no worker
+// lists any more is forgotten.
+func (rt *Router) SetWorkerAdapters(url, model string, names []string) {
 	rt.amu.Lock()
 	defer rt.amu.Unlock()
+	for name, a := range rt.adapters {
+		if _, ok := a.on[url]; ok && a.model == model && !slices.Contains(names, name) {
+			delete(a.on, url)
+			if len(a.on) == 0 {
+				delete(rt.adapters, name)
+			}
+		}
+	}
 	if rt.adapters == nil {
 		rt.adapters = map[string]*adapter{}
 	}
-	a := rt.adapters[name]
-	switch {
-	case a == nil || a.model != model:
-		rt.adapters[name] = &adapter{model: model, on: map[string]struct{}{url: {}}}
-	case a.on != nil:
-		a.on[url] = struct{}{}
+	for _, name := range names {
+		a := rt.adapters[name]
+		switch {
+		case a == nil || a.model != model:
+			rt.adapters[name] = &adapter{model: model, on: map[string]struct{}{url: {}}}
+		case a.on != nil:
+			a.on[url] = struct{}{}
+		}
 	}
 }
 

@@ -614,7 +614,7 @@ func TestAdapterOnSomeWorkers(t *testing.T) {
 		}
 		return [3]int32{a.hits.Load() - before[0], b.hits.Load() - before[1], c.hits.Load() - before[2]}
 	}
-	e.rt.AddAdapterWorker("tuned", "m", c.URL)
+	e.rt.SetWorkerAdapters(c.URL, "m", []string{"tuned"})
 	for _, step := range []struct {
 		name  string
 		do    func()
@@ -624,9 +624,12 @@ func TestAdapterOnSomeWorkers(t *testing.T) {
 		{"held by c", func() {}, "tuned", [3]bool{false, false, true}},
 		{"the base model", func() {}, "m", [3]bool{true, true, true}},
 		{"c unavailable", func() { cw.SetHealthy(false) }, "tuned", [3]bool{true, true, false}},
-		{"c back, b lists it too", func() { cw.SetHealthy(true); e.rt.AddAdapterWorker("tuned", "m", b.URL) }, "tuned", [3]bool{false, true, true}},
+		{"c back, b lists it too", func() { cw.SetHealthy(true); e.rt.SetWorkerAdapters(b.URL, "m", []string{"tuned"}) }, "tuned", [3]bool{false, true, true}},
 		{"loaded through the router", func() { e.rt.SetAdapter("tuned", "m") }, "tuned", [3]bool{true, true, true}},
-		{"listed again after the load", func() { e.rt.AddAdapterWorker("tuned", "m", c.URL) }, "tuned", [3]bool{true, true, true}},
+		{"listed again after the load", func() { e.rt.SetWorkerAdapters(c.URL, "m", []string{"tuned"}) }, "tuned", [3]bool{true, true, true}},
+		{"a second adapter on a", func() { e.rt.SetWorkerAdapters(a.URL, "m", []string{"solo"}) }, "solo", [3]bool{true, false, false}},
+		{"b lists it instead of its others", func() { e.rt.SetWorkerAdapters(b.URL, "m", []string{"solo"}) }, "solo", [3]bool{true, true, false}},
+		{"a no longer lists it", func() { e.rt.SetWorkerAdapters(a.URL, "m", nil) }, "solo", [3]bool{false, true, false}},
 	} {
 		step.do()
 		got := send(step.model, 6)
@@ -635,6 +638,13 @@ func TestAdapterOnSomeWorkers(t *testing.T) {
 				t.Fatalf("%s: requests per worker %v, want on %v", step.name, got, step.want)
 			}
 		}
+	}
+	e.rt.SetWorkerAdapters(b.URL, "m", nil) // the last worker listing it
+	if _, ok := e.rt.AdapterModel("solo"); ok {
+		t.Fatal("an adapter no worker lists is still known")
+	}
+	if _, ok := e.rt.AdapterModel("tuned"); !ok {
+		t.Fatal("the adapter loaded through the router was forgotten with a worker's list")
 	}
 }
 

@@ -77,7 +77,8 @@ func healthy(t *testing.T, base, url string) bool {
 // the router does not know the name.
 func TestLoRAAdapterRoutedByIGW(t *testing.T) {
 	a, b := lorafake.New(t), lorafake.New(t)
-	r := startRouter(t, "--enable-igw", "--worker-urls", a.URL, b.URL, "--policy", "round_robin")
+	r := startRouter(t, "--enable-igw", "--worker-urls", a.URL, b.URL, "--policy", "round_robin",
+		"--health-check-interval-secs", "1", "--health-failure-threshold", "1", "--health-success-threshold", "1")
 	ctx := ctxT(t, 60*time.Second)
 	waitFor(t, 15*time.Second, "both workers in the model's fleet", func() bool {
 		var v struct {
@@ -113,5 +114,20 @@ func TestLoRAAdapterRoutedByIGW(t *testing.T) {
 	}
 	if !c.Has("sql") {
 		t.Fatal("the added worker lacks the adapter loaded through the router")
+	}
+	// Its engine restarts with another adapter instead: read again before
+	// it is routed.
+	c.Restart(true)
+	waitFor(t, 20*time.Second, "the router to see the engine down", func() bool { return !healthy(t, r.Base, c.URL) })
+	c.Preload("other", "/adapters/other")
+	c.SetDown(false)
+	waitFor(t, 20*time.Second, "the engine routed again", func() bool { return healthy(t, r.Base, c.URL) })
+	for range 3 {
+		if st, _, body := post(t, ctx, r.Base+"/v1/completions", `{"model": "other", "prompt": "x", "max_tokens": 1}`); st != 200 || !strings.Contains(string(body), `"model":"other"`) {
+			t.Fatalf("the restarted worker's new adapter: %d %s", st, body)
+		}
+	}
+	if st, _, body := post(t, ctx, r.Base+"/v1/completions", `{"model": "tuned", "prompt": "x", "max_tokens": 1}`); st != 404 || !strings.Contains(string(body), "The model `tuned` does not exist.") {
+		t.Fatalf("the adapter no worker lists any more: %d %s", st, body)
 	}
 }
