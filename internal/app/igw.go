@@ -255,15 +255,15 @@ func (a *app) noteAdapters(base, model string, list modelList) {
 	}
 }
 
-// learnAdapters reads the adapters of a worker added with its model named
-// (its engine may have been started with --lora-modules). A worker that
-// cannot list them still joins.
+// learnAdapters reads the adapters a worker of model lists (its engine may
+// have been started with --lora-modules): one added with its model named,
+// one coming back healthy. A worker that cannot list them is still routed.
 func (a *app) learnAdapters(ctx context.Context, base, model string) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var list modelList
 	if err := a.getWorkerJSON(ctx, base+"/v1/models", &list); err != nil {
-		a.log.Debug("added worker: its LoRA adapters are not known (its /v1/models)", "url", base, "model", model, "err", err)
+		a.log.Debug("a worker's LoRA adapters are not known (its /v1/models)", "url", base, "model", model, "err", err)
 		return
 	}
 	a.noteAdapters(base, model, list)
