@@ -209,10 +209,10 @@ func (in *Instance) handleLoad(w http.ResponseWriter, _ *http.Request) {
 }
 
 // handleModels lists the model, then its LoRA adapters in the order they
-// were added, each with the model as parent and its path as root (vLLM
-// 0.32's show_available_models).
+// were added, each with the model as parent, its path as root and no
+// max_model_len (vLLM 0.32's show_available_models).
 func (in *Instance) handleModels(w http.ResponseWriter, _ *http.Request) {
-	entry := func(id, root string, parent any) map[string]any {
+	entry := func(id, root string, parent any, maxLen any) map[string]any {
 		return map[string]any{
 			"id":            id,
 			"object":        "model",
@@ -220,7 +220,7 @@ func (in *Instance) handleModels(w http.ResponseWriter, _ *http.Request) {
 			"owned_by":      "vllm",
 			"root":          root,
 			"parent":        parent,
-			"max_model_len": in.cfg.MaxModelLen,
+			"max_model_len": maxLen,
 			"permission": []any{map[string]any{
 				"id": "modelperm-" + in.permID, "object": "model_permission", "created": in.created,
 				"allow_create_engine": false, "allow_sampling": true, "allow_logprobs": true,
@@ -229,9 +229,9 @@ func (in *Instance) handleModels(w http.ResponseWriter, _ *http.Request) {
 			}},
 		}
 	}
-	data := []any{entry(in.cfg.Model, in.cfg.Model, nil)}
+	data := []any{entry(in.cfg.Model, in.cfg.Model, nil, in.cfg.MaxModelLen)}
 	for _, a := range in.lora.list() {
-		data = append(data, entry(a.name, a.path, in.cfg.Model))
+		data = append(data, entry(a.name, a.path, in.cfg.Model, nil))
 	}
 	writeJSON(w, 200, map[string]any{"object": "list", "data": data})
 }

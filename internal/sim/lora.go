@@ -129,36 +129,46 @@ func (in *Instance) readLoRARequest(w http.ResponseWriter, r *http.Request) (lor
 	return req, true
 }
 
-// handleLoadLoRA is vLLM 0.32's POST /v1/load_lora_adapter: 200 and a
-// plain-text line on success; 400 for a missing field, an adapter already
-// loaded (unless load_inplace) or an engine without --enable-lora.
+// handleLoadLoRA is vLLM 0.32's POST /v1/load_lora_adapter
+// (OpenAIServingModels.load_lora_adapter and its request check): 200 and a
+// plain-text line on success; 400 InvalidUserInput for a missing field, the
+// base model's name, or an adapter already loaded (unless load_inplace:
+// then the same id); 500 when the engine refuses it (one without
+// --enable-lora: the model runner's RuntimeError).
 func (in *Instance) handleLoadLoRA(w http.ResponseWriter, r *http.Request) {
 	req, ok := in.readLoRARequest(w, r)
 	if !ok {
 		return
 	}
 	bad := func(msg string) {
-		in.writeError(w, &apiError{status: http.StatusBadRequest, typ: "BadRequestError", message: msg})
+		in.writeError(w, &apiError{status: http.StatusBadRequest, typ: "InvalidUserInput", message: msg})
 	}
 	if req.Name == "" || req.Path == "" {
 		bad("Both 'lora_name' and 'lora_path' must be provided.")
 		return
 	}
-	if !in.cfg.EnableLoRA {
-		bad("LoRA is not enabled. Use --enable-lora to enable LoRA.")
+	if req.Name == in.cfg.Model {
+		bad(fmt.Sprintf("The lora adapter '%s' conflicts with a served base model.", req.Name))
 		return
 	}
 	s := in.lora
 	s.mu.Lock()
-	switch a := s.byName[req.Name]; {
-	case a == nil:
-		s.add(req.Name, req.Path)
-	case req.LoadInplace:
-		a.path = req.Path // reloaded in place: same name and id
-	default:
+	a := s.byName[req.Name]
+	if a != nil && !req.LoadInplace {
 		s.mu.Unlock()
 		bad(fmt.Sprintf("The lora adapter '%s' has already been loaded. If you want to load the adapter in place, set 'load_inplace' to True.", req.Name))
 		return
+	}
+	if !in.cfg.EnableLoRA {
+		s.mu.Unlock()
+		in.writeError(w, &apiError{status: http.StatusInternalServerError, typ: "InternalServerError",
+			message: "LoRA is not enabled. Use --enable-lora to enable LoRA."})
+		return
+	}
+	if a == nil {
+		s.add(req.Name, req.Path)
+	} else {
+		a.path = req.Path // reloaded in place: same name and id
 	}
 	s.mu.Unlock()
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -166,15 +176,15 @@ func (in *Instance) handleLoadLoRA(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleUnloadLoRA is vLLM 0.32's POST /v1/unload_lora_adapter: 200 and a
-// plain-text line, 400 without a name, 404 for an adapter it does not
-// hold. The adapter's cached blocks stay until evicted, as vLLM's do.
+// plain-text line, 400 InvalidUserInput without a name, 404 NotFoundError
+// for an adapter it does not hold. The adapter's cached blocks stay until evicted, as vLLM's do.
 func (in *Instance) handleUnloadLoRA(w http.ResponseWriter, r *http.Request) {
 	req, ok := in.readLoRARequest(w, r)
 	if !ok {
 		return
 	}
 	if req.Name == "" {
-		in.writeError(w, &apiError{status: http.StatusBadRequest, typ: "BadRequestError", message: "'lora_name' needs to be provided to unload a LoRA adapter."})
+		in.writeError(w, &apiError{status: http.StatusBadRequest, typ: "InvalidUserInput", message: "'lora_name' needs to be provided to unload a LoRA adapter."})
 		return
 	}
 	s := in.lora

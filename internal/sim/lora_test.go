@@ -80,17 +80,28 @@ func TestLoRAAdapters(t *testing.T) {
 		{"/v1/load_lora_adapter", `{"lora_name":"chat","lora_path":"/a/chat"}`, 400, "The lora adapter 'chat' has already been loaded. If you want to load the adapter in place, set 'load_inplace' to True."},
 		{"/v1/load_lora_adapter", `{"lora_name":"chat","lora_path":"/a/chat2","load_inplace":true}`, 200, "Success: LoRA adapter 'chat' added successfully."},
 		{"/v1/load_lora_adapter", `{"lora_name":"x"}`, 400, "Both 'lora_name' and 'lora_path' must be provided."},
+		{"/v1/load_lora_adapter", `{"lora_name":"base","lora_path":"/a/b"}`, 400, "The lora adapter 'base' conflicts with a served base model."},
 		{"/v1/unload_lora_adapter", `{"lora_name":"sql"}`, 200, "Success: LoRA adapter 'sql' removed successfully."},
 		{"/v1/unload_lora_adapter", `{"lora_name":"sql"}`, 404, "The lora adapter 'sql' cannot be found."},
 		{"/v1/unload_lora_adapter", `{}`, 400, "'lora_name' needs to be provided to unload a LoRA adapter."},
 	} {
 		st, body := postText(t, in.url(step.path), step.body)
+		if st == 400 && !strings.Contains(body, `"type":"InvalidUserInput"`) {
+			t.Fatalf("%s %s: %s, want vLLM's InvalidUserInput", step.path, step.body, body)
+		}
 		if st != step.status || (st == 200 && body != step.answer) || (st != 200 && !strings.Contains(body, step.answer)) {
 			t.Fatalf("%s %s: %d %s, want %d %q", step.path, step.body, st, body, step.status, step.answer)
 		}
 	}
 	if got, want := modelIDs(t, in), []string{"base<-:base>", "chat<base:/a/chat2>"}; !cmp.Equal(got, want) {
 		t.Fatalf("/v1/models after the updates %v, want %v", got, want)
+	}
+	var list struct {
+		Data []map[string]any `json:"data"`
+	}
+	getJSON(t, in.url("/v1/models"), &list)
+	if list.Data[0]["max_model_len"] == nil || list.Data[1]["max_model_len"] != nil {
+		t.Fatalf("max_model_len: model %v, adapter %v; want a number and null (vLLM's adapter cards have none)", list.Data[0]["max_model_len"], list.Data[1]["max_model_len"])
 	}
 	if st, m := gen("chat"); st != 200 || m != "chat" {
 		t.Fatalf("the loaded adapter: %d %s", st, m)
@@ -112,7 +123,7 @@ func TestLoRAUpdatesNeedTheirSwitches(t *testing.T) {
 	}
 	t.Setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
 	noLoRA := startSim(t, "--profile-preset", "zero")
-	if st, body := postText(t, noLoRA.url("/v1/load_lora_adapter"), `{"lora_name":"a","lora_path":"/a"}`); st != 400 || !strings.Contains(body, "LoRA is not enabled") {
+	if st, body := postText(t, noLoRA.url("/v1/load_lora_adapter"), `{"lora_name":"a","lora_path":"/a"}`); st != 500 || !strings.Contains(body, "LoRA is not enabled") || !strings.Contains(body, `"InternalServerError"`) {
 		t.Fatalf("load without --enable-lora: %d %s", st, body)
 	}
 	for _, args := range [][]string{
