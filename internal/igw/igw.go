@@ -129,6 +129,7 @@ type Router struct {
 
 	amu      sync.RWMutex
 	adapters map[string]*adapter // by LoRA adapter name
+	narrowed atomic.Int32        // adapters only some workers hold: onAdapter has work
 
 	requests  *prometheus.CounterVec   // model (a registered one), outcome: routed|no_live_workers|limited
 	rejected  *prometheus.CounterVec   // reason: unknown_model|bad_model|model_required
@@ -495,6 +496,7 @@ type adapter struct {
 func (rt *Router) SetAdapter(name, model string) {
 	rt.amu.Lock()
 	defer rt.amu.Unlock()
+	defer rt.recountLocked()
 	if model == "" {
 		delete(rt.adapters, name)
 		return
@@ -503,6 +505,17 @@ func (rt *Router) SetAdapter(name, model string) {
 		rt.adapters = map[string]*adapter{}
 	}
 	rt.adapters[name] = &adapter{model: model}
+}
+
+// recountLocked updates narrowed (amu held for writing).
+func (rt *Router) recountLocked() {
+	n := 0
+	for _, a := range rt.adapters {
+		if a.on != nil {
+			n++
+		}
+	}
+	rt.narrowed.Store(int32(n))
 }
 
 // SetWorkerAdapters records the LoRA adapters the worker at url (a worker
@@ -514,6 +527,7 @@ func (rt *Router) SetAdapter(name, model string) {
 func (rt *Router) SetWorkerAdapters(url, model string, names []string) {
 	rt.amu.Lock()
 	defer rt.amu.Unlock()
+	defer rt.recountLocked()
 	for name, a := range rt.adapters {
 		if _, ok := a.on[url]; ok && a.model == model && !slices.Contains(names, name) {
 			delete(a.on, url)

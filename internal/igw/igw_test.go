@@ -643,6 +643,9 @@ func TestAdapterOnSomeWorkers(t *testing.T) {
 	if _, ok := e.rt.AdapterModel("solo"); ok {
 		t.Fatal("an adapter no worker lists is still known")
 	}
+	if n := e.rt.narrowed.Load(); n != 0 {
+		t.Fatalf("%d adapters counted as held by some workers only, want 0", n)
+	}
 	if _, ok := e.rt.AdapterModel("tuned"); !ok {
 		t.Fatal("the adapter loaded through the router was forgotten with a worker's list")
 	}

@@ -37,7 +37,9 @@ func (p *modelPolicy) Name() string { return p.inner.Name() }
 
 func (p *modelPolicy) Pick(req *policy.Request, c policy.Candidates) (policy.Choice, error) {
 	ws, gen := p.filter(c), c.Gen
-	if p.rt != nil && req != nil && req.Obj != nil {
+	// Only while some adapter is held by some workers only: no read of the
+	// body's model on the common request.
+	if p.rt != nil && p.rt.narrowed.Load() > 0 && req != nil && req.Obj != nil {
 		if m, _ := req.Obj.String("model"); m != "" && m != p.model {
 			if on := p.rt.onAdapter(m, ws); len(on) != len(ws) {
 				ws, gen = on, adapterGen(c.Gen, m)
