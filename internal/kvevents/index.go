@@ -312,9 +312,7 @@ func (x *Index) storeLocked(w *workerBlocks, e BlockStored) {
 		x.stats.BlockSizeMismatch += uint64(len(e.BlockHashes))
 		return
 	}
-	if _, ok := x.loras[e.LoRAName]; !ok && e.LoRAName != "" && len(x.loras) < MaxLoRANames {
-		x.loras[e.LoRAName] = struct{}{}
-	}
+	x.noteLoRALocked(e.LoRAName)
 	prev := x.root(e.LoRAName, "")
 	if len(e.Extra) > 0 && e.Parent == 0 {
 		prev = x.root(e.LoRAName, e.Extra[0].Salt)
@@ -449,7 +447,13 @@ func (x *Index) NoteLoRA(name string) {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if len(x.loras) < MaxLoRANames {
+	x.noteLoRALocked(name)
+}
+
+// noteLoRALocked records a LoRA name, up to MaxLoRANames of them (x.mu
+// held for writing).
+func (x *Index) noteLoRALocked(name string) {
+	if _, ok := x.loras[name]; !ok && name != "" && len(x.loras) < MaxLoRANames {
 		x.loras[name] = struct{}{}
 	}
 }
