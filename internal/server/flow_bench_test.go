@@ -1,6 +1,7 @@
 package server
 
 import (
+	"math"
 	"net/http"
 	"testing"
 	"time"
@@ -64,7 +65,15 @@ func TestFlowControlAddsNoAllocations(t *testing.T) {
 		}
 		w := &nopWriter{h: http.Header{}}
 		runGenerate(s, body, w, req) // warm the metric series
-		return testing.AllocsPerRun(200, func() { runGenerate(s, body, w, req) })
+		// AllocsPerRun counts the whole process's allocations: a goroutine
+		// left by an earlier test of the package can add some to one run
+		// (1 in 30 runs of the package on a busy machine). Such noise only
+		// adds, so the least of several runs is the request's own count.
+		least := math.Inf(1)
+		for range 5 {
+			least = min(least, testing.AllocsPerRun(200, func() { runGenerate(s, body, w, req) }))
+		}
+		return least
 	}
 	off := count(nil, false)
 	on := count(&admission.FlowConfig{Bands: bands}, true)
