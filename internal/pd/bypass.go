@@ -16,6 +16,12 @@ import (
 // transfer cost more than the decode computing it itself, so the request
 // goes to the decode alone as a plain request (vllm-router PR #130's
 // --pd-uncached-token-threshold, Dynamo's conditional disaggregation).
+// The prompts a decode is already computing for other bypassed requests
+// count too (bypassload.go): a request waits behind them, so the decode's
+// pending tokens plus this request's must stay below the threshold. Under
+// load the decodes therefore take what they can compute quickly and the
+// rest is split, instead of every decode queueing prefills behind its
+// streams.
 
 // cacheReporter is implemented by KV-aware policies (kvaware.Policy).
 type cacheReporter interface {
@@ -71,15 +77,19 @@ func (e *Engine) bypass(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	n := len(st.tokens)
 	cached := held[d.Worker.Key()] * rep.BlockSize()
 	uncached := n - cached
-	if n >= e.o.BypassThreshold && uncached >= e.o.BypassThreshold {
+	pending, release, ok := e.bypassing.reserve(d.Worker.Key(), uncached, e.o.BypassThreshold)
+	if !ok {
 		return false
 	}
+	defer release()
+	st.firstByte = release
+	defer func() { st.firstByte = nil }()
 	rc := st.rc
 	rc.Attempts++
 	st.attempt = rc.Attempts
 	rc.Prefill, rc.Decode = "", d.Worker.Key()
-	rc.Reason = fmt.Sprintf("bypass: %d of %d prompt tokens uncached on the decode (< --pd-uncached-token-threshold %d), served by the decode alone; decode: %s",
-		uncached, n, e.o.BypassThreshold, d.Reason)
+	rc.Reason = fmt.Sprintf("bypass: %d of %d prompt tokens uncached on the decode, %d more being computed there for other bypassed requests (< --pd-uncached-token-threshold %d together), served by the decode alone; decode: %s",
+		uncached, n, pending, e.o.BypassThreshold, d.Reason)
 	pr := &Pair{P: d.Worker, PRank: e.rank(d.Worker), DRank: -1, RequestID: c.RequestID}
 	if pr.RequestID == "" {
 		pr.RequestID = hex32(asV4(e.o.NewID()))

@@ -164,6 +164,8 @@ type Engine struct {
 	series                          seriesCache
 	rr                              atomic.Uint64
 	hash                            []string
+	// bypassing is the prompt work of bypassed requests per decode.
+	bypassing bypassLoad
 
 	bg     sync.WaitGroup
 	closed atomic.Bool
@@ -396,6 +398,9 @@ type reqState struct {
 	tokens   []uint32
 	prepared any
 	mig      *pdMigration // a stream that may continue on another pair (migrate.go)
+	// firstByte, when set, runs at the first byte of an unsplit attempt's
+	// answer (a bypass gives its decode's reservation back: bypass.go).
+	firstByte func()
 }
 
 // Dispatch serves one PD generation request.

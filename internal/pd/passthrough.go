@@ -182,6 +182,9 @@ func (pl *plainLeg) relay(ctx context.Context, w http.ResponseWriter, resp *http
 		Stream:      sse,
 		Observe:     observeUsage,
 		OnFirstByte: func() {
+			if st.firstByte != nil {
+				st.firstByte()
+			}
 			if e.m != nil && sse {
 				e.observe(e.m.TTFT, e.o.Now().Sub(st.start).Seconds(), st.route, "pd")
 			}

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -154,5 +155,47 @@ func TestKVAwarePDBypass(t *testing.T) {
 	// A short prompt (fewer tokens than the threshold) always bypasses.
 	if rc := receipt("tiny"); !strings.Contains(rc, "reason=bypass") {
 		t.Fatalf("short prompt receipt %q", rc)
+	}
+}
+
+// TestKVAwarePDBypassCountsTheDecodesWork: a bypassed request's uncached
+// tokens stay reserved on its decode until the first byte of its answer, so
+// a second one arriving meanwhile is split when the two together reach the
+// threshold, and the next one after the first answered bypasses again.
+func TestKVAwarePDBypassCountsTheDecodesWork(t *testing.T) {
+	p := startSim(t, "--role", "prefill", "--kv-connector", "nixl", "--strict")
+	d := startSim(t, "--role", "decode", "--kv-connector", "nixl", "--strict", "--stall-first-token", "1500ms")
+	pp, pd := kvtest.Start(t, ""), kvtest.Start(t, "")
+	const prompt = "one two three four five six"
+	n := len(tokenize(t, p, prompt))
+	r := startRouter(t, "--vllm-pd-disaggregation", "--kv-connector", "nixl", "--prefill", p.URL(), "--decode", d.URL(),
+		"--policy", "kv_aware", "--route-receipt", "--kv-block-size", "4", "--pd-uncached-token-threshold", strconv.Itoa(n+1),
+		"--kv-events-endpoints", p.URL()+"="+pp.Endpoints(), d.URL()+"="+pd.Endpoints())
+	r.WaitReady(t, 10*time.Second)
+	receipt := func(prompt string) string {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		st, h, b := post(t, ctx, r.Base+"/v1/completions", fmt.Sprintf(`{"model":"sim-model","prompt":%q,"max_tokens":2}`, prompt))
+		if st != 200 || len(completionText(t, b)) == 0 {
+			t.Errorf("completion: %d %s", st, b)
+		}
+		return h.Get("X-Switchyard-Route")
+	}
+	before := d.Stats(t).Requests.Plain
+	first := make(chan string, 1)
+	go func() { first <- receipt(prompt) }()
+	waitFor(t, 10*time.Second, "the first request reaches the decode alone", func() bool {
+		return d.Stats(t).Requests.Plain == before+1
+	})
+	// The decode has not answered the first (its first token is stalled):
+	// n of its tokens are reserved there, and n more reach the threshold.
+	if rc := receipt(prompt); strings.Contains(rc, "bypass") || !strings.Contains(rc, "prefill=http://"+p.Info.HTTPAddress) {
+		t.Errorf("second request while the first is computed: receipt %q, want a split", rc)
+	}
+	if rc := <-first; !strings.Contains(rc, "reason=bypass") {
+		t.Fatalf("first request: receipt %q, want a bypass", rc)
+	}
+	if rc := receipt(prompt); !strings.Contains(rc, "reason=bypass") {
+		t.Errorf("after the first was answered: receipt %q, want a bypass", rc)
 	}
 }
