@@ -195,6 +195,10 @@ type app struct {
 	kvs      *kvState        // nil unless a policy is kv_aware
 	// LoRA adapter names the router learned of before kv_aware's index
 	// existed (noteLoRA), and the index once it does.
+	// adapters re-reads the workers' LoRA adapters for a request naming
+	// an unknown model (--enable-igw).
+	adapters adapterRefresh
+
 	loraMu    sync.Mutex
 	loraNames []string
 	loraIndex *kvevents.Index
@@ -566,6 +570,7 @@ func (a *app) buildServer(ctx context.Context) error {
 		Metrics:              a.m,
 		Logger:               a.log,
 		BeforeHealthy:        a.prepareLoRA,
+		WhileHealthy:         a.followAdapters,
 		HoldNew:              a.holdForLoRA,
 	})
 	if a.kvs != nil {
@@ -795,6 +800,25 @@ func (a *app) prepareLoRA(ctx context.Context, url string) {
 	if a.srv != nil {
 		a.srv.PrepareLoRA(ctx, url)
 	}
+	a.relearnAdapters(ctx, url)
+}
+
+// followAdapters re-reads a healthy worker's adapters after each passing
+// health probe, so adapters loaded or unloaded on an engine directly are
+// followed within an interval. It runs before the probe's result is
+// applied, so it gets the probe's timeout, not learnAdapters' own.
+func (a *app) followAdapters(ctx context.Context, url string) {
+	if a.igw == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.HealthCheckTimeout())
+	defer cancel()
+	a.relearnAdapters(ctx, url)
+}
+
+// relearnAdapters reads the adapters the worker at url lists, with
+// --enable-igw.
+func (a *app) relearnAdapters(ctx context.Context, url string) {
 	if a.igw == nil {
 		return
 	}

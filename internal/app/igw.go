@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/switchyard-llm/switchyard/internal/config"
@@ -45,10 +46,13 @@ func (a *app) buildIGW(sopts *server.Options, ropts proxy.RegularOptions) error 
 		Regular:       ropts,
 		Logger:        a.log,
 		Registerer:    a.m.Registry,
+		LearnAdapters: a.adapters.refresh,
 	})
 	if err != nil {
 		return err
 	}
+	a.adapters.learn = a.learnAdapters
+	a.adapters.workers = a.modelWorkers
 	a.igw = rt
 	a.closers = append(a.closers, rt.Close)
 	if cfg.VLLMDiscoveryAddress != "" || cfg.ServiceDiscovery {
@@ -390,4 +394,109 @@ func (a *app) resolveStaticIGW(ctx context.Context, ws []igwWorker) {
 		case <-t.C:
 		}
 	}
+}
+
+// modelWorkers lists the base URL and model of every worker that names
+// its model, once per URL.
+func (a *app) modelWorkers() [][2]string {
+	var out [][2]string
+	seen := map[string]bool{}
+	for _, w := range a.reg.Snapshot().All {
+		if w.ModelID != "" && !seen[w.URL] {
+			seen[w.URL] = true
+			out = append(out, [2]string{w.URL, w.ModelID})
+		}
+	}
+	return out
+}
+
+// adapterRefresh re-reads every worker's LoRA adapters (/v1/models) when
+// a request names a model the router does not know: an adapter loaded on
+// an engine directly is served from its first request. A caller waits for
+// a round that starts after it came (one running may have read an engine
+// before the adapter was loaded there). Rounds start at least
+// refreshEvery apart and waiters share them, so requests naming unknown
+// models cost each worker a read per refreshEvery at most, and such a
+// request's 404 waits that long at most, plus a round.
+type adapterRefresh struct {
+	learn   func(ctx context.Context, base, model string)
+	workers func() [][2]string // (base URL, model)
+
+	mu      sync.Mutex
+	running chan struct{} // closed when the running round ends
+	started uint64        // rounds started
+	done    uint64        // the last round ended
+	last    time.Time     // when it ended
+}
+
+const (
+	refreshEvery   = 250 * time.Millisecond
+	refreshTimeout = time.Second // a round, at most
+	refreshReads   = 16          // reads in flight at most
+)
+
+// refresh returns once a round that started after the call has ended, or
+// when ctx ends.
+func (r *adapterRefresh) refresh(ctx context.Context) {
+	if r.learn == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	want := r.started + 1
+	for r.done < want {
+		if c := r.running; c != nil {
+			if !r.await(ctx, c, nil) {
+				return
+			}
+			continue
+		}
+		if wait := refreshEvery - time.Since(r.last); wait > 0 {
+			t := time.NewTimer(wait)
+			ok := r.await(ctx, nil, t.C)
+			t.Stop()
+			if !ok {
+				return
+			}
+			continue
+		}
+		r.started++
+		gen, c := r.started, make(chan struct{})
+		r.running = c
+		r.mu.Unlock()
+		r.round(ctx)
+		r.mu.Lock()
+		r.running, r.done, r.last = nil, gen, time.Now()
+		close(c)
+	}
+}
+
+// await waits, mu released, for c or t; false when ctx ended first.
+func (r *adapterRefresh) await(ctx context.Context, c <-chan struct{}, t <-chan time.Time) bool {
+	r.mu.Unlock()
+	defer r.mu.Lock()
+	select {
+	case <-c:
+	case <-t:
+	case <-ctx.Done():
+		return false
+	}
+	return true
+}
+
+// round reads every worker's adapters. It serves every waiter: the
+// caller's going away does not end it.
+func (r *adapterRefresh) round(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refreshTimeout)
+	defer cancel()
+	sem := make(chan struct{}, refreshReads)
+	var wg sync.WaitGroup
+	for _, w := range r.workers() {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			r.learn(ctx, w[0], w[1])
+		})
+	}
+	wg.Wait()
 }

@@ -81,6 +81,11 @@ type Options struct {
 	// before it is given traffic (its LoRA adapters). It must return; no
 	// other probe of the URL runs meanwhile.
 	BeforeHealthy func(ctx context.Context, url string)
+	// WhileHealthy, if set, runs after a passing probe of a worker that is
+	// healthy, in that probe's goroutine: what may change on an engine that
+	// keeps running (its LoRA adapters, loaded or unloaded on it
+	// directly). It must return.
+	WhileHealthy func(ctx context.Context, url string)
 	// HoldNew, if set and true when workers join, holds them out of
 	// routing (unhealthy) until their first passing probe, which then runs
 	// BeforeHealthy first.
@@ -354,8 +359,8 @@ func (c *Checker) launchProbe(ctx context.Context, u string) {
 	c.mu.Unlock()
 	c.wg.Go(func() {
 		err := c.withSlot(ctx, func() error { return c.probe(ctx, u) })
-		if err == nil && c.o.BeforeHealthy != nil && !c.anyHealthy(u) {
-			c.o.BeforeHealthy(ctx, u)
+		if err == nil {
+			c.afterPass(ctx, u)
 		}
 		if ctx.Err() != nil { // shutting down: not the worker's fault
 			c.mu.Lock()
@@ -365,6 +370,19 @@ func (c *Checker) launchProbe(ctx context.Context, u string) {
 		}
 		c.apply(u, st, err)
 	})
+}
+
+// afterPass runs BeforeHealthy or WhileHealthy after a passing probe of u.
+func (c *Checker) afterPass(ctx context.Context, u string) {
+	if c.o.BeforeHealthy == nil && c.o.WhileHealthy == nil {
+		return
+	}
+	switch healthy := c.anyHealthy(u); {
+	case !healthy && c.o.BeforeHealthy != nil:
+		c.o.BeforeHealthy(ctx, u)
+	case healthy && c.o.WhileHealthy != nil:
+		c.o.WhileHealthy(ctx, u)
+	}
 }
 
 // anyHealthy reports whether a worker of base URL u is healthy.

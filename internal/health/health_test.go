@@ -350,13 +350,14 @@ func TestProbeNow(t *testing.T) {
 
 // BeforeHealthy runs after a passing probe of an unhealthy worker, with
 // the instance's URL, before the worker is healthy again; not while it
-// stays healthy, and not after a failing probe.
+// stays healthy, and not after a failing probe. WhileHealthy runs after
+// each passing probe of a healthy worker, and only then.
 func TestBeforeHealthyRunsBeforeTheReturn(t *testing.T) {
 	f := newFakeVLLM(t)
 	reg := newRegistry(t)
 	ws := add(t, reg, f.srv.URL, worker.RoleRegular, 2)
 	var mu sync.Mutex
-	var got []string
+	var got, while []string
 	var healthyInside []bool
 	c := newChecker(t, Options{Registry: reg, FailureThreshold: 1, SuccessThreshold: 1,
 		BeforeHealthy: func(_ context.Context, url string) {
@@ -364,18 +365,27 @@ func TestBeforeHealthyRunsBeforeTheReturn(t *testing.T) {
 			defer mu.Unlock()
 			got = append(got, url)
 			healthyInside = append(healthyInside, ws[0].Healthy() || ws[1].Healthy())
+		},
+		WhileHealthy: func(_ context.Context, url string) {
+			mu.Lock()
+			defer mu.Unlock()
+			while = append(while, url)
 		}})
 	calls := func() []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), got...) }
+	whileCalls := func() int { mu.Lock(); defer mu.Unlock(); return len(while) }
 	round(c)
 	round(c)
 	if n := len(calls()); n != 0 {
 		t.Fatalf("BeforeHealthy ran %d times for a worker that stayed healthy", n)
 	}
+	if n := whileCalls(); n != 2 {
+		t.Fatalf("WhileHealthy ran %d times in two passing rounds of a healthy worker, want 2 (one per URL)", n)
+	}
 	f.status.Store(http.StatusServiceUnavailable)
 	round(c)
 	round(c)
-	if n := len(calls()); n != 0 || ws[0].Healthy() {
-		t.Fatalf("BeforeHealthy ran %d times on failures (healthy %v)", n, ws[0].Healthy())
+	if n := len(calls()); n != 0 || ws[0].Healthy() || whileCalls() != 2 {
+		t.Fatalf("BeforeHealthy ran %d times on failures (healthy %v), WhileHealthy %d (want 2)", n, ws[0].Healthy(), whileCalls())
 	}
 	f.status.Store(http.StatusOK)
 	round(c)
@@ -384,6 +394,15 @@ func TestBeforeHealthyRunsBeforeTheReturn(t *testing.T) {
 	}
 	if !ws[0].Healthy() || !ws[1].Healthy() {
 		t.Fatal("not healthy after the passing probe")
+	}
+	if n := whileCalls(); n != 2 {
+		t.Fatalf("WhileHealthy ran on the probe that made the worker healthy (%d calls, want 2)", n)
+	}
+	round(c)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(while) != 3 || while[2] != f.srv.URL {
+		t.Fatalf("WhileHealthy calls %v, want a third with %s", while, f.srv.URL)
 	}
 }
 

@@ -23,6 +23,7 @@ package igw
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -86,6 +87,13 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Upstreams are the models served by OpenAI-compatible providers.
 	Upstreams map[string]Upstream
+	// LearnAdapters, if set, re-reads the LoRA adapters the workers list
+	// (SetWorkerAdapters) before a request naming no known model is
+	// refused: an adapter loaded on an engine directly, not through the
+	// router, is then served from its first request. It must return
+	// within a few seconds, and may return at once when it ran very
+	// recently.
+	LearnAdapters func(ctx context.Context)
 }
 
 // ModelSettings are one model's configured settings. A configured policy
@@ -398,7 +406,7 @@ func (rt *Router) newPDFleet(model string) (*fleet, error) {
 
 // Dispatch routes one generation request to its model's fleet.
 func (rt *Router) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call) {
-	model, kind, ok := rt.route(w, c.Obj.Get("model"), true)
+	model, kind, ok := rt.route(r.Context(), w, c.Obj.Get("model"), true)
 	if !ok {
 		return
 	}
@@ -432,7 +440,7 @@ func (rt *Router) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call
 // route picks the model a request names (v: its body's "model", nil when
 // absent) and answers the request itself (ok false) when that model
 // cannot be served.
-func (rt *Router) route(w http.ResponseWriter, v []byte, generation bool) (model string, kind Kind, ok bool) {
+func (rt *Router) route(ctx context.Context, w http.ResponseWriter, v []byte, generation bool) (model string, kind Kind, ok bool) {
 	states := States(rt.o.Registry.Snapshot())
 	all := slices.Sorted(maps.Keys(states))
 	for _, m := range rt.upstreamModels() {
@@ -457,14 +465,7 @@ func (rt *Router) route(w http.ResponseWriter, v []byte, generation bool) (model
 	}
 	st, known := states[model]
 	if !known {
-		// A LoRA adapter's requests name the adapter: they go to its base
-		// model's fleet, the body unchanged (the engine serves it).
-		if base, ok := rt.AdapterModel(model); ok {
-			st, known = states[base]
-			if known {
-				model = base
-			}
-		}
+		st, model, known = rt.adapterFleet(ctx, states, model)
 	}
 	if !known {
 		rt.rejected.WithLabelValues("unknown_model").Inc()
@@ -479,6 +480,22 @@ func (rt *Router) route(w http.ResponseWriter, v []byte, generation bool) (model
 		return "", "", false
 	}
 	return model, st.Kind(), true
+}
+
+// adapterFleet finds the fleet of name as a LoRA adapter: its requests
+// name the adapter and go to its base model's fleet, the body unchanged
+// (the engine serves it). An unknown name has the workers' adapters read
+// again first (Options.LearnAdapters). It returns the base model.
+func (rt *Router) adapterFleet(ctx context.Context, states map[string]ModelState, name string) (ModelState, string, bool) {
+	base, ok := rt.AdapterModel(name)
+	if !ok && rt.o.LearnAdapters != nil {
+		rt.o.LearnAdapters(ctx)
+		base, ok = rt.AdapterModel(name)
+	}
+	if st, known := states[base]; ok && known {
+		return st, base, true
+	}
+	return ModelState{}, name, false
 }
 
 // adapter is a LoRA adapter the router knows of.
@@ -607,7 +624,7 @@ func (rt *Router) ServePassthrough(w http.ResponseWriter, r *http.Request) {
 			v = obj.Get("model")
 		}
 	}
-	model, kind, ok := rt.route(w, v, false)
+	model, kind, ok := rt.route(r.Context(), w, v, false)
 	if !ok {
 		return
 	}

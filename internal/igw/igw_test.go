@@ -1,6 +1,7 @@
 package igw
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -656,5 +657,47 @@ func TestAdapterGenApart(t *testing.T) {
 	x, y := adapterGen(g, "x"), adapterGen(g, "y")
 	if x == y || x == g || y == g || adapterGen(g+1, "x") == x || x>>63 != 1 {
 		t.Fatalf("adapter generations %x %x (registry %d) are not apart", x, y, g)
+	}
+}
+
+// TestUnknownModelLearnsAdapters: a request naming no known model has the
+// workers' adapters read again (Options.LearnAdapters) before it is
+// refused, so an adapter loaded on an engine directly is served from its
+// first request; a name no worker lists is still a 404.
+func TestUnknownModelLearnsAdapters(t *testing.T) {
+	var e *env
+	var bURL string
+	var calls atomic.Int32
+	var listed atomic.Value // the adapter "engine b" lists
+	listed.Store("")
+	e = newEnvWith(t, func(o *Options) {
+		o.LearnAdapters = func(ctx context.Context) {
+			calls.Add(1)
+			if n := listed.Load().(string); n != "" {
+				e.rt.SetWorkerAdapters(bURL, "m", []string{n})
+			}
+		}
+	})
+	a, b := newWorker(t, "a"), newWorker(t, "b")
+	e.add(t, a.URL, "m")
+	e.add(t, b.URL, "m")
+	bURL = b.URL
+
+	if st, _ := e.post(t, `{"model":"m","prompt":"x"}`); st != 200 || calls.Load() != 0 {
+		t.Fatalf("base model: %d, %d adapter reads (want 200, none)", st, calls.Load())
+	}
+	st, body := e.post(t, `{"model":"direct","prompt":"x"}`)
+	if st != 404 || !strings.Contains(body, "The model `direct` does not exist.") || calls.Load() != 1 {
+		t.Fatalf("unlisted adapter: %d %s, %d adapter reads (want 404 after one)", st, body, calls.Load())
+	}
+	listed.Store("direct") // loaded on b's engine, not through the router
+	before := b.hits.Load()
+	for range 4 {
+		if st, body := e.post(t, `{"model":"direct","prompt":"x"}`); st != 200 {
+			t.Fatalf("adapter loaded on an engine directly: %d %s", st, body)
+		}
+	}
+	if got := b.hits.Load() - before; got != 4 || calls.Load() != 2 {
+		t.Fatalf("%d of 4 requests on the worker listing the adapter, %d adapter reads (want 4, 2)", got, calls.Load())
 	}
 }

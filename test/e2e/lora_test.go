@@ -130,4 +130,32 @@ func TestLoRAAdapterRoutedByIGW(t *testing.T) {
 	if st, _, body := post(t, ctx, r.Base+"/v1/completions", `{"model": "tuned", "prompt": "x", "max_tokens": 1}`); st != 404 || !strings.Contains(string(body), "The model `tuned` does not exist.") {
 		t.Fatalf("the adapter no worker lists any more: %d %s", st, body)
 	}
+	// An adapter loaded on an engine directly, not through the router, is
+	// served from its first request (the workers' lists are read again
+	// for a model the router does not know).
+	direct := `{"model": "direct", "prompt": "x", "max_tokens": 1}`
+	if st, _, body := post(t, ctx, c.URL+"/v1/load_lora_adapter", `{"lora_name": "direct", "lora_path": "/adapters/direct"}`); st != 200 {
+		t.Fatalf("load on the engine: %d %s", st, body)
+	}
+	for range 3 {
+		if st, _, body := post(t, ctx, r.Base+"/v1/completions", direct); st != 200 || !strings.Contains(string(body), `"model":"direct"`) {
+			t.Fatalf("an adapter loaded on the engine directly: %d %s", st, body)
+		}
+	}
+	// Moved to another engine directly: followed on the next health probe
+	// of each (every second here), with no engine restarting.
+	if st, _, body := post(t, ctx, c.URL+"/v1/unload_lora_adapter", `{"lora_name": "direct"}`); st != 200 {
+		t.Fatalf("unload on the engine: %d %s", st, body)
+	}
+	if st, _, body := post(t, ctx, a.URL+"/v1/load_lora_adapter", `{"lora_name": "direct", "lora_path": "/adapters/direct"}`); st != 200 {
+		t.Fatalf("load on the other engine: %d %s", st, body)
+	}
+	waitFor(t, 10*time.Second, "the adapter's requests to follow it", func() bool {
+		for range 3 {
+			if st, _, _ := post(t, ctx, r.Base+"/v1/completions", direct); st != 200 {
+				return false
+			}
+		}
+		return true
+	})
 }
