@@ -193,12 +193,11 @@ type app struct {
 	engine   *pd.Engine
 	tracer   *tracing.Tracer // nil = tracing off
 	kvs      *kvState        // nil unless a policy is kv_aware
-	// LoRA adapter names the router learned of before kv_aware's index
-	// existed (noteLoRA), and the index once it does.
 	// adapters re-reads the workers' LoRA adapters for a request naming
 	// an unknown model (--enable-igw).
 	adapters adapterRefresh
-
+	// LoRA adapter names the router learned of before kv_aware's index
+	// existed (noteLoRA), and the index once it does.
 	loraMu    sync.Mutex
 	loraNames []string
 	loraIndex *kvevents.Index

@@ -91,8 +91,7 @@ type Options struct {
 	// (SetWorkerAdapters) before a request naming no known model is
 	// refused: an adapter loaded on an engine directly, not through the
 	// router, is then served from its first request. It must return
-	// within a few seconds, and may return at once when it ran very
-	// recently.
+	// within a few seconds (the request waits for it) and when ctx ends.
 	LearnAdapters func(ctx context.Context)
 }
 
