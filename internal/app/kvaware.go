@@ -329,6 +329,7 @@ func (a *app) registerKVMetrics(st *kvState) {
 				return 0
 			}),
 		counter("pd_bypass_total", "PD requests sent to the decode alone (prompt cached there)", sum(func(p *kvaware.Policy) uint64 { return p.S.Bypass.Load() })),
+		counter("pd_bypass_deferred_total", "PD requests split although fewer of their prompt tokens than the bypass threshold were uncached on the decode: it was computing other bypassed requests' prompts", sum(func(p *kvaware.Policy) uint64 { return p.S.BypassDeferred.Load() })),
 	}
 	for _, col := range cs {
 		if err := a.m.Registry.Register(col); err != nil {

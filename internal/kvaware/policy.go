@@ -81,6 +81,10 @@ type Stats struct {
 	MatchedTokens, PromptTokens        atomic.Uint64 // predicted cached tokens; prompt tokens routed
 	TokenizeErrors                     atomic.Uint64
 	Bypass                             atomic.Uint64 // PD requests sent to the decode alone
+	// BypassDeferred: PD requests whose uncached tokens were below the
+	// bypass threshold but were split, their decode busy computing the
+	// prompts of other bypassed requests.
+	BypassDeferred atomic.Uint64
 }
 
 // Policy is kv_aware. Build it with New.
@@ -230,6 +234,10 @@ func (p *Policy) cachedBlocks(req *policy.Request, now time.Time) (all, indexed 
 
 // CountBypass counts a PD request served by the decode alone.
 func (p *Policy) CountBypass() { p.S.Bypass.Add(1) }
+
+// CountBypassDeferred counts a PD request split instead of bypassed
+// because its decode was computing other bypassed requests' prompts.
+func (p *Policy) CountBypassDeferred() { p.S.BypassDeferred.Add(1) }
 
 // BlockSize is the tokens per block of the index.
 func (p *Policy) BlockSize() int { return p.o.Index.BlockSize() }

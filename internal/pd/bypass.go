@@ -28,6 +28,7 @@ type cacheReporter interface {
 	CachedBlocks(req *policy.Request) map[string]int
 	BlockSize() int
 	CountBypass()
+	CountBypassDeferred()
 }
 
 // prepare runs the prefill policy's Prepare (tokenizing the prompt) once
@@ -79,6 +80,9 @@ func (e *Engine) bypass(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	uncached := n - cached
 	pending, release, ok := e.bypassing.reserve(d.Worker.Key(), uncached, e.o.BypassThreshold)
 	if !ok {
+		if uncached < e.o.BypassThreshold {
+			rep.CountBypassDeferred()
+		}
 		return false
 	}
 	defer release()

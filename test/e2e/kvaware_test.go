@@ -192,6 +192,9 @@ func TestKVAwarePDBypassCountsTheDecodesWork(t *testing.T) {
 	if rc := receipt(prompt); strings.Contains(rc, "bypass") || !strings.Contains(rc, "prefill=http://"+p.Info.HTTPAddress) {
 		t.Errorf("second request while the first is computed: receipt %q, want a split", rc)
 	}
+	if got := metricValue(t, r, "vllm_router_kv_pd_bypass_deferred_total"); got != 1 {
+		t.Errorf("vllm_router_kv_pd_bypass_deferred_total = %v, want 1", got)
+	}
 	if rc := <-first; !strings.Contains(rc, "reason=bypass") {
 		t.Fatalf("first request: receipt %q, want a bypass", rc)
 	}
