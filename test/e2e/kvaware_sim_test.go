@@ -310,16 +310,7 @@ func TestKVAwareSimPDBypassThreshold(t *testing.T) {
 	direct(t, d, words("warmd", 20), 1)
 	waitPublishing(t, r, p, d)
 
-	receipt := func(prompt string) string {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		st, h, b := post(t, ctx, r.Base+"/v1/completions", fmt.Sprintf(`{"model":"sim-model","prompt":%q,"max_tokens":3}`, prompt))
-		if st != 200 || len(completionText(t, b)) == 0 {
-			t.Fatalf("completion: %d %s", st, b)
-		}
-		return h.Get("X-Switchyard-Route")
-	}
+	receipt := func(prompt string) string { return completionReceipt(t, r, prompt) }
 	bypassed := func(rc string) bool {
 		by := strings.Contains(rc, "reason=bypass")
 		if by && (strings.Contains(rc, "prefill=") || !strings.Contains(rc, "decode=http://"+d.Info.HTTPAddress)) {

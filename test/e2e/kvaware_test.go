@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -128,15 +130,7 @@ func TestKVAwarePDBypass(t *testing.T) {
 	toks := tokenize(t, p, cached)
 	pp.Publish(stored("p-other", []int{7, 7, 7, 7}, 4))
 	pd.Publish(stored("d", toks, 4))
-	receipt := func(prompt string) string {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		st, h, b := post(t, ctx, r.Base+"/v1/completions", fmt.Sprintf(`{"model":"sim-model","prompt":%q,"max_tokens":3}`, prompt))
-		if st != 200 || len(completionText(t, b)) == 0 {
-			t.Fatalf("completion: %d %s", st, b)
-		}
-		return h.Get("X-Switchyard-Route")
-	}
+	receipt := func(prompt string) string { return completionReceipt(t, r, prompt) }
 	waitFor(t, 20*time.Second, "the cached prompt bypasses the prefill", func() bool {
 		return strings.Contains(receipt(cached), "reason=bypass")
 	})
@@ -172,15 +166,7 @@ func TestKVAwarePDBypassCountsTheDecodesWork(t *testing.T) {
 		"--policy", "kv_aware", "--route-receipt", "--kv-block-size", "4", "--pd-uncached-token-threshold", strconv.Itoa(n+1),
 		"--kv-events-endpoints", p.URL()+"="+pp.Endpoints(), d.URL()+"="+pd.Endpoints())
 	r.WaitReady(t, 10*time.Second)
-	receipt := func(prompt string) string {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		st, h, b := post(t, ctx, r.Base+"/v1/completions", fmt.Sprintf(`{"model":"sim-model","prompt":%q,"max_tokens":2}`, prompt))
-		if st != 200 || len(completionText(t, b)) == 0 {
-			t.Errorf("completion: %d %s", st, b)
-		}
-		return h.Get("X-Switchyard-Route")
-	}
+	receipt := func(prompt string) string { return completionReceipt(t, r, prompt) }
 	before := d.Stats(t).Requests.Plain
 	first := make(chan string, 1)
 	go func() { first <- receipt(prompt) }()
@@ -201,4 +187,35 @@ func TestKVAwarePDBypassCountsTheDecodesWork(t *testing.T) {
 	if rc := receipt(prompt); !strings.Contains(rc, "reason=bypass") {
 		t.Errorf("after the first was answered: receipt %q, want a bypass", rc)
 	}
+}
+
+// completionReceipt posts a 3-token completion of prompt through r and
+// returns its route receipt. It may run on any goroutine: a failure is
+// reported with t.Errorf and gives "".
+func completionReceipt(t *testing.T, r *router, prompt string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	body := fmt.Sprintf(`{"model":"sim-model","prompt":%q,"max_tokens":3}`, prompt)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.Base+"/v1/completions", strings.NewReader(body))
+	if err != nil {
+		t.Errorf("completion request: %v", err)
+		return ""
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Errorf("completion: %v", err)
+		return ""
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	var v struct {
+		Choices []struct{ Text string } `json:"choices"`
+	}
+	if err != nil || resp.StatusCode != 200 || json.Unmarshal(b, &v) != nil || len(v.Choices) == 0 || v.Choices[0].Text == "" {
+		t.Errorf("completion: %d %s (%v)", resp.StatusCode, b, err)
+		return ""
+	}
+	return resp.Header.Get("X-Switchyard-Route")
 }
