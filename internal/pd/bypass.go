@@ -82,6 +82,8 @@ func (e *Engine) bypass(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	if !ok {
 		if uncached < e.o.BypassThreshold {
 			rep.CountBypassDeferred()
+			st.deferred = fmt.Sprintf("not bypassed: decode %s is computing %d prompt tokens for other bypassed requests, with this one's %d uncached not below --pd-uncached-token-threshold %d",
+				d.Worker.Key(), pending, uncached, e.o.BypassThreshold)
 		}
 		return false
 	}

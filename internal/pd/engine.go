@@ -398,6 +398,9 @@ type reqState struct {
 	tokens   []uint32
 	prepared any
 	mig      *pdMigration // a stream that may continue on another pair (migrate.go)
+	// deferred says why a request within the bypass threshold was split
+	// (its decode's queue: bypass.go), for the receipt.
+	deferred string
 	// firstByte, when set, runs at the first byte of an unsplit attempt's
 	// answer (a bypass gives its decode's reservation back: bypass.go).
 	firstByte func()
@@ -539,6 +542,9 @@ func (e *Engine) failover(ctx context.Context, tw *trackingWriter, r *http.Reque
 		st.attempt = rc.Attempts
 		rc.Prefill, rc.Decode = pr.P.Key(), pr.D.Key()
 		rc.Reason = pr.reason
+		if st.deferred != "" {
+			rc.Reason += "; " + st.deferred
+		}
 		f := e.attempt(ctx, tw, st, &pr.Pair)
 		if f == nil {
 			return

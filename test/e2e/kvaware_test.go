@@ -175,8 +175,9 @@ func TestKVAwarePDBypassCountsTheDecodesWork(t *testing.T) {
 	})
 	// The decode has not answered the first (its first token is stalled):
 	// n of its tokens are reserved there, and n more reach the threshold.
-	if rc := receipt(prompt); strings.Contains(rc, "bypass") || !strings.Contains(rc, "prefill=http://"+p.Info.HTTPAddress) {
-		t.Errorf("second request while the first is computed: receipt %q, want a split", rc)
+	if rc := receipt(prompt); strings.Contains(rc, "reason=bypass") || !strings.Contains(rc, "prefill=http://"+p.Info.HTTPAddress) ||
+		!strings.Contains(rc, "not bypassed: decode http://"+d.Info.HTTPAddress+" is computing") {
+		t.Errorf("second request while the first is computed: receipt %q, want a split saying why", rc)
 	}
 	if got := metricValue(t, r, "vllm_router_kv_pd_bypass_deferred_total"); got != 1 {
 		t.Errorf("vllm_router_kv_pd_bypass_deferred_total = %v, want 1", got)
