@@ -3,6 +3,7 @@ package engine
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"slices"
 	"time"
 )
 
@@ -483,11 +484,17 @@ func (p *blockPool) evict(id int32) {
 		return
 	}
 	ids := p.cache[b.hash]
-	for i, x := range ids {
-		if x == id {
-			ids = append(ids[:i], ids[i+1:]...)
-			break
-		}
+	// Blocks holding one hash are kept in insertion order (cachedBlock
+	// hits the oldest, as vLLM's dict of them does) and the LRU evicts
+	// mostly the oldest: that one is dropped without copying the rest. A
+	// hash many finished requests produced (one output to a repeated
+	// prompt) can be held by thousands of blocks, and a copy per eviction
+	// made a full cache several times slower (docs/BENCHMARKS.md §31).
+	switch i := slices.Index(ids, id); {
+	case i == 0:
+		ids = ids[1:]
+	case i > 0:
+		ids = append(ids[:i], ids[i+1:]...)
 	}
 	if len(ids) == 0 {
 		delete(p.cache, b.hash)

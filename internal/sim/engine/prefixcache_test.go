@@ -491,3 +491,68 @@ func restores(evs []KVEvent) []KVEvent {
 	}
 	return out
 }
+
+// cycleDuplicate allocates one block (evicting the least recently used
+// when the pool is full), caches it under h and releases it: what each of
+// many finished requests with the same output does to one of its blocks.
+func cycleDuplicate(t testing.TB, p *blockPool, h BlockHash) int32 {
+	ids, ok := p.alloc(1)
+	if !ok {
+		t.Fatal("alloc failed")
+	}
+	p.insert(ids[0], h)
+	p.release(ids)
+	return ids[0]
+}
+
+// TestDuplicateHashEvictionKeepsOrder: blocks holding one hash stay in the
+// order they were cached (a hit takes the oldest), whichever of them is
+// evicted, and their list does not grow past the blocks that hold it.
+func TestDuplicateHashEvictionKeepsOrder(t *testing.T) {
+	const total = 8
+	p := newBlockPool(total, true)
+	h := BlockHash{1}
+	var order []int32 // the blocks holding h, oldest first
+	for range 100 * total {
+		if len(order) == total {
+			order = order[1:] // the LRU's head: the oldest
+		}
+		order = append(order, cycleDuplicate(t, &p, h))
+		if diff := cmp.Diff(order, p.cache[h]); diff != "" {
+			t.Fatalf("blocks holding the hash (-want +got):\n%s", diff)
+		}
+		if got, _ := p.cachedBlock(h); got != order[0] {
+			t.Fatalf("a hit took block %d, want the oldest %d", got, order[0])
+		}
+	}
+	if c := cap(p.cache[h]); c > 4*total {
+		t.Fatalf("the list of %d blocks holding the hash has capacity %d", total, c)
+	}
+	// One from the middle: the others keep their order.
+	mid := order[total/2]
+	p.lruRemove(mid)
+	p.evict(mid)
+	want := slices.Delete(slices.Clone(order), total/2, total/2+1)
+	if diff := cmp.Diff(want, p.cache[h]); diff != "" {
+		t.Fatalf("after evicting block %d (-want +got):\n%s", mid, diff)
+	}
+	if p.cachedBlocks != total-1 {
+		t.Fatalf("cachedBlocks %d, want %d", p.cachedBlocks, total-1)
+	}
+}
+
+// BenchmarkEvictDuplicateHash: a full pool whose blocks all hold one hash,
+// each operation evicting the oldest (a repeated prompt's output blocks).
+//
+//	go test -run '^$' -bench EvictDuplicateHash ./internal/sim/engine
+func BenchmarkEvictDuplicateHash(b *testing.B) {
+	const total = 16384
+	p := newBlockPool(total, true)
+	h := BlockHash{1}
+	for range total {
+		cycleDuplicate(b, &p, h)
+	}
+	for b.Loop() {
+		cycleDuplicate(b, &p, h)
+	}
+}
