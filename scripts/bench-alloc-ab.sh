@@ -13,6 +13,7 @@
 #   scripts/bench-alloc-ab.sh regular|pd SECONDS REPEATS CONNS LABEL=BIN_DIR[:ENV=V...] ...
 #   scripts/bench-alloc-ab.sh regular 5 5 64 old=/tmp/old new=bin
 #   scripts/bench-alloc-ab.sh regular 5 5 64 gogc100=bin:GOGC=100 floor=bin
+#   WRK_BODY='{"model":"sim-model","prompt":"hello","max_tokens":64,"stream":true}' scripts/bench-alloc-ab.sh pd 5 5 64 old=/tmp/old new=bin
 set -euo pipefail
 mode=$1; secs=$2; reps=$3; conns=$4; shift 4
 [ $# -gt 0 ] || { echo "usage: $0 regular|pd SECONDS REPEATS CONNS LABEL=BIN_DIR[:ENV=V...] ..." >&2; exit 2; }

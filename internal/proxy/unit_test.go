@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -226,5 +227,89 @@ func TestBreakerMetricsHook(t *testing.T) {
 	}
 	if v := counterValue(t, m.CBTransitions.WithLabelValues("http://w:1", "closed", "open")); v != 1 {
 		t.Errorf("transitions %v", v)
+	}
+}
+
+// parseUsageFromEnd is parseUsage as it was: occurrences of the key taken
+// from the end with bytes.LastIndex. The forward search must agree with it.
+func parseUsageFromEnd(b []byte) (prompt, completion int64, ok bool) {
+	end := len(b)
+	for {
+		i := bytes.LastIndex(b[:end], usageKey)
+		if i < 0 {
+			return 0, 0, false
+		}
+		end = i
+		j := skipSpace(b, i+len(usageKey))
+		if j >= len(b) || b[j] != ':' {
+			continue
+		}
+		j = skipSpace(b, j+1)
+		if j >= len(b) || b[j] != '{' {
+			continue
+		}
+		k := objectEnd(b[j:])
+		if k < 0 {
+			return 0, 0, false
+		}
+		obj := b[j : j+k]
+		p, okP := intAfterKey(obj, promptKey)
+		c, okC := intAfterKey(obj, completionKey)
+		if !okP && !okC {
+			return 0, 0, false
+		}
+		return p, c, true
+	}
+}
+
+// TestParseUsageAgreesWithSearchFromEnd compares parseUsage with the search
+// from the end on random sequences of the pieces a usage scan meets
+// (overlapping keys, nulls, objects cut off, keys inside strings).
+func TestParseUsageAgreesWithSearchFromEnd(t *testing.T) {
+	pieces := []string{`"usage"`, `"usage":`, `"usage": null`, `"usage":{`, ` `, `:`, `{`, `}`, `"`, `\"`, `usage"`,
+		`"prompt_tokens":7`, `,"completion_tokens": 3`, `"completion_tokens":12}`, `data: `, "\n\n", `x`, `"total_tokens":9}`}
+	r := rand.New(rand.NewPCG(3, 4))
+	var b []byte
+	for i := range 20000 {
+		b = b[:0]
+		n := r.IntN(14)
+		if i%4 == 0 { // longer than usageNear: the window and the whole
+			n = 100 + r.IntN(300)
+		}
+		for range n {
+			b = append(b, pieces[r.IntN(len(pieces))]...)
+		}
+		p, c, ok := parseUsage(b)
+		wp, wc, wok := parseUsageFromEnd(b)
+		if p != wp || c != wc || ok != wok {
+			t.Fatalf("case %d %q: got %d %d %v, the search from the end %d %d %v", i, b, p, c, ok, wp, wc, wok)
+		}
+	}
+}
+
+// BenchmarkParseUsage reads a full usage tail: an event stream without a
+// usage object (the common case) and one ending with it.
+//
+//	go test -run '^$' -bench ParseUsage ./internal/proxy
+func BenchmarkParseUsage(b *testing.B) {
+	event := "data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\" tok\",\"finish_reason\":null}]}\n\n"
+	noUsage := []byte(strings.Repeat(event, usageTailSize/len(event)+1)[:usageTailSize])
+	withUsage := append(append([]byte{}, noUsage[:usageTailSize-200]...),
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":100,\"total_tokens\":110}}\n\ndata: [DONE]\n\n"...)
+	for _, bc := range []struct {
+		name string
+		in   []byte
+	}{{"none", noUsage}, {"last", withUsage}} {
+		for _, f := range []struct {
+			name  string
+			parse func([]byte) (int64, int64, bool)
+		}{{"forward", parseUsage}, {"from-end", parseUsageFromEnd}} {
+			b.Run(bc.name+"/"+f.name, func(b *testing.B) {
+				b.SetBytes(int64(len(bc.in)))
+				for b.Loop() {
+					f.parse(bc.in)
+				}
+			})
+		}
 	}
 }

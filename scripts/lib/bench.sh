@@ -38,11 +38,10 @@ wait_completion() {
   return 1
 }
 
-# write_completion_lua FILE writes wrk's script: POST a 1-token completion.
+# write_completion_lua FILE writes wrk's script: POST a 1-token completion,
+# or the request body in $WRK_BODY (e.g. a stream:
+# WRK_BODY='{"model":"sim-model","prompt":"hello","max_tokens":64,"stream":true}').
 write_completion_lua() {
-  cat > "$1" <<'LUA'
-wrk.method = "POST"
-wrk.body = '{"model":"sim-model","prompt":"hello","max_tokens":1}'
-wrk.headers["Content-Type"] = "application/json"
-LUA
+  local body=${WRK_BODY:-'{"model":"sim-model","prompt":"hello","max_tokens":1}'}
+  printf 'wrk.method = "POST"\nwrk.body = [[%s]]\nwrk.headers["Content-Type"] = "application/json"\n' "$body" > "$1"
 }
