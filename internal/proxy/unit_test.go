@@ -230,8 +230,9 @@ func TestBreakerMetricsHook(t *testing.T) {
 	}
 }
 
-// parseUsageFromEnd is parseUsage as it was: occurrences of the key taken
-// from the end with bytes.LastIndex. The forward search must agree with it.
+// parseUsageFromEnd is parseUsage's search as it was: occurrences of the
+// key taken from the end with bytes.LastIndex. The forward search must
+// find the same object.
 func parseUsageFromEnd(b []byte) (prompt, completion int64, ok bool) {
 	end := len(b)
 	for {
@@ -248,17 +249,7 @@ func parseUsageFromEnd(b []byte) (prompt, completion int64, ok bool) {
 		if j >= len(b) || b[j] != '{' {
 			continue
 		}
-		k := objectEnd(b[j:])
-		if k < 0 {
-			return 0, 0, false
-		}
-		obj := b[j : j+k]
-		p, okP := intAfterKey(obj, promptKey)
-		c, okC := intAfterKey(obj, completionKey)
-		if !okP && !okC {
-			return 0, 0, false
-		}
-		return p, c, true
+		return usageObject(b[j:])
 	}
 }
 

@@ -153,11 +153,16 @@ func parseUsage(b []byte) (prompt, completion int64, ok bool) {
 	if at < 0 {
 		return 0, 0, false
 	}
-	k := objectEnd(b[at:])
+	return usageObject(b[at:])
+}
+
+// usageObject reads the token counts of the usage object b starts with.
+func usageObject(b []byte) (prompt, completion int64, ok bool) {
+	k := objectEnd(b)
 	if k < 0 {
 		return 0, 0, false // cut off
 	}
-	obj := b[at : at+k]
+	obj := b[:k]
 	p, okP := intAfterKey(obj, promptKey)
 	c, okC := intAfterKey(obj, completionKey)
 	if !okP && !okC {
