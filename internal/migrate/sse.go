@@ -11,7 +11,12 @@ type Splitter struct {
 
 // Feed appends p and calls fn with every event completed by it, in order.
 // The slice given to fn is valid only during the call.
-func (s *Splitter) Feed(p []byte, fn func(ev []byte)) {
+func (s *Splitter) Feed(p []byte, fn func(ev []byte)) { s.FeedBatch(p, fn, nil) }
+
+// FeedBatch is Feed that then calls done (when not nil) once, while the
+// slices given to fn are still valid: consecutive events are consecutive
+// in memory, and fn may keep them until done to use them as one.
+func (s *Splitter) FeedBatch(p []byte, fn func(ev []byte), done func()) {
 	buf := p // the usual case: no partial event pending, p is read in place
 	if len(s.pend) > 0 {
 		s.pend = append(s.pend, p...)
@@ -25,6 +30,9 @@ func (s *Splitter) Feed(p []byte, fn func(ev []byte)) {
 		}
 		fn(buf[start : start+n])
 		start += n
+	}
+	if done != nil {
+		done()
 	}
 	rest := buf[start:]
 	switch {

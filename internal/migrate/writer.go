@@ -26,6 +26,10 @@ type Writer struct {
 	ended   bool                        // the stitcher ended the answer
 	wrote   bool                        // an event reached the client in this Write
 	werr    error
+	// run: the original leg's events of this Write not yet written, one
+	// slice (they are consecutive in the splitter's buffer): one write
+	// through the client writer's layers per read, not per event.
+	run []byte
 }
 
 // NewWriter wraps the client writer w, recording what it writes into tr.
@@ -39,7 +43,7 @@ func (e *Writer) WriteHeader(int) {} // the status line is already out
 
 func (e *Writer) Write(p []byte) (int, error) {
 	if e.werr == nil {
-		e.sp.Feed(p, e.event)
+		e.sp.FeedBatch(p, e.event, e.writeRun)
 	}
 	if e.wrote { // one clock read per write, not per event
 		e.tr.lastWrite, e.wrote = time.Now(), false
@@ -64,6 +68,10 @@ func (e *Writer) event(ev []byte) {
 		e.held = true
 		return
 	}
+	if e.rewrite == nil {
+		e.addToRun(ev)
+		return
+	}
 	if _, err := e.w.Write(ev); err != nil {
 		e.werr = err
 		return
@@ -83,6 +91,35 @@ func (e *Writer) event(ev []byte) {
 		_ = e.FlushError()
 		e.ended, e.werr = true, ErrAnswerEnded
 	}
+}
+
+// addToRun adds ev to the run of events to write: the run grows when ev
+// follows it in memory, else the run is written and ev starts the next.
+func (e *Writer) addToRun(ev []byte) {
+	n := len(e.run)
+	if n > 0 && cap(e.run)-n >= len(ev) && &e.run[:n+1][n] == &ev[0] {
+		e.run = e.run[:n+len(ev)]
+		return
+	}
+	e.writeRun()
+	e.run = ev
+}
+
+// writeRun writes the run of events (a FeedBatch done hook).
+func (e *Writer) writeRun() {
+	if len(e.run) == 0 {
+		return
+	}
+	run := e.run
+	e.run = nil
+	if e.werr != nil {
+		return
+	}
+	if _, err := e.w.Write(run); err != nil {
+		e.werr = err
+		return
+	}
+	e.wrote = true
 }
 
 // FlushError flushes the client (http.ResponseController finds it).

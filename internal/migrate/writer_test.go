@@ -79,3 +79,57 @@ func BenchmarkTrackerEvent(b *testing.B) {
 		tr.Event(ev)
 	}
 }
+
+// countingWriter records each Write the migration writer makes.
+type countingWriter struct {
+	*httptest.ResponseRecorder
+	writes []string
+	fail   bool
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	if c.fail {
+		return 0, errors.New("client gone")
+	}
+	c.writes = append(c.writes, string(p))
+	return c.ResponseRecorder.Write(p)
+}
+
+// TestWriterOneWritePerRead: the original leg's whole events of one Write
+// reach the client writer as one write (also when the first of them began
+// in an earlier Write), the events before an engine error event are
+// written and the rest held, and a failed write ends the leg.
+func TestWriterOneWritePerRead(t *testing.T) {
+	a, b, c, d := cmplChunk(" a", ""), cmplChunk(" b", ""), cmplChunk(" c", ""), cmplChunk(" d", "")
+	three := sse(false, a, b, c)
+	cw := &countingWriter{ResponseRecorder: httptest.NewRecorder()}
+	tr := NewTracker()
+	w := NewWriter(cw, tr)
+	if _, err := w.Write([]byte(three)); err != nil {
+		t.Fatal(err)
+	}
+	if len(cw.writes) != 1 || cw.writes[0] != three {
+		t.Fatalf("three events in one read: writes %q", cw.writes)
+	}
+	// An event split across reads: the second read's events go as one.
+	next := sse(false, d, a, b)
+	_, _ = w.Write([]byte(next[:7]))
+	_, _ = w.Write([]byte(next[7:]))
+	if len(cw.writes) != 2 || cw.writes[1] != next {
+		t.Fatalf("split read: writes %q", cw.writes)
+	}
+	// An engine error event: the events before it go out, it and the rest are held.
+	held := sse(false, c, `{"error":{"message":"boom","code":500}}`, d)
+	_, _ = w.Write([]byte(held))
+	if want := sse(false, c); len(cw.writes) != 3 || cw.writes[2] != want || !w.Held() {
+		t.Fatalf("error event: writes %q, held %v", cw.writes, w.Held())
+	}
+	if got, want := cw.Body.String(), three+next+sse(false, c); got != want || tr.Text() != " a b c d a b c" {
+		t.Fatalf("client got %q (tracker %q), want %q", got, tr.Text(), want)
+	}
+	// A client that went away ends the leg with its error.
+	w2 := NewWriter(&countingWriter{ResponseRecorder: httptest.NewRecorder(), fail: true}, NewTracker())
+	if n, err := w2.Write([]byte(three)); err == nil || n != 0 {
+		t.Fatalf("Write to a failed client = %d, %v", n, err)
+	}
+}
