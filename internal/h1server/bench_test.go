@@ -65,3 +65,16 @@ func responseSize(b *testing.B, c net.Conn, req []byte) int {
 }
 
 var timeZero time.Time
+
+// BenchmarkParseHead parses the head of an OpenAI SDK generation request.
+func BenchmarkParseHead(b *testing.B) {
+	raw := []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nAccept-Encoding: gzip, deflate\r\n" +
+		"Connection: keep-alive\r\nAccept: application/json\r\nContent-Type: application/json\r\nUser-Agent: OpenAI/Python 1.99.9\r\n" +
+		"X-Stainless-Lang: python\r\nX-Stainless-Retry-Count: 0\r\nAuthorization: Bearer sk-test\r\nContent-Length: 112\r\n\r\n")
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok := parseHead(raw); !ok {
+			b.Fatal("not parsed")
+		}
+	}
+}

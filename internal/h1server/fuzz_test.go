@@ -3,7 +3,9 @@ package h1server
 import (
 	"bufio"
 	"bytes"
+	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"reflect"
 	"testing"
 )
@@ -19,6 +21,9 @@ func FuzzParseHead(f *testing.F) {
 		"GET / HTTP/1.1\r\nHost: a\r\nX: a\r\n b\r\n\r\n",
 		"GET // HTTP/1.1\r\nHost: \r\nCookie: a=b; c=d\r\n\r\n",
 		"GET / HTTP/1.0\r\nConnection: clo\xc5\xbfe\r\nConnection: KEEP-ALIVE\r\n\r\n",
+		"GET /a?? HTTP/1.1\r\nHost: a\r\n\r\n",
+		"GET /v1/a:b@c;d=e?x#y HTTP/1.1\r\nHost: a\r\n\r\n",
+		"GET /a!b?c\x7f HTTP/1.1\r\nHost: a\r\n\r\n",
 	} {
 		f.Add([]byte(s))
 	}
@@ -41,7 +46,7 @@ func FuzzParseHead(f *testing.F) {
 		}{
 			{"Method", h.method, req.Method},
 			{"RequestURI", h.target, req.RequestURI},
-			{"URL", h.url.String(), req.URL.String()},
+			{"URL", *h.url, *req.URL},
 			{"Proto", h.proto, req.Proto},
 			{"ProtoMinor", h.minor, req.ProtoMinor},
 			{"Header", h.header, req.Header},
@@ -55,4 +60,45 @@ func FuzzParseHead(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestPlainTargetAgreesWithParseRequestURI: every target the shortcut
+// reads, it reads as url.ParseRequestURI does; it leaves the rest to it.
+func TestPlainTargetAgreesWithParseRequestURI(t *testing.T) {
+	fixed := []string{
+		"/", "/v1/completions", "/a?", "/a??", "/a?b?", "/?", "/a?x=1&y=%zz", "/a#b", "/a%2Fb",
+		"/a!b", "/a b", "/a:b@c;d=e$f&g+h,i", "//x", "/a?\x7f", "/a?\t", "a", "", "?x", "/é",
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	const alphabet = "/?#%:;@=&+$,!*'()[] aZ09-_.~\x7f\x00\t\xc3\xa9"
+	for range 20000 {
+		b := make([]byte, rng.IntN(12))
+		for i := range b {
+			b[i] = alphabet[rng.IntN(len(alphabet))]
+		}
+		fixed = append(fixed, "/"+string(b))
+	}
+	plain := 0
+	for _, target := range fixed {
+		got := plainTarget(target)
+		if got == nil {
+			continue
+		}
+		plain++
+		want, err := url.ParseRequestURI(target)
+		if err != nil {
+			t.Fatalf("plainTarget(%q) read a target url.ParseRequestURI rejects: %v", target, err)
+		}
+		if *got != *want {
+			t.Fatalf("plainTarget(%q) = %#v, url.ParseRequestURI %#v", target, *got, *want)
+		}
+	}
+	for _, target := range []string{"/v1/completions", "/a??", "/a?"} {
+		if plainTarget(target) == nil {
+			t.Errorf("plainTarget(%q) left a plain target to the parser", target)
+		}
+	}
+	if plain < 1000 {
+		t.Fatalf("only %d targets took the shortcut: the comparison checks little", plain)
+	}
 }

@@ -72,17 +72,57 @@ func (h *head) parseRequestLine(line string) bool {
 	default:
 		return false
 	}
-	u, err := url.ParseRequestURI(target)
-	if err != nil {
-		return false
+	u := plainTarget(target)
+	if u == nil {
+		var err error
+		if u, err = url.ParseRequestURI(target); err != nil {
+			return false
+		}
 	}
 	h.method, h.target, h.proto, h.url = method, target, proto, u
 	return true
 }
 
+// plainTarget returns what url.ParseRequestURI returns for an origin-form
+// target whose path needs no escaping and whose query has no control bytes
+// (a generation request's "/v1/completions"), without the parser's pass;
+// nil for any other target, which the parser reads.
+func plainTarget(target string) *url.URL {
+	path, query, hasQuery := strings.Cut(target, "?")
+	if path == "" || path[0] != '/' {
+		return nil
+	}
+	for i := 0; i < len(path); i++ {
+		if !pathByte[path[i]] {
+			return nil
+		}
+	}
+	for i := 0; i < len(query); i++ {
+		if c := query[i]; c < ' ' || c == 0x7f {
+			return nil
+		}
+	}
+	// "/a?" forces an empty query; "/a??" has the query "?".
+	return &url.URL{Path: path, RawQuery: query, ForceQuery: hasQuery && query == ""}
+}
+
+// pathByte marks the bytes url's path encoding leaves as they are.
+var pathByte = func() (t [256]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c], t[c-'a'+'A'] = true, true
+	}
+	for _, c := range "-_.~$&+,/:;=@" {
+		t[c] = true
+	}
+	return t
+}()
+
 // parseFields parses the header lines in rest (which ends with the empty line).
 func (h *head) parseFields(rest string) bool {
-	n := strings.Count(rest, "\r\n") - 1
+	n := strings.Count(rest, "\n") - 1 // every line ends in CRLF (scanHead)
 	if n < 0 {
 		return false
 	}

@@ -49,10 +49,9 @@ func readHeadFast(br *bufio.Reader, req *http.Request) (*http.Response, bool) {
 // caller sets from its framing. It reports false for what readHeadFast
 // leaves to http.ReadResponse.
 func parseHead(head string, req *http.Request) (*http.Response, bool) {
-	n := strings.Count(head, "\r\n")
-	if strings.Count(head, "\n") != n || strings.Count(head, "\r") != n { // a bare CR or LF
-		return nil, false
-	}
+	// At least one per line: a bare CR or LF inside a line is refused by
+	// the checks of the status line, keys and values below.
+	n := strings.Count(head, "\n")
 	line, rest, _ := strings.Cut(head, "\r\n")
 	status, ok := strings.CutPrefix(line, "HTTP/1.1 ")
 	if !ok || len(status) < 3 || (len(status) > 3 && status[3] != ' ') || !validHeaderValue(status) {

@@ -88,6 +88,11 @@ func TestReadHeadFastMatchesNetHTTP(t *testing.T) {
 		{"space in key", "HTTP/1.1 200 OK\r\nX A: a\r\nContent-Length: 1\r\n\r\nx", false},
 		{"ctl in value", "HTTP/1.1 200 OK\r\nX-A: a\x01b\r\nContent-Length: 1\r\n\r\nx", false},
 		{"bare LF", "HTTP/1.1 200 OK\nContent-Length: 1\n\nx", false},
+		{"bare LF in a value", "HTTP/1.1 200 OK\r\nX-A: a\nb\r\nContent-Length: 1\r\n\r\nx", false},
+		{"bare CR in a value", "HTTP/1.1 200 OK\r\nX-A: a\rb\r\nContent-Length: 1\r\n\r\nx", false},
+		{"bare CR ending a value", "HTTP/1.1 200 OK\r\nX-A: a\r\r\nContent-Length: 1\r\n\r\nx", false},
+		{"bare LF in a key", "HTTP/1.1 200 OK\r\nX\nA: a\r\nContent-Length: 1\r\n\r\nx", false},
+		{"bare CR in the status line", "HTTP/1.1 200 O\rK\r\nContent-Length: 1\r\n\r\nx", false},
 		{"trailer header", "HTTP/1.1 200 OK\r\nTrailer: X-T\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-T: 1\r\n\r\n", false},
 		{"garbage", "SSH-2.0-OpenSSH\r\n\r\n", false},
 	} {
