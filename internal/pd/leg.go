@@ -303,6 +303,24 @@ func (lb *legBody) Close() error {
 	return nil
 }
 
+// legKeepMax: a leg's body longer than this is not kept for a resend
+// (proxy.ResendableBody); its pooled connection gets the peek instead. A
+// leg may wait long for the first byte of its answer (a prefill queued
+// behind others, a decode that does not stream), and long prompts held
+// that long by thousands of open requests add up (docs/BENCHMARKS.md, section 3).
+const legKeepMax = 8 << 10
+
+// ResendBytes makes legBody a proxy.ResendableBody: the bytes, before the
+// body is closed, when they are short enough to keep.
+func (lb *legBody) ResendBytes() []byte {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	if lb.off != 0 || len(lb.b) > legKeepMax {
+		return nil
+	}
+	return lb.b
+}
+
 // again is the request's GetBody: a fresh reader while the bytes are held.
 func (lb *legBody) again() (io.ReadCloser, error) {
 	lb.mu.Lock()

@@ -72,6 +72,35 @@ func TestLegBody(t *testing.T) {
 	}
 }
 
+// A leg's body hands its bytes to the transport for a resend
+// (proxy.ResendableBody) while unread and open, and only when short enough
+// to be held until its answer's first byte.
+func TestLegBodyResendBytes(t *testing.T) {
+	short := []byte(`{"prompt":"hi","max_tokens":1}`)
+	long := make([]byte, legKeepMax+1)
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		prep func(*legBody)
+		want []byte
+	}{
+		{"short, unread", short, func(*legBody) {}, short},
+		{"at the limit", long[:legKeepMax], func(*legBody) {}, long[:legKeepMax]},
+		{"over the limit", long, func(*legBody) {}, nil},
+		{"partly read", short, func(lb *legBody) { lb.Read(make([]byte, 3)) }, nil},
+		{"closed", short, func(lb *legBody) { lb.Close() }, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lb := &legBody{b: tc.b}
+			tc.prep(lb)
+			var rb proxy.ResendableBody = lb
+			if got := rb.ResendBytes(); !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("ResendBytes() = %d bytes, want %d", len(got), len(tc.want))
+			}
+		})
+	}
+}
+
 // A leg's GetBody is set exactly where something may rewind its body:
 // net/http's Transport (a resend on a new connection) or http.Client.Do (a
 // 307/308 redirect). H1Transport, called directly, never rewinds.

@@ -294,6 +294,9 @@ type exchange struct {
 	// connection the worker turns out to have closed before answering is
 	// not a failure of the request (see resend).
 	mayResend bool
+	// kept: a ResendableBody's bytes while mayResend, until the answer's
+	// first byte (resend writes them again).
+	kept []byte
 	// The response's body and its framing, allocated with the exchange.
 	body h1Body
 	lb   lengthBody
@@ -315,9 +318,10 @@ var errStaleConn = errors.New("proxy: the worker had closed the pooled connectio
 // send writes req on a pooled or new connection, and once more on a new
 // one when the worker had closed the pooled one under the write.
 func (t *H1Transport) send(ctx context.Context, req *http.Request) (*exchange, error) {
-	x, err := t.sendOnce(ctx, req, canResend(req))
+	kept := resendBytes(req)
+	x, err := t.sendOnce(ctx, req, canResend(req, kept), kept)
 	if err == errStaleConn {
-		return t.resend(ctx, req)
+		return t.resend(ctx, req, kept)
 	}
 	return x, err
 }
@@ -330,36 +334,56 @@ func (t *H1Transport) send(ctx context.Context, req *http.Request) (*exchange, e
 // unwritten or idempotent, where this resends any request whose body it
 // can produce again, as the router's own retries would, but at once, on
 // the same worker, without counting it against the worker.
-func (t *H1Transport) resend(ctx context.Context, req *http.Request) (*exchange, error) {
+func (t *H1Transport) resend(ctx context.Context, req *http.Request, kept []byte) (*exchange, error) {
 	t.resends.Add(1)
-	r, err := rewound(req)
+	r, err := rewound(req, kept)
 	if err != nil {
 		return nil, err
 	}
-	return t.sendOnce(ctx, r, false)
+	return t.sendOnce(ctx, r, false, nil)
 }
 
 // Resends is how many requests were written again after the worker had
 // closed their pooled connection (resend).
 func (t *H1Transport) Resends() uint64 { return t.resends.Load() }
 
-// canResend reports whether req's body can be produced again after it was
-// written: none, the proxy's own byte-slice body, or one with GetBody.
-func canResend(req *http.Request) bool {
-	if req.Body == nil || req.Body == http.NoBody || req.GetBody != nil {
-		return true
-	}
-	_, ok := req.Body.(*bytesBody)
-	return ok
+// ResendableBody is a request body that hands its bytes to H1Transport
+// before they are written. The transport keeps them until the answer's
+// first byte, so that it can write the request once more should the worker
+// have closed the pooled connection under it (resend), and so can reuse a
+// pooled connection without the peek. A body that lets go of its bytes
+// once written (a PD leg's) is resent so where GetBody no longer could.
+type ResendableBody interface {
+	io.ReadCloser
+	// ResendBytes is the whole body, unread; nil when the body would rather
+	// not be kept (the connection then gets the peek).
+	ResendBytes() []byte
 }
 
-// rewound is req with its body anew (canResend said it can be).
-func rewound(req *http.Request) (*http.Request, error) {
+// resendBytes is req's ResendableBody's bytes, if it has one.
+func resendBytes(req *http.Request) []byte {
+	if rb, ok := req.Body.(ResendableBody); ok {
+		return rb.ResendBytes()
+	}
+	return nil
+}
+
+// canResend reports whether req's body can be produced again after it was
+// written: none, kept bytes (resendBytes), or one with GetBody.
+func canResend(req *http.Request, kept []byte) bool {
+	return req.Body == nil || req.Body == http.NoBody || req.GetBody != nil || kept != nil
+}
+
+// rewound is req with its body anew (canResend said it can be): the kept
+// bytes, or GetBody's.
+func rewound(req *http.Request, kept []byte) (*http.Request, error) {
 	r := *req
+	if kept != nil {
+		r.Body = newBytesBody(kept)
+		return &r, nil
+	}
 	switch b := req.Body.(type) {
 	case nil:
-	case *bytesBody:
-		r.Body = newBytesBody(b.b)
 	default:
 		if b == http.NoBody {
 			break
@@ -381,7 +405,7 @@ func closedUnder(err error) bool {
 
 // sendOnce writes req on a pooled or new connection; a pooled one is
 // trusted without a peek when the request can be resent (trust).
-func (t *H1Transport) sendOnce(ctx context.Context, req *http.Request, trust bool) (*exchange, error) {
+func (t *H1Transport) sendOnce(ctx context.Context, req *http.Request, trust bool, kept []byte) (*exchange, error) {
 	closeBody := func() {
 		if req.Body != nil {
 			req.Body.Close()
@@ -410,6 +434,9 @@ func (t *H1Transport) sendOnce(ctx context.Context, req *http.Request, trust boo
 		return nil, err
 	}
 	x := &exchange{t: t, req: req, c: c, mayResend: reused && trust}
+	if x.mayResend {
+		x.kept = kept
+	}
 	x.stop.set(ctx, c.closeFn)
 	err = c.writeRequest(bp, head, req)
 	h1Bufs.Put(bp) // not held while the response is awaited
@@ -460,7 +487,7 @@ func (x *exchange) receive() (*http.Response, error) {
 		return resp, err
 	}
 	ctx := x.req.Context()
-	y, err := x.t.resend(ctx, x.req)
+	y, err := x.t.resend(ctx, x.req, x.kept)
 	if err != nil {
 		return nil, ctxErr(ctx, err)
 	}
@@ -474,6 +501,7 @@ func (x *exchange) receiveOnce() (*http.Response, error) {
 		x.fail(c.rawErr)
 		return nil, errStaleConn
 	}
+	x.kept = nil // an answer is arriving: no resend
 	resp, ok := readHeadFast(c.br, req)
 	if ok {
 		setBodyIn(resp, c.br, &x.lb)

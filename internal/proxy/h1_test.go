@@ -747,6 +747,10 @@ func TestH1ResendsOnClosedPooledConnection(t *testing.T) {
 		"once": func() (io.ReadCloser, func() (io.ReadCloser, error)) {
 			return io.NopCloser(strings.NewReader(body)), nil
 		},
+		"released": func() (io.ReadCloser, func() (io.ReadCloser, error)) {
+			return &releasingBody{b: []byte(body), keep: true}, nil
+		},
+		"unkept": func() (io.ReadCloser, func() (io.ReadCloser, error)) { return &releasingBody{b: []byte(body)}, nil },
 	}
 	for _, tc := range []struct {
 		name, body string
@@ -762,6 +766,12 @@ func TestH1ResendsOnClosedPooledConnection(t *testing.T) {
 		{"taken and closed unanswered, proxy's body", "bytes", closeUnanswered, false, false, 1, 3},
 		{"taken and closed unanswered, body read once", "once", closeUnanswered, false, true, 0, 2},
 		{"part of an answer", "bytes", partial, false, true, 0, 2},
+		// A PD leg's body: its bytes are gone once written, and kept only by
+		// the transport (ResendableBody), or not at all when too long.
+		{"closed idle, body let go once written", "released", closeIdle, true, false, 1, 2},
+		{"taken and closed unanswered, body let go once written", "released", closeUnanswered, false, false, 1, 3},
+		{"closed idle, body not to be kept", "unkept", closeIdle, true, false, 0, 2}, // the peek
+		{"taken and closed unanswered, body not to be kept", "unkept", closeUnanswered, false, true, 0, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newRawWorker(t, answerThen(tc.next))
@@ -821,4 +831,33 @@ func TestH1FreshConnectionIsNotResent(t *testing.T) {
 	if n, c := tr.Resends(), w.conns.Load(); n != 0 || c != 1 {
 		t.Fatalf("%d resends over %d connections, want none over 1", n, c)
 	}
+}
+
+// releasingBody is a ResendableBody that lets go of its bytes when closed,
+// as a PD leg's does; keep: it hands them to the transport.
+type releasingBody struct {
+	b    []byte
+	off  int
+	keep bool
+}
+
+func (rb *releasingBody) Read(p []byte) (int, error) {
+	if rb.b == nil {
+		return 0, errors.New("read after close")
+	}
+	if rb.off >= len(rb.b) {
+		return 0, io.EOF
+	}
+	n := copy(p, rb.b[rb.off:])
+	rb.off += n
+	return n, nil
+}
+
+func (rb *releasingBody) Close() error { rb.b = nil; return nil }
+
+func (rb *releasingBody) ResendBytes() []byte {
+	if !rb.keep {
+		return nil
+	}
+	return rb.b
 }

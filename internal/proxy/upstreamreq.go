@@ -96,5 +96,8 @@ func newBytesBody(b []byte) *bytesBody {
 
 func (*bytesBody) Close() error { return nil }
 
+// ResendBytes makes bytesBody a ResendableBody.
+func (bb *bytesBody) ResendBytes() []byte { return bb.b }
+
 // again is the request's GetBody: a fresh reader of the same bytes.
 func (bb *bytesBody) again() (io.ReadCloser, error) { return newBytesBody(bb.b), nil }
