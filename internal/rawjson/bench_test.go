@@ -50,3 +50,15 @@ func BenchmarkParse(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkLookup finds kv_transfer_params in a prefill's answer, as a PD
+// request does once per attempt.
+func BenchmarkLookup(b *testing.B) {
+	body := []byte(`{"id":"cmpl-___prefill_addr_10.0.0.1:8100___decode_addr_10.0.0.2:8200_4a28c8b0a787428787b7b9fb7e124107","object":"text_completion","created":1796477681,"model":"Qwen/Qwen3-8B","choices":[{"index":0,"text":" the","logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_logprobs":null}],"service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":1000,"total_tokens":1001,"completion_tokens":1,"prompt_tokens_details":null},"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48,49,50,51,52,53,54,55,56,57,58,59,60,61,62,63],"remote_engine_id":"b5f7c3a0-1d2e-4f5a-9b8c-7d6e5f4a3b2c","remote_host":"10.0.0.1","remote_port":5600,"tp_size":1}}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if v, err := Lookup(body, "kv_transfer_params"); err != nil || v == nil {
+			b.Fatal(v, err)
+		}
+	}
+}

@@ -46,29 +46,44 @@ const smallMembers = 12
 // Parse scans the top level of a JSON object. It validates the whole
 // document, so a nil error means src is valid JSON.
 func Parse(src []byte) (*Object, error) {
-	open, err := objectStart(src)
-	if err != nil {
-		return nil, err
+	m, open, ok := checkMembers(src)
+	if !ok {
+		return nil, notObject(src)
 	}
 	o := &Object{src: src, open: open}
 	o.members = o.small[:0]
-	m := memberScan{s: scanner{b: src, i: open + 1}}
+	var keyErr error
 	for m.next() {
 		key, err := decodeKey(src[m.start:m.keyEnd])
-		if err != nil {
-			return nil, err
+		if err != nil && keyErr == nil {
+			keyErr = err
 		}
 		o.members = append(o.members, Member{Key: key, Value: src[m.value:m.end], start: m.start, end: m.end})
 	}
-	o.close = m.s.i
+	if !m.valid() {
+		return nil, syntaxError(src)
+	}
+	if keyErr != nil {
+		return nil, keyErr
+	}
+	o.close = m.i
 	return o, nil
+}
+
+// notObject is the error for src that does not start with '{': invalid
+// JSON, or valid JSON that is not an object.
+func notObject(src []byte) error {
+	if !Valid(src) {
+		return syntaxError(src)
+	}
+	return ErrNotObject
 }
 
 // IsObject reports whether src is one valid JSON object: Parse's check,
 // without building the Object.
 func IsObject(src []byte) bool {
-	_, err := objectStart(src)
-	return err == nil
+	i := skipWS(src, 0)
+	return i < len(src) && src[i] == '{' && Valid(src)
 }
 
 // Lookup returns the raw value of the object src's top-level member key
@@ -76,12 +91,12 @@ func IsObject(src []byte) bool {
 // without the Object, so nothing is allocated for a key without escapes.
 // Its errors are Parse's.
 func Lookup(src []byte, key string) ([]byte, error) {
-	open, err := objectStart(src)
-	if err != nil {
-		return nil, err
+	m, _, ok := checkMembers(src)
+	if !ok {
+		return nil, notObject(src)
 	}
 	var v []byte
-	m := memberScan{s: scanner{b: src, i: open + 1}}
+	var keyErr error
 	for m.next() {
 		raw := src[m.start+1 : m.keyEnd-1]
 		if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) { // decodeKey's string(raw)
@@ -91,55 +106,20 @@ func Lookup(src []byte, key string) ([]byte, error) {
 			continue
 		}
 		k, err := decodeKey(src[m.start:m.keyEnd])
-		if err != nil {
-			return nil, err
+		if err != nil && keyErr == nil {
+			keyErr = err
 		}
 		if k == key {
 			v = src[m.value:m.end]
 		}
 	}
+	if !m.valid() {
+		return nil, syntaxError(src)
+	}
+	if keyErr != nil {
+		return nil, keyErr
+	}
 	return v, nil
-}
-
-// objectStart validates src and returns the offset of its '{'.
-func objectStart(src []byte) (int, error) {
-	if !Valid(src) {
-		return 0, syntaxError(src)
-	}
-	i := skipWS(src, 0)
-	if src[i] != '{' {
-		return 0, ErrNotObject
-	}
-	return i, nil
-}
-
-// memberScan walks the members of a valid JSON object: after each next
-// that reports true, the member's quoted key is b[start:keyEnd] and its
-// value b[value:end]; after the last, s.i is at the closing '}'.
-type memberScan struct {
-	s                         scanner
-	start, keyEnd, value, end int
-}
-
-func (m *memberScan) next() bool {
-	s := &m.s
-	s.ws()
-	if s.b[s.i] == '}' {
-		return false
-	}
-	if s.b[s.i] == ',' {
-		s.i++
-		s.ws()
-	}
-	m.start = s.i
-	m.keyEnd = s.skipString()
-	s.ws()
-	s.i++ // ':'
-	s.ws()
-	m.value = s.i
-	s.skipValue()
-	m.end = s.i
-	return true
 }
 
 // decodeKey decodes a quoted JSON key; keys without escapes (nearly all)
@@ -519,55 +499,5 @@ type scanner struct {
 func (s *scanner) ws() {
 	for s.i < len(s.b) && isSpace(s.b[s.i]) {
 		s.i++
-	}
-}
-
-// skipString moves past a string starting at s.i and returns the end offset.
-func (s *scanner) skipString() int {
-	s.i++ // opening quote
-	for s.i < len(s.b) {
-		switch s.b[s.i] {
-		case '\\':
-			s.i += 2
-		case '"':
-			s.i++
-			return s.i
-		default:
-			s.i++
-		}
-	}
-	return s.i
-}
-
-func (s *scanner) skipValue() {
-	switch s.b[s.i] {
-	case '"':
-		s.skipString()
-	case '{', '[':
-		depth := 0
-		for s.i < len(s.b) {
-			switch s.b[s.i] {
-			case '"':
-				s.skipString()
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					s.i++
-					return
-				}
-			}
-			s.i++
-		}
-	default:
-		for s.i < len(s.b) {
-			c := s.b[s.i]
-			if c == ',' || c == '}' || c == ']' || isSpace(c) {
-				return
-			}
-			s.i++
-		}
 	}
 }

@@ -14,7 +14,15 @@ func Valid(b []byte) bool {
 // ValueEnd checks the one JSON value that starts at b[i] (no white space
 // before it) with Valid's rules and returns the offset just after it.
 func ValueEnd(b []byte, i int) (int, bool) {
-	const maxDepth = 10000 // encoding/json's
+	return valueEnd(b, i, maxDepth)
+}
+
+// maxDepth is encoding/json's nesting limit.
+const maxDepth = 10000
+
+// valueEnd is ValueEnd for a value already nested in depth-maxDepth
+// containers: at most maxDepth open ones, counting its own.
+func valueEnd(b []byte, i, maxDepth int) (int, bool) {
 	var small [16]byte
 	stack := small[:0] // '{' or '[' per open container
 	for {
@@ -235,4 +243,70 @@ func skipWS(b []byte, i int) int {
 		i++
 	}
 	return i
+}
+
+// checkedMembers walks the top-level members of an object and checks it
+// with Valid's rules in the same pass, where a check first and a walk
+// after it read every byte twice. After each next that
+// reports true, the member's quoted key is b[start:keyEnd] and its value
+// b[value:end]; once next reports false, valid says whether b was one
+// valid JSON object, and i is at its closing '}'.
+type checkedMembers struct {
+	b                         []byte
+	i                         int
+	n                         int // members read
+	start, keyEnd, value, end int
+	bad                       bool
+}
+
+// checkMembers starts the walk of b, which must start with '{' after white
+// space (ok false otherwise: the caller tells invalid JSON from a value
+// that is not an object).
+func checkMembers(b []byte) (m checkedMembers, open int, ok bool) {
+	open = skipWS(b, 0)
+	if open >= len(b) || b[open] != '{' {
+		return m, open, false
+	}
+	return checkedMembers{b: b, i: open + 1}, open, true
+}
+
+func (m *checkedMembers) next() bool {
+	b := m.b
+	i := skipWS(b, m.i)
+	if i < len(b) && b[i] == '}' {
+		m.i = i
+		return false
+	}
+	if m.n > 0 {
+		if i >= len(b) || b[i] != ',' {
+			m.bad = true
+			return false
+		}
+		i = skipWS(b, i+1)
+	}
+	if i >= len(b) || b[i] != '"' {
+		m.bad = true
+		return false
+	}
+	keyEnd, ok := validString(b, i)
+	colon := skipWS(b, keyEnd)
+	if !ok || colon >= len(b) || b[colon] != ':' {
+		m.bad = true
+		return false
+	}
+	valueAt := skipWS(b, colon+1)
+	end, ok := valueEnd(b, valueAt, maxDepth-1) // inside the object
+	if !ok {
+		m.bad = true
+		return false
+	}
+	m.start, m.keyEnd, m.value, m.end, m.i = i, keyEnd, valueAt, end, end
+	m.n++
+	return true
+}
+
+// valid reports, once next has reported false, whether the object was
+// valid JSON with nothing but white space after it.
+func (m *checkedMembers) valid() bool {
+	return !m.bad && m.i < len(m.b) && m.b[m.i] == '}' && skipWS(m.b, m.i+1) == len(m.b)
 }
