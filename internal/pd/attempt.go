@@ -663,6 +663,10 @@ func (b *firstThenBody) Read(p []byte) (int, error) {
 
 func (b *firstThenBody) Close() error { return b.c.Close() }
 
+// Buffered makes firstThenBody a proxy.BufferedBody: the first chunk is in
+// memory, so what decides is D's body.
+func (b *firstThenBody) Buffered() bool { return b.rest == http.NoBody || proxy.BodyBuffered(b.rest) }
+
 // onFirstByte observes the time to the first token of a stream.
 func (a *attemptRun) onFirstByte() {
 	e, st := a.e, a.st

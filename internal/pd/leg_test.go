@@ -8,6 +8,7 @@ import (
 	"net/http/cookiejar"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -229,6 +230,36 @@ func TestAsyncTransportOnlyDirect(t *testing.T) {
 			e := &Engine{o: Options{Client: tc.client}}
 			if got := e.asyncTransport() != nil; got != tc.async {
 				t.Fatalf("async transport = %v, want %v", got, tc.async)
+			}
+		})
+	}
+}
+
+// bufferedFake is a proxy.BufferedBody that reports what it is told.
+type bufferedFake struct {
+	io.Reader
+	all bool
+}
+
+func (b bufferedFake) Buffered() bool { return b.all }
+
+// D's body as Relay reads it is buffered in full when what follows the
+// first chunk is (proxy.BodyBuffered): Relay then arms no idle timeout.
+func TestFirstThenBodyBuffered(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		rest io.Reader
+		want bool
+	}{
+		{"the first read was all", http.NoBody, true},
+		{"the rest arrived", bufferedFake{all: true}, true},
+		{"the rest on its way", bufferedFake{all: false}, false},
+		{"a body that cannot tell", strings.NewReader("data: x\n\n"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &firstThenBody{first: []byte("data: a\n\n"), rest: tc.rest}
+			if got := proxy.BodyBuffered(b); got != tc.want {
+				t.Fatalf("BodyBuffered = %v, want %v", got, tc.want)
 			}
 		})
 	}

@@ -792,6 +792,33 @@ func AwaitBody(body io.Reader) int {
 	return b.c.br.Buffered()
 }
 
+// BodyBuffered reports whether the rest of body has arrived in full, so
+// that reading it cannot block and it needs no idle timeout: one of
+// H1Transport's bodies not yet at its end, length-framed, whose remaining
+// bytes are all in the read buffer (a short answer that came with its
+// head), or a BufferedBody that says so. Only the goroutine reading body
+// may call it.
+func BodyBuffered(body io.Reader) bool {
+	switch b := body.(type) {
+	case *h1Body:
+		if b.done.Load() {
+			return false
+		}
+		lb, ok := b.rc.(*lengthBody)
+		return ok && b.c.attached && int64(b.c.br.Buffered()) >= lb.left
+	case BufferedBody:
+		return b.Buffered()
+	}
+	return false
+}
+
+// BufferedBody is a body wrapping another that answers BodyBuffered for
+// it (what it holds itself, and BodyBuffered of the wrapped body).
+type BufferedBody interface {
+	io.Reader
+	Buffered() bool
+}
+
 // Close closes the connection unless the body was read to its end; it may
 // run while a Read is blocked (the idle timeout) and unblocks it.
 func (b *h1Body) Close() error {

@@ -861,3 +861,56 @@ func (rb *releasingBody) ResendBytes() []byte {
 	}
 	return rb.b
 }
+
+// TestBodyBuffered: a short answer that came with its head is buffered in
+// full (Relay arms no idle timeout for it); a body still on its way, a
+// chunked one, one read to its end and other readers are not.
+func TestBodyBuffered(t *testing.T) {
+	const body = `{"id":"cmpl-1","choices":[{"text":" a"}]}`
+	for _, tc := range []struct {
+		name  string
+		serve func(c net.Conn, checked <-chan struct{})
+		want  bool
+	}{
+		{"with its head", func(c net.Conn, _ <-chan struct{}) { answer(c, body) }, true},
+		{"after its head", func(c net.Conn, checked <-chan struct{}) {
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", len(body))
+			<-checked
+			io.WriteString(c, body)
+		}, false},
+		{"chunked", func(c net.Conn, _ <-chan struct{}) {
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(body), body)
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checked := make(chan struct{})
+			w := newRawWorker(t, func(w *rawWorker, _ int, c net.Conn, br *bufio.Reader) {
+				if _, ok := w.readReq(br); ok {
+					tc.serve(c, checked)
+				}
+			})
+			tr := newH1(t, TransportOptions{})
+			req, _ := http.NewRequest(http.MethodGet, "http://"+w.addr+"/v1/models", nil)
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			got := BodyBuffered(resp.Body)
+			close(checked)
+			if got != tc.want {
+				t.Fatalf("BodyBuffered = %v, want %v", got, tc.want)
+			}
+			b, err := io.ReadAll(resp.Body)
+			if err != nil || string(b) != body {
+				t.Fatalf("body %q %v", b, err)
+			}
+			if BodyBuffered(resp.Body) {
+				t.Fatal("a body read to its end reports itself buffered")
+			}
+		})
+	}
+	if BodyBuffered(strings.NewReader(body)) {
+		t.Fatal("a reader that is not the transport's reports itself buffered")
+	}
+}

@@ -69,7 +69,7 @@ func Relay(ctx context.Context, w http.ResponseWriter, body io.Reader, o RelayOp
 	var tail uint32 // the last four bytes written, oldest in the high byte
 
 	var idle *idleWatch
-	if o.IdleTimeout > 0 {
+	if o.IdleTimeout > 0 && !BodyBuffered(body) { // no read of a buffered body can wait
 		if c, ok := body.(io.Closer); ok {
 			idle = startIdleWatch(o.IdleTimeout, c)
 			defer idle.stop()
