@@ -378,16 +378,10 @@ func canResend(req *http.Request, kept []byte) bool {
 // bytes, or GetBody's.
 func rewound(req *http.Request, kept []byte) (*http.Request, error) {
 	r := *req
-	if kept != nil {
+	switch {
+	case kept != nil:
 		r.Body = newBytesBody(kept)
-		return &r, nil
-	}
-	switch b := req.Body.(type) {
-	case nil:
-	default:
-		if b == http.NoBody {
-			break
-		}
+	case req.Body != nil && req.Body != http.NoBody:
 		nb, err := req.GetBody()
 		if err != nil {
 			return nil, fmt.Errorf("resending the request: its body: %w", err)
