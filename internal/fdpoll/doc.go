@@ -2,7 +2,8 @@
 // connection became readable or its peer closed it: the connections'
 // descriptors sit in an epoll set of the poller's own (EPOLLIN|EPOLLRDHUP,
 // or EPOLLRDHUP alone for a poller made with NewFor(Hangup); one-shot),
-// and one goroutine per poller waits on it. A connection also
+// and one goroutine per poller waits on it, parked in Go's runtime poller
+// (the set's own descriptor is pollable), not in a blocking epoll_wait. A connection also
 // stays in Go's runtime poller: a handler reads it as usual, through its
 // net.Conn, after the event.
 //

@@ -1,14 +1,25 @@
 package fdpoll
 
 import (
+	"os"
 	"sync"
 	"syscall"
 )
 
 // Poller is an epoll set with the goroutine that delivers its events.
+//
+// The goroutine waits for the set in Go's runtime poller (the set's
+// descriptor is itself pollable), not in a blocking epoll_wait: a
+// goroutine blocked in a system call keeps its thread and, until the
+// runtime's monitor takes it back (20 µs to 10 ms later), its processor
+// too. With an event per request (RoundTripAsync's answers) the loop went
+// back into the call hundreds of times a second, each time holding one
+// of the router's processors away from the requests.
 type Poller struct {
 	epfd int
-	wake [2]int // a pipe: a byte on wake[1] stops the loop
+	set  *os.File        // epfd as a pollable file: closing it closes epfd
+	rc   syscall.RawConn // set's, for the runtime poller's wait
+	wake [2]int          // a pipe: a byte on wake[1] stops the loop
 
 	events uint32 // what a registration asks for (Events), one-shot
 
@@ -36,9 +47,20 @@ func NewFor(ev Events) *Poller {
 	if err != nil {
 		return nil
 	}
-	p := &Poller{epfd: epfd, events: uint32(ev) | syscall.EPOLLONESHOT, byFd: make(map[int32]Handler), done: make(chan struct{})}
-	if err := syscall.Pipe2(p.wake[:], syscall.O_NONBLOCK|syscall.O_CLOEXEC); err != nil {
+	if err := syscall.SetNonblock(epfd, true); err != nil { // NewFile makes a non-blocking descriptor pollable
 		syscall.Close(epfd)
+		return nil
+	}
+	p := &Poller{epfd: epfd, events: uint32(ev) | syscall.EPOLLONESHOT, byFd: make(map[int32]Handler), done: make(chan struct{})}
+	p.set = os.NewFile(uintptr(epfd), "fdpoll")
+	rc, err := p.set.SyscallConn()
+	if err != nil {
+		p.set.Close()
+		return nil
+	}
+	p.rc = rc
+	if err := syscall.Pipe2(p.wake[:], syscall.O_NONBLOCK|syscall.O_CLOEXEC); err != nil {
+		p.set.Close()
 		return nil
 	}
 	wake := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(p.wake[0])}
@@ -53,7 +75,7 @@ func NewFor(ev Events) *Poller {
 func (p *Poller) closeFds() {
 	syscall.Close(p.wake[0])
 	syscall.Close(p.wake[1])
-	syscall.Close(p.epfd)
+	p.set.Close()
 }
 
 // run delivers events to their handlers until Stop.
@@ -61,10 +83,7 @@ func (p *Poller) run() {
 	defer close(p.done)
 	evs := make([]syscall.EpollEvent, 64)
 	for {
-		n, err := syscall.EpollWait(p.epfd, evs, -1)
-		if err == syscall.EINTR {
-			continue
-		}
+		n, err := p.wait(evs)
 		if err != nil {
 			return
 		}
@@ -80,6 +99,24 @@ func (p *Poller) run() {
 			}
 		}
 	}
+}
+
+// wait returns the set's next events, parked in the runtime poller while
+// there are none: a set with events ready is readable, and each event that
+// arrives after a look that found none makes it readable anew.
+func (p *Poller) wait(evs []syscall.EpollEvent) (n int, err error) {
+	rerr := p.rc.Read(func(fd uintptr) bool {
+		for {
+			n, err = syscall.EpollWait(int(fd), evs, 0)
+			if err != syscall.EINTR {
+				return n > 0 || err != nil
+			}
+		}
+	})
+	if err == nil {
+		err = rerr
+	}
+	return n, err
 }
 
 // Stop ends the loop and closes the epoll set, then tells every handler

@@ -3,6 +3,7 @@ package fdpoll
 import (
 	"net"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -140,4 +141,62 @@ func TestHangupPoller(t *testing.T) {
 	server2.(*net.TCPConn).SetLinger(0) // the close resets the connection
 	server2.Close()
 	expect(t, h2, true, "peer reset")
+}
+
+// TestWaitsInRuntimePoller checks that the poller's goroutine waits in Go's
+// runtime poller ("IO wait"), not in a blocking epoll_wait ("syscall"),
+// which keeps a thread and, for a while, a processor of the program's, and
+// that it still delivers many events in a row and stops.
+func TestWaitsInRuntimePoller(t *testing.T) {
+	p := New()
+	if p == nil {
+		t.Skip("no epoll")
+	}
+	defer p.Stop()
+	client, server, rc := pair(t)
+	h := make(chanHandler, 1)
+	if _, ok := p.Add(rc, h); !ok {
+		t.Fatal("Add failed")
+	}
+	buf := make([]byte, 1)
+	for i := range 50 { // each event re-armed: the set becomes readable anew each time
+		if _, err := server.Write([]byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+		expect(t, h, true, "a byte")
+		if _, err := client.Read(buf); err != nil {
+			t.Fatal(err)
+		}
+		if !p.Rearm(rc, h) {
+			t.Fatal("Rearm failed")
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		state := pollerState()
+		if state == "IO wait" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the poller's goroutine is in state %q, want IO wait", state)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// pollerState returns the state of the goroutine running a Poller's loop,
+// as a goroutine dump shows it.
+func pollerState() string {
+	buf := make([]byte, 1<<20)
+	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+		if !strings.Contains(g, "fdpoll.(*Poller).run") {
+			continue
+		}
+		head, _, _ := strings.Cut(g, "\n")
+		_, st, _ := strings.Cut(head, "[")
+		st, _, _ = strings.Cut(st, "]")
+		st, _, _ = strings.Cut(st, ",")
+		return st
+	}
+	return "none"
 }

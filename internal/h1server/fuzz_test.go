@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"strconv"
 	"testing"
 )
 
@@ -101,4 +102,31 @@ func TestPlainTargetAgreesWithParseRequestURI(t *testing.T) {
 	if plain < 1000 {
 		t.Fatalf("only %d targets took the shortcut: the comparison checks little", plain)
 	}
+}
+
+// FuzzOutFields checks the head's field writer against http.Header.Write:
+// the same bytes for any header, including keys that are not tokens, values
+// with CR, LF and surrounding space, and more keys than it sorts itself.
+func FuzzOutFields(f *testing.F) {
+	f.Add([]byte("Content-Type\x00application/json\x00X-Request-Id\x00a b\x00Date\x00x"), uint8(0))
+	f.Add([]byte("a\x00 v \x00A\x00\r\nx\x00bad key\x00v\x00X\x00\tq\t\x00X\x00r"), uint8(1))
+	f.Add([]byte("Zz\x00\x00aa\x00\n\x00\x00e"), uint8(40))
+	f.Fuzz(func(t *testing.T, data []byte, extra uint8) {
+		h := http.Header{}
+		parts := bytes.Split(data, []byte{0})
+		for i := 0; i+1 < len(parts); i += 2 {
+			k := string(parts[i])
+			h[k] = append(h[k], string(parts[i+1]))
+		}
+		for i := range int(extra) {
+			h["K"+strconv.Itoa(i)] = []string{"v"}
+		}
+		var want bytes.Buffer
+		_ = h.Write(&want)
+		w := &response{wb: &wbuf{out: make([]byte, 0, 1<<20)}}
+		w.outFields(h)
+		if got := string(w.wb.out); got != want.String() {
+			t.Fatalf("header %q:\noutFields %q\nWrite     %q", h, got, want.String())
+		}
+	})
 }

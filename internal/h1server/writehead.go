@@ -2,7 +2,9 @@ package h1server
 
 import (
 	"net/http"
+	"net/textproto"
 	"strconv"
+	"strings"
 )
 
 // writeHead puts the status line and header into out. p is the body's first
@@ -39,7 +41,7 @@ func (w *response) writeHead(p []byte) {
 	w.decideFraming(h, &ex, te, ok)
 	w.decideConnectionHeader(h, &ex)
 	w.outStatusLine(w.status)
-	_ = h.WriteSubset(outWriter{w}, nil)
+	w.outFields(h)
 	w.outExtras(&ex)
 	w.outString("\r\n")
 }
@@ -137,6 +139,52 @@ func (w *response) decideConnectionHeader(h http.Header, ex *extras) {
 	if w.minor == 1 {
 		ex.connection = "close"
 	}
+}
+
+// maxSortedFields is how many header keys outFields sorts on its stack;
+// a larger header goes through http.Header.Write.
+const maxSortedFields = 32
+
+// outFields writes h as http.Header.Write does (keys in byte order, a key
+// that is not a token dropped, CR and LF in a value written as spaces, each
+// value trimmed of ASCII space) without its pooled sorter and a call through
+// io.StringWriter for every string.
+func (w *response) outFields(h http.Header) {
+	if len(h) > maxSortedFields {
+		_ = h.Write(outWriter{w})
+		return
+	}
+	var arr [maxSortedFields]string
+	keys := arr[:0]
+	for k := range h {
+		keys = append(keys, k)
+	}
+	for i := 1; i < len(keys); i++ { // insertion sort: a head has a few keys
+		for j := i; j > 0 && keys[j] < keys[j-1]; j-- {
+			keys[j], keys[j-1] = keys[j-1], keys[j]
+		}
+	}
+	for _, k := range keys {
+		if !isToken(k) {
+			continue
+		}
+		for _, v := range h[k] {
+			w.outString(k)
+			w.outString(": ")
+			w.outValue(v)
+			w.outString("\r\n")
+		}
+	}
+}
+
+var newlineToSpace = strings.NewReplacer("\r", " ", "\n", " ")
+
+// outValue writes a field value as http.Header.Write does.
+func (w *response) outValue(v string) {
+	if strings.ContainsAny(v, "\r\n") {
+		v = newlineToSpace.Replace(v)
+	}
+	w.outString(textproto.TrimString(v))
 }
 
 func (w *response) outExtras(ex *extras) {
