@@ -87,6 +87,13 @@ func start(t *testing.T, mode, up string) string {
 		go func() { done <- Serve(ctx, ln, up) }()
 	case "loop":
 		go func() { done <- ServeLoop(ctx, "127.0.0.1:0", up, func(a net.Addr) { addrc <- a.String() }) }()
+	case "stdlib":
+		ln, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrc <- ln.Addr().String()
+		go func() { done <- ServeStdlib(ctx, ln, up) }()
 	}
 	var addr string
 	select {
@@ -109,7 +116,7 @@ func start(t *testing.T, mode, up string) string {
 }
 
 func TestRelaysRequestsAndResponses(t *testing.T) {
-	for _, mode := range []string{"goroutine", "loop"} {
+	for _, mode := range []string{"goroutine", "loop", "stdlib"} {
 		t.Run(mode, func(t *testing.T) {
 			up, seen := upstream(t)
 			addr := start(t, mode, up)
@@ -149,7 +156,7 @@ func TestRelaysRequestsAndResponses(t *testing.T) {
 
 // TestPipelinedRequests: two requests in one write are answered in order.
 func TestPipelinedRequests(t *testing.T) {
-	for _, mode := range []string{"goroutine", "loop"} {
+	for _, mode := range []string{"goroutine", "loop", "stdlib"} {
 		t.Run(mode, func(t *testing.T) {
 			up, _ := upstream(t)
 			c, err := net.Dial("tcp4", start(t, mode, up))
@@ -203,7 +210,7 @@ func TestUnframedRequestEndsTheConnection(t *testing.T) {
 // TestClientGoneMidRequest: a client that leaves before its answer costs
 // only its own connection; the next client is served.
 func TestClientGoneMidRequest(t *testing.T) {
-	for _, mode := range []string{"goroutine", "loop"} {
+	for _, mode := range []string{"goroutine", "loop", "stdlib"} {
 		t.Run(mode, func(t *testing.T) {
 			up, seen := upstream(t)
 			addr := start(t, mode, up)
@@ -244,12 +251,70 @@ func TestMainFlags(t *testing.T) {
 	}{
 		{[]string{}, "--upstream is required"},
 		{[]string{"--upstream", "localhost:1"}, "not an IPv4 host:port"},
-		{[]string{"--upstream", "127.0.0.1:1", "--mode", "threads"}, "--mode must be goroutine or loop"},
+		{[]string{"--upstream", "127.0.0.1:1", "--mode", "threads"}, "--mode must be goroutine, loop or stdlib"},
 		{[]string{"--upstream", "127.0.0.1:1", "extra"}, "unexpected argument"},
 	} {
 		err := Main(context.Background(), tc.args, io.Discard, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Main(%q) = %v, want an error containing %q", tc.args, err, tc.want)
 		}
+	}
+}
+
+// TestStdlibRelaysEachEvent: the stdlib shape passes a chunked event
+// stream through event by event. The worker sends its second event only
+// once the client has read the first, so a proxy that held the first
+// back (until more arrived or the stream ended) stalls the test.
+func TestStdlibRelaysEachEvent(t *testing.T) {
+	next := make(chan struct{})
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		for i := range 3 {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			w.(http.Flusher).Flush()
+			select {
+			case <-next:
+			case <-r.Context().Done():
+				return
+			}
+		}
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	addr := start(t, "stdlib", ln.Addr().String())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/completions", strings.NewReader("{}"))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if te := resp.TransferEncoding; len(te) != 1 || te[0] != "chunked" {
+		t.Errorf("transfer encoding %q, want chunked", te)
+	}
+	br := bufio.NewReader(resp.Body)
+	for i := range 3 {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("event %d: %v", i, err)
+		}
+		if want := fmt.Sprintf("data: %d\n", i); line != want {
+			t.Fatalf("event %d: %q, want %q", i, line, want)
+		}
+		if _, err := br.ReadString('\n'); err != nil { // the blank line
+			t.Fatal(err)
+		}
+		if i < 2 {
+			next <- struct{}{}
+		}
+	}
+	next <- struct{}{}
+	if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
+		t.Errorf("after the events: %q, %v", rest, err)
 	}
 }

@@ -16,9 +16,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:0", "IPv4 host:port to listen on")
 	upstream := fs.String("upstream", "", "the upstream's IPv4 host:port (required)")
-	mode := fs.String("mode", "goroutine", "goroutine (a goroutine per connection over Go's poller) or loop (one thread's epoll loop, Linux)")
+	mode := fs.String("mode", "goroutine", "goroutine (a goroutine per connection over Go's poller), loop (one thread's epoll loop, Linux) or stdlib (net/http's server and httputil.ReverseProxy, flushing every read: also relays chunked event streams)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: sybench floor-proxy --upstream HOST:PORT [--listen HOST:PORT] [--mode goroutine|loop]")
+		fmt.Fprintln(stderr, "usage: sybench floor-proxy --upstream HOST:PORT [--listen HOST:PORT] [--mode goroutine|loop|stdlib]")
 		fmt.Fprintln(stderr, "The least an HTTP/1.1 proxy can do (package internal/bench/floor): a yardstick for the router's overhead.")
 		fs.PrintDefaults()
 	}
@@ -48,7 +48,14 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return Serve(ctx, ln, *upstream)
 	case "loop":
 		return ServeLoop(ctx, *listen, *upstream, ready)
+	case "stdlib":
+		ln, err := net.Listen("tcp4", *listen)
+		if err != nil {
+			return fmt.Errorf("floor-proxy: %w", err)
+		}
+		ready(ln.Addr())
+		return ServeStdlib(ctx, ln, *upstream)
 	default:
-		return fmt.Errorf("floor-proxy: --mode must be goroutine or loop, not %q", *mode)
+		return fmt.Errorf("floor-proxy: --mode must be goroutine, loop or stdlib, not %q", *mode)
 	}
 }

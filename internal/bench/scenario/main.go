@@ -382,6 +382,7 @@ func parseRelay(args []string, o *Options, stderr io.Writer) (RelayConfig, error
 	fs.IntVar(&c.Repeats, "repeats", c.Repeats, "interleaved repetitions of every (C, target) run; tables report medians")
 	fs.StringVar(&c.Policy, "policy", c.Policy, "switchyard --policy")
 	fs.StringVar(&c.VLLMRouter, "vllm-router", c.VLLMRouter, "vllm-router executable to measure as a third target (e.g. .venv-peers/bin/vllm-router)")
+	fs.BoolVar(&c.GoProxy, "go-proxy", c.GoProxy, "also measure Go's standard reverse proxy (sybench floor-proxy --mode stdlib, from --bin-dir): what Go's HTTP stack alone adds")
 	ra := strList(c.RouterArgs)
 	fs.Var(&ra, "router-arg", "more switchyard flags, comma-separated (e.g. --router-arg=--max-migrations=0)")
 	if err := finishParse(fs, args); err != nil {

@@ -36,7 +36,14 @@ type RelayConfig struct {
 	// VLLMRouter, when set, is the vllm-router executable measured as a
 	// third target with the same flags (scripts/install-peers.sh).
 	VLLMRouter string
+	// GoProxy adds Go's standard reverse proxy (sybench floor-proxy --mode
+	// stdlib, from the bin dir) as a target: what Go's HTTP stack alone
+	// adds to each event.
+	GoProxy bool
 }
+
+// TargetGoProxy names the relay scenario's standard-library proxy.
+const TargetGoProxy = "go-reverseproxy"
 
 // DefaultRelayConfig: 100 events 10 ms apart (a 100 tokens/s decode), at
 // C = 64 and 256.
@@ -121,6 +128,13 @@ func (e *env) runRelay(ctx context.Context, c RelayConfig, rep *RelayReport) err
 		}
 		targets = append(targets, target{PeerVLLMRouter, vr.base, vr.proc})
 	}
+	if c.GoProxy {
+		gp, err := e.startGoProxy(ctx, up.url)
+		if err != nil {
+			return err
+		}
+		targets = append(targets, target{TargetGoProxy, gp.base, gp.proc})
+	}
 	for _, conc := range c.Concurrency {
 		for k := range max(c.Repeats, 1) {
 			for _, t := range targets {
@@ -172,7 +186,28 @@ func (e *env) startVLLMRouter(ctx context.Context, c RelayConfig, worker string)
 	if err != nil {
 		return nil, err
 	}
-	r := &router{proc: p, base: fmt.Sprintf("http://127.0.0.1:%d", ports[0])}
+	return e.streamReady(ctx, PeerVLLMRouter, p, ports[0])
+}
+
+// startGoProxy starts sybench's standard-library proxy in front of worker
+// and waits until a stream passes through it.
+func (e *env) startGoProxy(ctx context.Context, worker string) (*router, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	p, err := e.g.start(TargetGoProxy, "sybench", "floor-proxy", "--mode", "stdlib",
+		"--upstream", strings.TrimPrefix(worker, "http://"), "--listen", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		return nil, err
+	}
+	return e.streamReady(ctx, TargetGoProxy, p, port)
+}
+
+// streamReady waits until a stream passes through the proxy p serves on
+// port (stopping p if it never does).
+func (e *env) streamReady(ctx context.Context, name string, p *proc, port int) (*router, error) {
+	r := &router{proc: p, base: fmt.Sprintf("http://127.0.0.1:%d", port)}
 	cl := &http.Client{Timeout: 5 * time.Second}
 	defer cl.CloseIdleConnections()
 	deadline := time.Now().Add(readyTimeout)
@@ -181,7 +216,7 @@ func (e *env) startVLLMRouter(ctx context.Context, c RelayConfig, worker string)
 			return r, nil
 		} else if time.Now().After(deadline) || dead(p) != nil || ctx.Err() != nil {
 			e.g.stop(p)
-			return nil, fmt.Errorf("vllm-router not ready: %w", err)
+			return nil, fmt.Errorf("%s not ready: %w", name, err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -367,7 +402,8 @@ func (r *RelayReport) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintf(&b, "- Worker: an OpenAI-compatible completions stream in sybench's own process: %d token events %s apart, each event's text the "+
 		"worker's clock (Unix ns) when it wrote it, then a finish event and `[DONE]`. The client (same process, same clock) takes each token "+
 		"event's delivery latency: parsed − written. **direct** = client → worker; **regular** = client → `switchyard --worker-urls <worker> --policy %s%s` → worker%s.\n",
-		c.Events, c.Interval, c.Policy, joinedArgs(c.RouterArgs), orDefault(map[bool]string{true: "; **vllm-router** = the same through vllm-router with the same flags"}[c.VLLMRouter != ""], ""))
+		c.Events, c.Interval, c.Policy, joinedArgs(c.RouterArgs), orDefault(map[bool]string{true: "; **vllm-router** = the same through vllm-router with the same flags"}[c.VLLMRouter != ""], "")+
+			orDefault(map[bool]string{true: "; **" + TargetGoProxy + "** = the same through Go's standard reverse proxy (`sybench floor-proxy --mode stdlib`: net/http's server and Transport, httputil.ReverseProxy), what Go's HTTP stack alone adds"}[c.GoProxy], ""))
 	fmt.Fprintf(&b, "- Per point: ceil(%g × C) streams, C at a time, after one unmeasured stream per connection; %d interleaved repetitions, medians (P50 min-max in brackets). "+
 		"Router CPU: utime+stime from /proc around the measured run, over the token events it relayed (the streams' routing included).\n\n", c.Streams, max(c.Repeats, 1))
 	b.WriteString("| C | Target | Streams | Failed | Events | Delivery P50 µs | P90 µs | P99 µs | Added P50 µs | Added P99 µs | Router CPU µs / event |\n")
@@ -379,7 +415,7 @@ func (r *RelayReport) WriteMarkdown(w io.Writer) error {
 		}
 		seen = append(seen, x.Concurrency)
 		d, haveD := r.agg(TargetDirect, x.Concurrency)
-		for _, t := range []string{TargetDirect, TargetRegular, PeerVLLMRouter} {
+		for _, t := range []string{TargetDirect, TargetRegular, PeerVLLMRouter, TargetGoProxy} {
 			a, ok := r.agg(t, x.Concurrency)
 			if !ok {
 				continue

@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		defer os.RemoveAll(dir)
-		cmd := exec.Command("go", "build", "-o", dir+string(os.PathSeparator), "../../../cmd/switchyard", "../../../cmd/vllm-sim")
+		cmd := exec.Command("go", "build", "-o", dir+string(os.PathSeparator), "../../../cmd/switchyard", "../../../cmd/vllm-sim", "../../../cmd/sybench")
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Run(); err != nil {
 			fmt.Fprintln(os.Stderr, "build:", err)
@@ -150,13 +150,13 @@ func TestOverheadAndCeilingQuick(t *testing.T) {
 func TestRelayQuick(t *testing.T) {
 	o := Options{BinDir: binDir, MaxDuration: time.Minute, Out: io.Discard}
 	c := QuickRelayConfig()
-	c.Concurrency, c.Events, c.Interval = []int{4}, 10, 5*time.Millisecond
+	c.Concurrency, c.Events, c.Interval, c.GoProxy = []int{4}, 10, 5*time.Millisecond, true
 	rep, err := RunRelay(context.Background(), o, c)
 	if err != nil {
 		t.Fatalf("RunRelay: %v", err)
 	}
-	if len(rep.Rows) != 2 {
-		t.Fatalf("relay rows = %d, want 2 (direct, regular)", len(rep.Rows))
+	if len(rep.Rows) != 3 || rep.Rows[2].Target != TargetGoProxy {
+		t.Fatalf("relay rows = %+v, want 3 (direct, regular, %s)", rep.Rows, TargetGoProxy)
 	}
 	for _, r := range rep.Rows {
 		if r.Failed != 0 || r.Streams != 4 || r.Events != 4*10 || !(r.P50 > 0 && r.P50 <= r.P99) {
@@ -167,7 +167,7 @@ func TestRelayQuick(t *testing.T) {
 		}
 	}
 	var md bytes.Buffer
-	if err := rep.WriteMarkdown(&md); err != nil || !strings.Contains(md.String(), "| 4 | regular | 4 | 0 | 40 |") {
+	if err := rep.WriteMarkdown(&md); err != nil || !strings.Contains(md.String(), "| 4 | regular | 4 | 0 | 40 |") || !strings.Contains(md.String(), "| 4 | go-reverseproxy | 4 | 0 | 40 |") {
 		t.Errorf("relay markdown (%v):\n%s", err, md.String())
 	}
 	noChildren(t)
