@@ -78,22 +78,19 @@ func start(t *testing.T, mode, up string) string {
 	done := make(chan error, 1)
 	addrc := make(chan string, 1)
 	switch mode {
-	case "goroutine":
+	case "goroutine", "stdlib":
 		ln, err := net.Listen("tcp4", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
 		addrc <- ln.Addr().String()
-		go func() { done <- Serve(ctx, ln, up) }()
+		serve := Serve
+		if mode == "stdlib" {
+			serve = ServeStdlib
+		}
+		go func() { done <- serve(ctx, ln, up) }()
 	case "loop":
 		go func() { done <- ServeLoop(ctx, "127.0.0.1:0", up, func(a net.Addr) { addrc <- a.String() }) }()
-	case "stdlib":
-		ln, err := net.Listen("tcp4", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addrc <- ln.Addr().String()
-		go func() { done <- ServeStdlib(ctx, ln, up) }()
 	}
 	var addr string
 	select {

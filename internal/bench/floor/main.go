@@ -39,22 +39,18 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	ready := func(a net.Addr) { fmt.Fprintf(stdout, "floor-proxy (%s) listening on %s\n", *mode, a) }
 	switch *mode {
-	case "goroutine":
+	case "goroutine", "stdlib":
 		ln, err := net.Listen("tcp4", *listen)
 		if err != nil {
 			return fmt.Errorf("floor-proxy: %w", err)
 		}
 		ready(ln.Addr())
+		if *mode == "stdlib" {
+			return ServeStdlib(ctx, ln, *upstream)
+		}
 		return Serve(ctx, ln, *upstream)
 	case "loop":
 		return ServeLoop(ctx, *listen, *upstream, ready)
-	case "stdlib":
-		ln, err := net.Listen("tcp4", *listen)
-		if err != nil {
-			return fmt.Errorf("floor-proxy: %w", err)
-		}
-		ready(ln.Addr())
-		return ServeStdlib(ctx, ln, *upstream)
 	default:
 		return fmt.Errorf("floor-proxy: --mode must be goroutine, loop or stdlib, not %q", *mode)
 	}
