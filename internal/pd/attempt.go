@@ -18,6 +18,7 @@ import (
 	"github.com/switchyard-llm/switchyard/internal/legctx"
 	"github.com/switchyard-llm/switchyard/internal/openai"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
 	"github.com/switchyard-llm/switchyard/internal/tracing"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
@@ -116,7 +117,7 @@ type attemptRun struct {
 
 	order  Order
 	labels [2]string // connector, order: PD timing metric labels
-	pBody  []byte
+	pBody  rawjson.Spliced
 
 	// pctx is the prefill's context: PrefillTimeout, or cancelled when
 	// the sibling failed; it follows ctx, until handOff unfollows a
@@ -196,10 +197,10 @@ func (d *decodeCtx) WroteRequest() {
 }
 
 // takePBody hands the prefill's body to its (only) leg: the attempt keeps
-// no reference, so the bytes go once the request is written (legBody).
-func (a *attemptRun) takePBody() []byte {
+// no reference to its pieces.
+func (a *attemptRun) takePBody() rawjson.Spliced {
 	b := a.pBody
-	a.pBody = nil
+	a.pBody = rawjson.Spliced{}
 	return b
 }
 

@@ -265,10 +265,10 @@ func TestClientKVTransferParamsNeverForwarded(t *testing.T) {
 		}
 	}
 	o, _ := rawjson.Parse([]byte(`{"a":1,"kv_transfer_params":{"x":1}}`))
-	if got := string(prefillBody(routeCompletions, o, nil)); strings.Contains(got, "kv_transfer_params") {
+	if got := string(prefillBody(routeCompletions, o, nil).Bytes()); strings.Contains(got, "kv_transfer_params") {
 		t.Errorf("prefillBody kept the client's params: %s", got)
 	}
-	if got := string(decodeBody(routeCompletions, o, nil, OutputExact)); got != `{"a":1}` {
+	if got := string(decodeBody(routeCompletions, o, nil, OutputExact).Bytes()); got != `{"a":1}` {
 		t.Errorf("decodeBody kept the client's params: %s", got)
 	}
 }

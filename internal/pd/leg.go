@@ -2,7 +2,6 @@ package pd
 
 import (
 	"context"
-	"errors"
 	"io"
 	"net/http"
 	"net/url"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/internal/metrics"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
 	"github.com/switchyard-llm/switchyard/internal/tracing"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
@@ -183,7 +183,7 @@ func (e *Engine) legFailed(l *leg, reason string, err error) {
 // and baggage are copied verbatim, or replaced by the leg span's context
 // when tracing is on. An attempt's two legs share one header map (hs)
 // when they would build the same one: no span of their own, one rank.
-func (e *Engine) newLegRequest(ctx context.Context, st *reqState, pr *Pair, l *leg, rank int, body []byte, hs *legHeaders) (*http.Request, error) {
+func (e *Engine) newLegRequest(ctx context.Context, st *reqState, pr *Pair, l *leg, rank int, body rawjson.Spliced, hs *legHeaders) (*http.Request, error) {
 	rt := e.directTransport()
 	if rt == nil {
 		hs = nil // http.Client.Do may write to a request's header (a cookie jar's cookies)
@@ -193,12 +193,12 @@ func (e *Engine) newLegRequest(ctx context.Context, st *reqState, pr *Pair, l *l
 		h = e.legHeader(ctx, st, pr, l, rank)
 		hs.keep(l, rank, h)
 	}
-	lb := &legBody{b: body}
-	req, err := proxy.NewUpstreamRequest(ctx, http.MethodPost, l.w, st.path, h, lb, int64(len(body)))
+	lb := &legBody{s: body}
+	req, err := proxy.NewUpstreamRequest(ctx, http.MethodPost, l.w, st.path, h, lb, int64(body.Len()))
 	if err != nil {
 		return nil, err
 	}
-	if len(body) == 0 {
+	if body.Len() == 0 {
 		req.Body = http.NoBody
 	} else if rt == nil || proxy.RewindsBody(rt, req) {
 		req.GetBody = lb.again // a redirect through Do, or net/http's resend
@@ -269,67 +269,63 @@ func (e *Engine) directTransport() http.RoundTripper {
 	return c.Transport
 }
 
-// legBody is a leg's request body. It lets go of the bytes once closed
-// (the transport closes it once the request is written), so that a leg
-// waiting for its answer (a prefill queued behind others, a decode
-// waiting for its KV cache) holds no copy of the prompt: at thousands of
-// open streams, and with long prompts, those copies add up
-// (docs/BENCHMARKS.md, section 3). Each attempt and a continuation build
-// their bodies anew; GetBody (a redirect, net/http's retry of a request
-// not written yet) works until the body is closed.
+// legBody is a leg's request body: the client's body with the leg's edits,
+// as pieces (rawjson.Spliced) that alias the client's body, which the
+// request holds anyway, and the edits' values. So a leg holds no copy of
+// the prompt, however long it waits for its answer (a prefill queued
+// behind others, a decode waiting for its KV cache; at thousands of open
+// streams with long prompts such copies added up, docs/BENCHMARKS.md,
+// section 3), and the transport copies the prompt once, into its write
+// buffer. Each attempt and a continuation build their bodies anew.
 type legBody struct {
-	mu  sync.Mutex
-	b   []byte // nil once closed
-	off int
+	mu     sync.Mutex
+	s      rawjson.Spliced
+	part   int // the piece being read
+	off    int // in it
+	closed bool
 }
-
-var errLegBodyClosed = errors.New("pd: the leg's request body was already sent and released")
 
 func (lb *legBody) Read(p []byte) (int, error) {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
-	if lb.off >= len(lb.b) {
+	if lb.closed {
 		return 0, io.EOF
 	}
-	n := copy(p, lb.b[lb.off:])
-	lb.off += n
+	n := 0
+	for n < len(p) && lb.part < lb.s.NumParts() {
+		piece := lb.s.Part(lb.part)
+		c := copy(p[n:], piece[lb.off:])
+		n += c
+		if lb.off += c; lb.off == len(piece) {
+			lb.part, lb.off = lb.part+1, 0
+		}
+	}
+	if n == 0 && len(p) > 0 {
+		return 0, io.EOF
+	}
 	return n, nil
 }
 
 func (lb *legBody) Close() error {
 	lb.mu.Lock()
-	lb.b, lb.off = nil, 0
+	lb.closed = true
 	lb.mu.Unlock()
 	return nil
 }
 
-// legKeepMax: a leg's body longer than this is not kept for a resend
-// (proxy.ResendableBody); its pooled connection gets the peek instead. A
-// leg may wait long for the first byte of its answer (a prefill queued
-// behind others, a decode that does not stream), and long prompts held
-// that long by thousands of open requests add up (docs/BENCHMARKS.md, section 3).
-const legKeepMax = 8 << 10
-
-// ResendBytes makes legBody a proxy.ResendableBody: the bytes, before the
-// body is closed, when they are short enough to keep.
-func (lb *legBody) ResendBytes() []byte {
+// Resendable makes legBody a proxy.ResendableBody: it can be resent while
+// unread (its pieces stay; they cost no copy of the prompt).
+func (lb *legBody) Resendable() bool {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
-	if lb.off != 0 || len(lb.b) > legKeepMax {
-		return nil
-	}
-	return lb.b
+	return !lb.closed && lb.part == 0 && lb.off == 0
 }
 
-// again is the request's GetBody: a fresh reader while the bytes are held.
-func (lb *legBody) again() (io.ReadCloser, error) {
-	lb.mu.Lock()
-	defer lb.mu.Unlock()
-	if lb.b == nil {
-		return nil, errLegBodyClosed
-	}
-	return &legBody{b: lb.b}, nil
-}
+// Reopen is the body again, unread, whether or not this one was closed.
+func (lb *legBody) Reopen() io.ReadCloser { return &legBody{s: lb.s} }
+
+// again is the request's GetBody.
+func (lb *legBody) again() (io.ReadCloser, error) { return lb.Reopen(), nil }
 
 // do sends a leg's request: e.o.Client.Do without the client's redirect
 // bookkeeping (a copy of the header and the URL per request). A leg never

@@ -1,6 +1,7 @@
 package pd
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -15,88 +16,112 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchyard-llm/switchyard/internal/proxy"
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
 
-// A leg's request body reads its bytes, replays them (GetBody) until the
-// transport closes it, and holds no reference once closed.
+// A leg's request body reads its pieces in order at any read size,
+// replays them (GetBody, Reopen) before and after it is closed, and reads
+// nothing more once closed.
 func TestLegBody(t *testing.T) {
 	const body = `{"prompt":"hi","max_tokens":1}`
+	prompt := strings.Repeat("w", 2<<10) // long enough to be spliced as pieces
+	o, err := rawjson.Parse([]byte(`{"prompt":"` + prompt + `", "max_tokens":9,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spliced := o.Splice(rawjson.Set("max_tokens", []byte("1")), rawjson.Delete("stream"), rawjson.Set("kv_transfer_params", []byte("{}")))
+	if got := string(spliced.Bytes()); got != `{"prompt":"`+prompt+`", "max_tokens":1,"kv_transfer_params":{}}` || spliced.NumParts() < 4 {
+		t.Fatalf("spliced %q in %d pieces", got, spliced.NumParts())
+	}
 	for _, tc := range []struct {
-		name    string
-		chunk   int  // read size
-		close   bool // closed before GetBody
-		wantErr error
+		name  string
+		s     rawjson.Spliced
+		chunk int  // read size
+		close bool // closed before GetBody
 	}{
-		{"read whole, replay before close", 64, false, nil},
-		{"small reads, replay before close", 3, false, nil},
-		{"replay after close fails", 64, true, errLegBodyClosed},
+		{"whole, read at once", rawjson.Whole([]byte(body)), 64, false},
+		{"whole, small reads", rawjson.Whole([]byte(body)), 3, false},
+		{"pieces, read at once", spliced, 64, false},
+		{"pieces, a byte a read", spliced, 1, false},
+		{"pieces, reads across pieces", spliced, 5, false},
+		{"pieces, reads longer than a piece", spliced, 3000, false},
+		{"replay after close", spliced, 64, true},
+		{"empty", rawjson.Whole(nil), 8, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			lb := &legBody{b: []byte(body)}
-			var got []byte
-			buf := make([]byte, tc.chunk)
-			for {
-				n, err := lb.Read(buf)
-				got = append(got, buf[:n]...)
-				if errors.Is(err, io.EOF) {
-					break
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-			}
-			if string(got) != body {
-				t.Fatalf("read %q, want %q", got, body)
+			want := string(tc.s.Bytes())
+			lb := &legBody{s: tc.s}
+			if got := readChunks(t, lb, tc.chunk); got != want {
+				t.Fatalf("read %q, want %q", got, want)
 			}
 			if tc.close {
 				lb.Close()
-				if lb.b != nil {
-					t.Fatal("closed body still holds its bytes")
-				}
 			}
 			rc, err := lb.again()
-			if !errors.Is(err, tc.wantErr) {
-				t.Fatalf("GetBody: %v, want %v", err, tc.wantErr)
-			}
 			if err != nil {
-				return
+				t.Fatalf("GetBody: %v", err)
 			}
-			again, _ := io.ReadAll(rc)
-			if string(again) != body {
-				t.Fatalf("replayed %q, want %q", again, body)
+			if again := readChunks(t, rc, tc.chunk); again != want {
+				t.Fatalf("replayed %q, want %q", again, want)
 			}
-			if n, err := lb.Read(buf); n != 0 || !errors.Is(err, io.EOF) {
+			if again := readChunks(t, lb.Reopen(), tc.chunk); again != want {
+				t.Fatalf("reopened %q, want %q", again, want)
+			}
+			if n, err := lb.Read(make([]byte, 8)); n != 0 || !errors.Is(err, io.EOF) {
 				t.Fatalf("original after its end: %d %v, want 0 EOF", n, err)
 			}
 		})
 	}
+	lb := &legBody{s: spliced}
+	lb.Close()
+	if n, err := lb.Read(make([]byte, 8)); n != 0 || !errors.Is(err, io.EOF) {
+		t.Fatalf("read after close: %d %v, want 0 EOF", n, err)
+	}
 }
 
-// A leg's body hands its bytes to the transport for a resend
-// (proxy.ResendableBody) while unread and open, and only when short enough
-// to be held until its answer's first byte.
-func TestLegBodyResendBytes(t *testing.T) {
+// readChunks reads r to its end, chunk bytes at a time.
+func readChunks(t *testing.T, r io.Reader, chunk int) string {
+	t.Helper()
+	var got []byte
+	buf := make([]byte, chunk)
+	for i := 0; ; i++ {
+		n, err := r.Read(buf)
+		got = append(got, buf[:n]...)
+		if errors.Is(err, io.EOF) {
+			return string(got)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 && i > 1000 {
+			t.Fatal("no progress")
+		}
+	}
+}
+
+// A leg's body can be resent (proxy.ResendableBody) while unread and
+// open, whatever its length: its pieces hold no copy of the prompt.
+func TestLegBodyResendable(t *testing.T) {
 	short := []byte(`{"prompt":"hi","max_tokens":1}`)
-	long := make([]byte, legKeepMax+1)
+	long := append(append([]byte(`{"prompt":"`), bytes.Repeat([]byte("w"), 1<<20)...), `"}`...)
 	for _, tc := range []struct {
 		name string
 		b    []byte
 		prep func(*legBody)
-		want []byte
+		want bool
 	}{
-		{"short, unread", short, func(*legBody) {}, short},
-		{"at the limit", long[:legKeepMax], func(*legBody) {}, long[:legKeepMax]},
-		{"over the limit", long, func(*legBody) {}, nil},
-		{"partly read", short, func(lb *legBody) { lb.Read(make([]byte, 3)) }, nil},
-		{"closed", short, func(lb *legBody) { lb.Close() }, nil},
+		{"short, unread", short, func(*legBody) {}, true},
+		{"a MiB, unread", long, func(*legBody) {}, true},
+		{"partly read", short, func(lb *legBody) { lb.Read(make([]byte, 3)) }, false},
+		{"closed", short, func(lb *legBody) { lb.Close() }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			lb := &legBody{b: tc.b}
+			lb := &legBody{s: rawjson.Whole(tc.b)}
 			tc.prep(lb)
 			var rb proxy.ResendableBody = lb
-			if got := rb.ResendBytes(); !reflect.DeepEqual(got, tc.want) {
-				t.Fatalf("ResendBytes() = %d bytes, want %d", len(got), len(tc.want))
+			if got := rb.Resendable(); got != tc.want {
+				t.Fatalf("Resendable() = %v, want %v", got, tc.want)
 			}
 		})
 	}
@@ -124,7 +149,7 @@ func TestLegRequestGetBody(t *testing.T) {
 			e := &Engine{o: Options{Client: tc.client}}
 			w := worker.New(worker.Spec{URL: "http://127.0.0.1:1", DPRank: -1}, worker.BreakerConfig{})
 			st := &reqState{path: "/v1/completions", hdr: http.Header{}}
-			req, err := e.newLegRequest(context.Background(), st, &Pair{RequestID: "r"}, &leg{name: "prefill", w: w}, -1, []byte(tc.body), nil)
+			req, err := e.newLegRequest(context.Background(), st, &Pair{RequestID: "r"}, &leg{name: "prefill", w: w}, -1, rawjson.Whole([]byte(tc.body)), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -171,7 +196,7 @@ func TestLegHeadersShared(t *testing.T) {
 			st := &reqState{path: "/v1/completions", hdr: http.Header{"Traceparent": {"00-a-b-01"}}, auth: "Bearer k"}
 			pr := &Pair{RequestID: "r-1"}
 			var hs legHeaders
-			preq, err := e.newLegRequest(context.Background(), st, pr, &leg{name: "prefill", w: w}, tc.pRank, []byte(`{}`), &hs)
+			preq, err := e.newLegRequest(context.Background(), st, pr, &leg{name: "prefill", w: w}, tc.pRank, rawjson.Whole([]byte(`{}`)), &hs)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -179,7 +204,7 @@ func TestLegHeadersShared(t *testing.T) {
 			if tc.dSpan {
 				dl.span = span
 			}
-			dreq, err := e.newLegRequest(context.Background(), st, pr, dl, tc.dRank, []byte(`{}`), &hs)
+			dreq, err := e.newLegRequest(context.Background(), st, pr, dl, tc.dRank, rawjson.Whole([]byte(`{}`)), &hs)
 			if err != nil {
 				t.Fatal(err)
 			}

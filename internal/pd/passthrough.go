@@ -11,6 +11,7 @@ import (
 
 	"github.com/switchyard-llm/switchyard/internal/policy"
 	"github.com/switchyard-llm/switchyard/internal/proxy"
+	"github.com/switchyard-llm/switchyard/internal/rawjson"
 	"github.com/switchyard-llm/switchyard/internal/tracing"
 	"github.com/switchyard-llm/switchyard/internal/worker"
 )
@@ -126,7 +127,7 @@ func (pl *plainLeg) send(ctx context.Context, body []byte) (*http.Response, *fai
 	e, pr := pl.e, pl.pr
 	prof := e.newProfiler(pr)
 	defer prof.stopAll()
-	req, err := e.newLegRequest(ctx, pl.st, pr, pl.l, pr.PRank, body, nil)
+	req, err := e.newLegRequest(ctx, pl.st, pr, pl.l, pr.PRank, rawjson.Whole(body), nil)
 	if err != nil {
 		e.legFailed(pl.l, "error", err)
 		return nil, &failure{leg: pl.name, reason: "error", w: pr.P, status: http.StatusBadGateway, retry: true, errType: pl.name, msg: pl.who + ": " + err.Error()}

@@ -24,7 +24,7 @@ type prefillOut struct {
 // records the leg's outcome. ctx is the attempt's context (client and
 // overall deadline), pctx the prefill's own (PrefillTimeout, or cancelled
 // when the sibling failed).
-func (e *Engine) runPrefill(ctx, pctx context.Context, st *reqState, pr *Pair, l *leg, body []byte, hs *legHeaders) prefillOut {
+func (e *Engine) runPrefill(ctx, pctx context.Context, st *reqState, pr *Pair, l *leg, body rawjson.Spliced, hs *legHeaders) prefillOut {
 	req, f := e.prefillRequest(pctx, st, pr, l, body, hs)
 	if f != nil {
 		return prefillOut{fail: f, dur: e.o.Now().Sub(l.sent)}
@@ -34,7 +34,7 @@ func (e *Engine) runPrefill(ctx, pctx context.Context, st *reqState, pr *Pair, l
 }
 
 // prefillRequest builds the prefill leg's request.
-func (e *Engine) prefillRequest(pctx context.Context, st *reqState, pr *Pair, l *leg, body []byte, hs *legHeaders) (*http.Request, *failure) {
+func (e *Engine) prefillRequest(pctx context.Context, st *reqState, pr *Pair, l *leg, body rawjson.Spliced, hs *legHeaders) (*http.Request, *failure) {
 	req, err := e.newLegRequest(pctx, st, pr, l, pr.PRank, body, hs)
 	if err != nil {
 		e.legFailed(l, "error", err)

@@ -163,7 +163,7 @@ func appendClampEdits(edits []rawjson.Edit, o *rawjson.Object, max string, mirro
 
 // prefillBody rewrites the client body for the prefill leg (REFERENCE §4.3,
 // fixed): one generated token, no streaming, params set when non-nil.
-func prefillBody(kind routeKind, o *rawjson.Object, params []byte) []byte {
+func prefillBody(kind routeKind, o *rawjson.Object, params []byte) rawjson.Spliced {
 	var buf [8]rawjson.Edit // room for the most edits made here: no allocation
 	edits := buf[:0]
 	switch kind {
@@ -190,7 +190,7 @@ func prefillBody(kind routeKind, o *rawjson.Object, params []byte) []byte {
 	} else {
 		edits = append(edits, rawjson.Delete("kv_transfer_params")) // never the client's
 	}
-	return o.Apply(edits...)
+	return o.Splice(edits...)
 }
 
 // decrement returns the edit lowering the integer member k of o by one
@@ -233,7 +233,7 @@ func lowerLimit(o *rawjson.Object, k string, mins []string) ([]rawjson.Edit, boo
 // applied, kv_transfer_params set when non-nil and a client-supplied one
 // removed otherwise. With OutputExact, nil params and no client
 // kv_transfer_params it is the client's bytes, untouched.
-func decodeBody(kind routeKind, o *rawjson.Object, params []byte, outputLen string) []byte {
+func decodeBody(kind routeKind, o *rawjson.Object, params []byte, outputLen string) rawjson.Spliced {
 	var edits []rawjson.Edit
 	if outputLen == OutputToyProxy {
 		mins := []string{"min_tokens", "min_completion_tokens"}
@@ -264,10 +264,7 @@ func decodeBody(kind routeKind, o *rawjson.Object, params []byte, outputLen stri
 	} else if o.Has("kv_transfer_params") {
 		edits = append(edits, rawjson.Delete("kv_transfer_params")) // never the client's
 	}
-	if len(edits) == 0 {
-		return o.Source()
-	}
-	return o.Apply(edits...)
+	return o.Splice(edits...)
 }
 
 // needsMerge reports whether a non-streaming response must be merged with

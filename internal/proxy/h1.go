@@ -294,9 +294,9 @@ type exchange struct {
 	// connection the worker turns out to have closed before answering is
 	// not a failure of the request (see resend).
 	mayResend bool
-	// kept: a ResendableBody's bytes while mayResend, until the answer's
-	// first byte (resend writes them again).
-	kept []byte
+	// kept: the ResendableBody while mayResend, until the answer's first
+	// byte (resend writes it again).
+	kept ResendableBody
 	// The response's body and its framing, allocated with the exchange.
 	body h1Body
 	lb   lengthBody
@@ -318,7 +318,7 @@ var errStaleConn = errors.New("proxy: the worker had closed the pooled connectio
 // send writes req on a pooled or new connection, and once more on a new
 // one when the worker had closed the pooled one under the write.
 func (t *H1Transport) send(ctx context.Context, req *http.Request) (*exchange, error) {
-	kept := resendBytes(req)
+	kept := resendable(req)
 	x, err := t.sendOnce(ctx, req, canResend(req, kept), kept)
 	if err == errStaleConn {
 		return t.resend(ctx, req, kept)
@@ -334,7 +334,7 @@ func (t *H1Transport) send(ctx context.Context, req *http.Request) (*exchange, e
 // unwritten or idempotent, where this resends any request whose body it
 // can produce again, as the router's own retries would, but at once, on
 // the same worker, without counting it against the worker.
-func (t *H1Transport) resend(ctx context.Context, req *http.Request, kept []byte) (*exchange, error) {
+func (t *H1Transport) resend(ctx context.Context, req *http.Request, kept ResendableBody) (*exchange, error) {
 	t.resends.Add(1)
 	r, err := rewound(req, kept)
 	if err != nil {
@@ -347,40 +347,43 @@ func (t *H1Transport) resend(ctx context.Context, req *http.Request, kept []byte
 // closed their pooled connection (resend).
 func (t *H1Transport) Resends() uint64 { return t.resends.Load() }
 
-// ResendableBody is a request body that hands its bytes to H1Transport
-// before they are written. The transport keeps them until the answer's
-// first byte, so that it can write the request once more should the worker
-// have closed the pooled connection under it (resend), and so can reuse a
-// pooled connection without the peek. A body that lets go of its bytes
-// once written (a PD leg's) is resent so where GetBody no longer could.
+// ResendableBody is a request body that can give itself again once read
+// and closed. H1Transport keeps it until the answer's first byte, so that
+// it can write the request once more should the worker have closed the
+// pooled connection under it (resend), and so can reuse a pooled
+// connection without the peek. Unlike GetBody, which a request carries
+// for as long as it lives, it is only asked while the transport waits.
 type ResendableBody interface {
 	io.ReadCloser
-	// ResendBytes is the whole body, unread; nil when the body would rather
-	// not be kept (the connection then gets the peek).
-	ResendBytes() []byte
+	// Resendable reports, before the body is read, whether Reopen will
+	// give it again (false: the connection gets the peek).
+	Resendable() bool
+	// Reopen is the whole body again, unread, even after Close.
+	Reopen() io.ReadCloser
 }
 
-// resendBytes is req's ResendableBody's bytes, if it has one.
-func resendBytes(req *http.Request) []byte {
-	if rb, ok := req.Body.(ResendableBody); ok {
-		return rb.ResendBytes()
+// resendable is req's body, when it is a ResendableBody that can be
+// resent.
+func resendable(req *http.Request) ResendableBody {
+	if rb, ok := req.Body.(ResendableBody); ok && rb.Resendable() {
+		return rb
 	}
 	return nil
 }
 
 // canResend reports whether req's body can be produced again after it was
-// written: none, kept bytes (resendBytes), or one with GetBody.
-func canResend(req *http.Request, kept []byte) bool {
+// written: none, a kept ResendableBody (resendable), or one with GetBody.
+func canResend(req *http.Request, kept ResendableBody) bool {
 	return req.Body == nil || req.Body == http.NoBody || req.GetBody != nil || kept != nil
 }
 
 // rewound is req with its body anew (canResend said it can be): the kept
-// bytes, or GetBody's.
-func rewound(req *http.Request, kept []byte) (*http.Request, error) {
+// body's, or GetBody's.
+func rewound(req *http.Request, kept ResendableBody) (*http.Request, error) {
 	r := *req
 	switch {
 	case kept != nil:
-		r.Body = newBytesBody(kept)
+		r.Body = kept.Reopen()
 	case req.Body != nil && req.Body != http.NoBody:
 		nb, err := req.GetBody()
 		if err != nil {
@@ -399,7 +402,7 @@ func closedUnder(err error) bool {
 
 // sendOnce writes req on a pooled or new connection; a pooled one is
 // trusted without a peek when the request can be resent (trust).
-func (t *H1Transport) sendOnce(ctx context.Context, req *http.Request, trust bool, kept []byte) (*exchange, error) {
+func (t *H1Transport) sendOnce(ctx context.Context, req *http.Request, trust bool, kept ResendableBody) (*exchange, error) {
 	closeBody := func() {
 		if req.Body != nil {
 			req.Body.Close()

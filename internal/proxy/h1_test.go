@@ -748,9 +748,11 @@ func TestH1ResendsOnClosedPooledConnection(t *testing.T) {
 			return io.NopCloser(strings.NewReader(body)), nil
 		},
 		"released": func() (io.ReadCloser, func() (io.ReadCloser, error)) {
-			return &releasingBody{b: []byte(body), keep: true}, nil
+			return &releasingBody{b: []byte(body), orig: []byte(body), keep: true}, nil
 		},
-		"unkept": func() (io.ReadCloser, func() (io.ReadCloser, error)) { return &releasingBody{b: []byte(body)}, nil },
+		"unkept": func() (io.ReadCloser, func() (io.ReadCloser, error)) {
+			return &releasingBody{b: []byte(body), orig: []byte(body)}, nil
+		},
 	}
 	for _, tc := range []struct {
 		name, body string
@@ -766,8 +768,8 @@ func TestH1ResendsOnClosedPooledConnection(t *testing.T) {
 		{"taken and closed unanswered, proxy's body", "bytes", closeUnanswered, false, false, 1, 3},
 		{"taken and closed unanswered, body read once", "once", closeUnanswered, false, true, 0, 2},
 		{"part of an answer", "bytes", partial, false, true, 0, 2},
-		// A PD leg's body: its bytes are gone once written, and kept only by
-		// the transport (ResendableBody), or not at all when too long.
+		// A body that cannot be read again once written (ResendableBody):
+		// resent from Reopen, or not at all when it says it cannot be.
 		{"closed idle, body let go once written", "released", closeIdle, true, false, 1, 2},
 		{"taken and closed unanswered, body let go once written", "released", closeUnanswered, false, false, 1, 3},
 		{"closed idle, body not to be kept", "unkept", closeIdle, true, false, 0, 2}, // the peek
@@ -833,12 +835,12 @@ func TestH1FreshConnectionIsNotResent(t *testing.T) {
 	}
 }
 
-// releasingBody is a ResendableBody that lets go of its bytes when closed,
-// as a PD leg's does; keep: it hands them to the transport.
+// releasingBody is a ResendableBody that cannot be read once closed:
+// a resend must come from Reopen, which gives it again when keep.
 type releasingBody struct {
-	b    []byte
-	off  int
-	keep bool
+	b, orig []byte
+	off     int
+	keep    bool
 }
 
 func (rb *releasingBody) Read(p []byte) (int, error) {
@@ -855,11 +857,10 @@ func (rb *releasingBody) Read(p []byte) (int, error) {
 
 func (rb *releasingBody) Close() error { rb.b = nil; return nil }
 
-func (rb *releasingBody) ResendBytes() []byte {
-	if !rb.keep {
-		return nil
-	}
-	return rb.b
+func (rb *releasingBody) Resendable() bool { return rb.keep && rb.b != nil && rb.off == 0 }
+
+func (rb *releasingBody) Reopen() io.ReadCloser {
+	return &releasingBody{b: rb.orig, orig: rb.orig, keep: rb.keep}
 }
 
 // TestBodyBuffered: a short answer that came with its head is buffered in

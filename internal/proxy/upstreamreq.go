@@ -96,8 +96,11 @@ func newBytesBody(b []byte) *bytesBody {
 
 func (*bytesBody) Close() error { return nil }
 
-// ResendBytes makes bytesBody a ResendableBody.
-func (bb *bytesBody) ResendBytes() []byte { return bb.b }
+// Resendable makes bytesBody a ResendableBody: its bytes stay.
+func (*bytesBody) Resendable() bool { return true }
+
+// Reopen is a fresh reader of the same bytes.
+func (bb *bytesBody) Reopen() io.ReadCloser { return newBytesBody(bb.b) }
 
 // again is the request's GetBody: a fresh reader of the same bytes.
-func (bb *bytesBody) again() (io.ReadCloser, error) { return newBytesBody(bb.b), nil }
+func (bb *bytesBody) again() (io.ReadCloser, error) { return bb.Reopen(), nil }

@@ -15,6 +15,8 @@ func BenchmarkPrefillRewrite(b *testing.B) {
 		body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("word ", size/5) +
 			`"}],"max_completion_tokens":128,"stream":true,"stream_options":{"include_usage":true},"temperature":0.7}`)
 		params := []byte(`{"do_remote_decode":true,"do_remote_prefill":false,"transfer_id":"tx-0"}`)
+		edits := []Edit{Set("max_completion_tokens", []byte("1")), Set("stream", []byte("false")),
+			Delete("stream_options"), Set("kv_transfer_params", params)}
 		b.Run(byteSize(size), func(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))
@@ -23,8 +25,21 @@ func BenchmarkPrefillRewrite(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				_ = o.Apply(Set("max_completion_tokens", []byte("1")), Set("stream", []byte("false")),
-					Delete("stream_options"), Set("kv_transfer_params", params))
+				_ = o.Apply(edits...)
+			}
+		})
+		// the leg body as pieces, then copied once where a transport
+		// would write it (its pooled buffer)
+		b.Run(byteSize(size)+"/splice", func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			wbuf := make([]byte, 0, 2*len(body))
+			for b.Loop() {
+				o, err := Parse(body)
+				if err != nil {
+					b.Fatal(err)
+				}
+				wbuf = o.Splice(edits...).AppendTo(wbuf[:0])
 			}
 		})
 	}

@@ -364,111 +364,31 @@ func Delete(key string) Edit { return Edit{Key: key, Delete: true} }
 // replaced in place (every occurrence of a repeated key is rewritten, so the
 // result is unambiguous); new members are appended before the closing brace
 // in the order given. Of several edits of one key, the last is applied.
-// Untouched bytes are copied verbatim.
+// Untouched bytes are copied verbatim. Splice gives the same bytes without
+// copying them.
 func (o *Object) Apply(edits ...Edit) []byte {
 	if len(edits) == 0 {
 		return o.src
 	}
-	// The last edit of a key is the one applied. A few edits are found by
-	// a scan, more through a map.
-	var byKey map[string]int
-	if len(edits) > editScan {
-		byKey = make(map[string]int, len(edits))
-		for i, e := range edits {
-			byKey[e.Key] = i
-		}
+	var partBuf [3 * smallMembers][]byte
+	var newBuf [editScan]newMember
+	parts, news, tail := o.splice(partBuf[:0], newBuf[:0], edits)
+	n := len(tail) + newRoom(news)
+	for _, p := range parts {
+		n += len(p)
 	}
-	find := func(k string) (int, bool) {
-		if byKey != nil {
-			i, ok := byKey[k]
-			return i, ok
-		}
-		for i := len(edits) - 1; i >= 0; i-- {
-			if edits[i].Key == k {
-				return i, true
-			}
-		}
-		return 0, false
+	out := make([]byte, 0, n)
+	for _, p := range parts {
+		out = append(out, p...)
 	}
-	grow := 0 // room for the edits: key, quotes, colon, comma and value
-	for _, e := range edits {
-		grow += len(e.Key) + len(e.Value) + 4
+	for _, m := range news {
+		out = append(m.appendKey(out), m.value...)
 	}
-	out := make([]byte, 0, len(o.src)+grow)
-	out = append(out, o.src[:o.open+1]...)
-	var usedBuf [editScan]bool
-	var used []bool
-	if len(edits) > editScan {
-		used = make([]bool, len(edits))
-	} else {
-		used = usedBuf[:len(edits)]
-	}
-	pos := o.open + 1
-	wrote := false // a member has been written to out
-	for _, m := range o.members {
-		idx, touched := find(m.Key)
-		if !touched {
-			// copy from the previous position (separators, whitespace) to the member end
-			seg := o.src[pos:m.end]
-			if !wrote {
-				seg = trimLeadingComma(seg)
-			}
-			out = append(out, seg...)
-			pos = m.end
-			wrote = true
-			continue
-		}
-		e := edits[idx]
-		used[idx] = true
-		if e.Delete {
-			pos = m.end
-			continue
-		}
-		// keep the whitespace/comma before the key, rewrite the value only
-		seg := o.src[pos:m.start]
-		if !wrote {
-			seg = trimLeadingComma(seg)
-		}
-		out = append(out, seg...)
-		valStart := m.end - len(m.Value)
-		out = append(out, o.src[m.start:valStart]...)
-		out = append(out, e.Value...)
-		pos = m.end
-		wrote = true
-	}
-	for i, e := range edits {
-		if used[i] || e.Delete {
-			continue
-		}
-		if last, _ := find(e.Key); last != i {
-			continue // a later edit of the key is the one applied
-		}
-		if wrote {
-			out = append(out, ',')
-		}
-		out = AppendString(out, e.Key) // json.Marshal's bytes (FuzzAppendString)
-		out = append(out, ':')
-		out = append(out, e.Value...)
-		wrote = true
-		used[i] = true
-	}
-	out = append(out, o.src[pos:]...)
-	return out
+	return append(out, tail...)
 }
 
 // editScan is the most edits Apply finds by a scan, without a map.
 const editScan = 8
-
-func trimLeadingComma(seg []byte) []byte {
-	i := 0
-	for i < len(seg) && isSpace(seg[i]) {
-		i++
-	}
-	if i < len(seg) && seg[i] == ',' {
-		return append(append([]byte{}, seg[:i]...), seg[i+1:]...)
-	}
-	return seg
-}
 
 // Patch parses src and applies edits in one step.
 func Patch(src []byte, edits ...Edit) ([]byte, error) {

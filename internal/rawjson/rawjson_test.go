@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+	"unsafe"
 )
 
 func TestApply(t *testing.T) {
@@ -48,7 +49,90 @@ func TestApply(t *testing.T) {
 			if !json.Valid(got) {
 				t.Fatalf("invalid output %s", got)
 			}
+			o, _ := Parse([]byte(tt.in))
+			checkSplice(t, o, tt.edits, got)
 		})
+	}
+}
+
+// checkSplice checks that Splice gives Apply's bytes (want) as non-empty
+// pieces that alias the source and the edits' values rather than copy them.
+func checkSplice(t *testing.T, o *Object, edits []Edit, want []byte) {
+	t.Helper()
+	if got := o.Splice(edits...).Bytes(); !bytes.Equal(got, want) {
+		t.Fatalf("Splice = %q, want Apply's %q", got, want)
+	}
+	if len(edits) == 0 {
+		return
+	}
+	s := o.pieces(edits) // what Splice makes of a longer source
+	if got := s.Bytes(); !bytes.Equal(got, want) || s.Len() != len(want) {
+		t.Fatalf("pieces = %q (Len %d), want Apply's %q", got, s.Len(), want)
+	}
+	if got := s.AppendTo([]byte("x")); string(got) != "x"+string(want) {
+		t.Fatalf("AppendTo = %q", got)
+	}
+	for i := range s.NumParts() {
+		p := s.Part(i)
+		if len(p) == 0 {
+			t.Fatalf("piece %d is empty", i)
+		}
+		if !aliases(p, o.src) && !aliasesAny(p, edits) && len(p) > len(`,"`)+len(longestKey(edits))+len(`":`) {
+			t.Fatalf("piece %q is a copy (longer than a new member's key)", p)
+		}
+	}
+}
+
+// aliases reports whether p lies within b's memory.
+func aliases(p, b []byte) bool {
+	if len(p) == 0 || len(b) == 0 {
+		return false
+	}
+	pa, ba := uintptr(unsafe.Pointer(&p[0])), uintptr(unsafe.Pointer(&b[0]))
+	return pa >= ba && pa+uintptr(len(p)) <= ba+uintptr(len(b))
+}
+
+func aliasesAny(p []byte, edits []Edit) bool {
+	for _, e := range edits {
+		if aliases(p, e.Value) {
+			return true
+		}
+	}
+	return false
+}
+
+func longestKey(edits []Edit) string {
+	k := ""
+	for _, e := range edits {
+		if len(e.Key) > len(k) {
+			k = e.Key
+		}
+	}
+	return k
+}
+
+// A leg body's edits, spliced into a prompt: the pieces cost two small
+// allocations whatever the prompt's size; Apply copies it in one.
+func TestSpliceAllocations(t *testing.T) {
+	body := []byte(`{"model":"m","prompt":"` + strings.Repeat("word ", 2000) + `","max_tokens":128,"stream":true,"stream_options":{"include_usage":true}}`)
+	o, err := Parse(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edits := []Edit{Set("max_tokens", []byte("1")), Set("stream", []byte("false")), Delete("stream_options"), Set("kv_transfer_params", []byte(`{"a":1}`))}
+	var s Spliced
+	if n := testing.AllocsPerRun(100, func() { s = o.Splice(edits...) }); n > 2 {
+		t.Errorf("Splice: %.0f allocations, want at most 2 (the pieces, the new key)", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = o.Apply(edits...) }); n != 1 {
+		t.Errorf("Apply: %.0f allocations, want 1 (the document)", n)
+	}
+	if s.Len() > len(body) || s.NumParts() > 8 {
+		t.Errorf("%d bytes in %d pieces", s.Len(), s.NumParts())
+	}
+	short, _ := Parse([]byte(`{"prompt":"hi","max_tokens":128}`))
+	if n := testing.AllocsPerRun(100, func() { s = short.Splice(edits...) }); n != 1 || s.NumParts() != 1 {
+		t.Errorf("a short source: %.0f allocations, %d pieces, want its copy (spliceMin)", n, s.NumParts())
 	}
 }
 
@@ -107,6 +191,9 @@ func FuzzPatch(f *testing.F) {
 		}
 		for _, edits := range [][]Edit{{Set(key, []byte(`1`))}, {Delete(key)}, {Delete(key), Set("k2", []byte(`"v"`))}} {
 			out := o.Apply(edits...)
+			if s := o.pieces(edits); !bytes.Equal(s.Bytes(), out) || s.Len() != len(out) {
+				t.Fatalf("pieces gave %q, Apply %q", s.Bytes(), out)
+			}
 			if !json.Valid(out) {
 				t.Fatalf("invalid output %q from %q edits %+v", out, src, edits)
 			}
