@@ -1,13 +1,30 @@
 package migrate
 
-import "bytes"
+import (
+	"bytes"
+	"sync"
+)
 
 // Splitter cuts a byte stream into complete SSE events. An event is
 // returned with its terminating blank line ("\n\n" or "\r\n\r\n"); bytes
-// after the last complete event are kept for the next call.
+// after the last complete event are kept for the next call, in a pooled
+// buffer held only while they wait: a stream whose reads end on event
+// boundaries (a paced one) holds none, and one whose reads cut events (a
+// burst) takes one buffer for the stream rather than growing its own.
 type Splitter struct {
 	pend []byte
+	bp   *[]byte // the pooled buffer pend was taken from; nil when none
 }
+
+// pendBufs holds the buffers of pending partial events.
+var pendBufs = sync.Pool{New: func() any { b := make([]byte, 0, pendBuffer); return &b }}
+
+// pendBuffer fits a read (the transport's 4 KiB) and the partial event
+// before it; pendKeepMax: a buffer grown past this goes to the collector.
+const (
+	pendBuffer  = 8 << 10
+	pendKeepMax = 64 << 10
+)
 
 // Feed appends p and calls fn with every event completed by it, in order.
 // The slice given to fn is valid only during the call.
@@ -36,18 +53,38 @@ func (s *Splitter) FeedBatch(p []byte, fn func(ev []byte), done func()) {
 	}
 	rest := buf[start:]
 	switch {
+	case len(rest) == 0:
+		s.Reset()
 	case len(s.pend) == 0:
-		s.pend = append(s.pend, rest...)
+		s.pend = append(s.take(), rest...)
 	case start > 0:
 		s.pend = append(s.pend[:0], rest...)
 	}
 }
 
+// take is an empty pooled buffer for pend.
+func (s *Splitter) take() []byte {
+	if s.bp == nil {
+		s.bp = pendBufs.Get().(*[]byte)
+	}
+	return (*s.bp)[:0]
+}
+
 // Pending returns the bytes of an incomplete trailing event.
 func (s *Splitter) Pending() []byte { return s.pend }
 
-// Reset drops any incomplete event.
-func (s *Splitter) Reset() { s.pend = s.pend[:0] }
+// Reset drops any incomplete event and gives its buffer back: nothing
+// may use what Pending returned after it.
+func (s *Splitter) Reset() {
+	if s.bp != nil {
+		if cap(s.pend) <= pendKeepMax {
+			*s.bp = s.pend[:0] // as grown
+			pendBufs.Put(s.bp)
+		}
+		s.bp = nil
+	}
+	s.pend = nil
+}
 
 // eventEnd returns the length of the first complete event in b (through
 // its blank line).

@@ -37,8 +37,8 @@ func TestSplitterKeepsPartialEvents(t *testing.T) {
 				clear(buf)
 			}
 			want := []string{"data: 1\n\n", "data: 22\n\n", ": c\n\n", "data: 333\r\n\r\n", "data: 4444\n\n"}
-			if len(got) != len(want) || len(sp.Pending()) != 0 {
-				t.Fatalf("cut %d step %d: %q, pending %q", cut, step, got, sp.Pending())
+			if len(got) != len(want) || len(sp.Pending()) != 0 || sp.bp != nil {
+				t.Fatalf("cut %d step %d: %q, pending %q (a buffer held: %v)", cut, step, got, sp.Pending(), sp.bp != nil)
 			}
 			for i := range want {
 				if got[i] != want[i] {
@@ -46,5 +46,39 @@ func TestSplitterKeepsPartialEvents(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestSplitterHoldsABufferOnlyWhileAnEventIsCut: reads that end on event
+// boundaries (a paced stream) hold no buffer; a read that cuts an event
+// takes one from the pool, keeps it while events stay cut (a burst), and
+// gives it back once none is pending, or on Reset.
+func TestSplitterHoldsABufferOnlyWhileAnEventIsCut(t *testing.T) {
+	var sp Splitter
+	n := 0
+	count := func([]byte) { n++ }
+	for range 3 {
+		sp.Feed([]byte("data: {\"t\":1}\n\n"), count)
+		if sp.bp != nil || sp.pend != nil {
+			t.Fatal("a whole event left a buffer held")
+		}
+	}
+	sp.Feed([]byte("data: {\"t\":2}\n\ndata: {\"t"), count)
+	if sp.bp == nil || string(sp.Pending()) != "data: {\"t" {
+		t.Fatalf("a cut event: pending %q, pooled %v", sp.Pending(), sp.bp != nil)
+	}
+	held := sp.bp
+	sp.Feed([]byte("\":3}\n\ndata: {\"t\":4"), count)
+	if sp.bp != held || string(sp.Pending()) != "data: {\"t\":4" {
+		t.Fatalf("the next cut event: pending %q, same buffer %v", sp.Pending(), sp.bp == held)
+	}
+	sp.Feed([]byte("}\n\n"), count)
+	if sp.bp != nil || sp.pend != nil || n != 6 {
+		t.Fatalf("all events whole: %d events, buffer held %v, pending %q", n, sp.bp != nil, sp.pend)
+	}
+	sp.Feed([]byte("data: {"), count)
+	sp.Reset()
+	if sp.bp != nil || sp.pend != nil {
+		t.Fatal("Reset kept the buffer")
 	}
 }
