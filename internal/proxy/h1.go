@@ -809,6 +809,16 @@ func BodyBuffered(body io.Reader) bool {
 	return false
 }
 
+// BodyArrived reports, without waiting, whether some of body came with
+// its head: one of H1Transport's bodies, not yet at its end, with bytes in
+// the read buffer. A stream's first read then returns at once, so its
+// flush can carry the head (Regular.respondHead). Only the goroutine
+// reading body may call it.
+func BodyArrived(body io.Reader) bool {
+	b, ok := body.(*h1Body)
+	return ok && !b.done.Load() && b.c.attached && b.c.br.Buffered() > 0
+}
+
 // BufferedBody is a body wrapping another that answers BodyBuffered for
 // it (what it holds itself, and BodyBuffered of the wrapped body).
 type BufferedBody interface {

@@ -915,3 +915,75 @@ func TestBodyBuffered(t *testing.T) {
 		t.Fatal("a reader that is not the transport's reports itself buffered")
 	}
 }
+
+// sseHead is a stream's head, as uvicorn frames it (chunked).
+const sseHead = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+// sseChunk is one event as a chunk.
+func sseChunk(ev string) string { return fmt.Sprintf("%x\r\n%s\r\n", len(ev), ev) }
+
+// TestBodyArrived: a body whose first bytes came with the head has
+// arrived (length-framed or chunked); one still on its way, one read to
+// its end and other readers have not. A stream's head is flushed alone
+// only when its first token is not there yet (respondHead): one write
+// less when it is.
+func TestBodyArrived(t *testing.T) {
+	const ev = "data: {\"choices\":[{\"text\":\" a\"}]}\n\n"
+	for _, tc := range []struct {
+		name    string
+		serve   func(c net.Conn, checked <-chan struct{})
+		want    bool
+		flushes int // respondHead's flushes of the head alone
+	}{
+		{"stream, first event with its head", func(c net.Conn, _ <-chan struct{}) {
+			io.WriteString(c, sseHead+sseChunk(ev)+"0\r\n\r\n")
+		}, true, 0},
+		{"stream, first event after its head", func(c net.Conn, checked <-chan struct{}) {
+			io.WriteString(c, sseHead)
+			<-checked
+			io.WriteString(c, sseChunk(ev)+"0\r\n\r\n")
+		}, false, 1},
+		{"length-framed, with its head", func(c net.Conn, _ <-chan struct{}) { answer(c, ev) }, true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checked := make(chan struct{})
+			w := newRawWorker(t, func(w *rawWorker, _ int, c net.Conn, br *bufio.Reader) {
+				if _, ok := w.readReq(br); ok {
+					tc.serve(c, checked)
+				}
+			})
+			tr := newH1(t, TransportOptions{})
+			req, _ := http.NewRequest(http.MethodGet, "http://"+w.addr+"/v1/completions", nil)
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			got := BodyArrived(resp.Body)
+			fw := &flushCounter{ResponseWriter: httptest.NewRecorder()}
+			(&Regular{}).respondHead(fw, &reqSpec{sse: true}, resp)
+			close(checked)
+			if got != tc.want || fw.flushes != tc.flushes {
+				t.Fatalf("BodyArrived = %v, want %v; respondHead flushed the head alone %d times, want %d", got, tc.want, fw.flushes, tc.flushes)
+			}
+			b, err := io.ReadAll(resp.Body)
+			if err != nil || string(b) != ev {
+				t.Fatalf("body %q %v", b, err)
+			}
+			if BodyArrived(resp.Body) {
+				t.Fatal("a body read to its end reports itself arrived")
+			}
+		})
+	}
+	if BodyArrived(strings.NewReader(ev)) {
+		t.Fatal("a reader that is not the transport's reports itself arrived")
+	}
+}
+
+// flushCounter counts the flushes http.ResponseController makes.
+type flushCounter struct {
+	http.ResponseWriter
+	flushes int
+}
+
+func (f *flushCounter) FlushError() error { f.flushes++; return nil }

@@ -823,8 +823,9 @@ func (p *Regular) relay(ctx context.Context, w http.ResponseWriter, rs *reqSpec,
 }
 
 // respondHead writes the response's status and header to the client (a
-// stream's at once, before its first token) and says whether the body is
-// an event stream and whether it is relayed as it comes.
+// stream's at once, before its first token, or with the first token when
+// it came with them) and says whether the body is an event stream and
+// whether it is relayed as it comes.
 func (p *Regular) respondHead(w http.ResponseWriter, rs *reqSpec, resp *http.Response) (sse, streaming bool) {
 	h := w.Header()
 	CopyResponseHeaders(h, resp.Header)
@@ -838,8 +839,10 @@ func (p *Regular) respondHead(w http.ResponseWriter, rs *reqSpec, resp *http.Res
 		p.m.GenerateDur.Observe(time.Since(rs.start).Seconds())
 	}
 	w.WriteHeader(resp.StatusCode)
-	if streaming {
-		_ = http.NewResponseController(w).Flush() // headers out before the first token
+	if streaming && !BodyArrived(resp.Body) {
+		// Headers out before the first token. A first token that came with
+		// them is read at once, and its flush carries them: one write less.
+		_ = http.NewResponseController(w).Flush()
 	}
 	return sse, streaming
 }
