@@ -863,6 +863,26 @@ func (rb *releasingBody) Reopen() io.ReadCloser {
 	return &releasingBody{b: rb.orig, orig: rb.orig, keep: rb.keep}
 }
 
+// servedResponse is H1Transport's response to a request that serve
+// answers on a raw connection; serve may wait for checked, which the
+// caller closes once it has looked at the response.
+func servedResponse(t *testing.T, serve func(c net.Conn, checked <-chan struct{}), checked <-chan struct{}) *http.Response {
+	t.Helper()
+	w := newRawWorker(t, func(w *rawWorker, _ int, c net.Conn, br *bufio.Reader) {
+		if _, ok := w.readReq(br); ok {
+			serve(c, checked)
+		}
+	})
+	tr := newH1(t, TransportOptions{})
+	req, _ := http.NewRequest(http.MethodGet, "http://"+w.addr+"/v1/completions", nil)
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
 // TestBodyBuffered: a short answer that came with its head is buffered in
 // full (Relay arms no idle timeout for it); a body still on its way, a
 // chunked one, one read to its end and other readers are not.
@@ -885,18 +905,7 @@ func TestBodyBuffered(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			checked := make(chan struct{})
-			w := newRawWorker(t, func(w *rawWorker, _ int, c net.Conn, br *bufio.Reader) {
-				if _, ok := w.readReq(br); ok {
-					tc.serve(c, checked)
-				}
-			})
-			tr := newH1(t, TransportOptions{})
-			req, _ := http.NewRequest(http.MethodGet, "http://"+w.addr+"/v1/models", nil)
-			resp, err := tr.RoundTrip(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
+			resp := servedResponse(t, tc.serve, checked)
 			got := BodyBuffered(resp.Body)
 			close(checked)
 			if got != tc.want {
@@ -947,18 +956,7 @@ func TestBodyArrived(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			checked := make(chan struct{})
-			w := newRawWorker(t, func(w *rawWorker, _ int, c net.Conn, br *bufio.Reader) {
-				if _, ok := w.readReq(br); ok {
-					tc.serve(c, checked)
-				}
-			})
-			tr := newH1(t, TransportOptions{})
-			req, _ := http.NewRequest(http.MethodGet, "http://"+w.addr+"/v1/completions", nil)
-			resp, err := tr.RoundTrip(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
+			resp := servedResponse(t, tc.serve, checked)
 			got := BodyArrived(resp.Body)
 			fw := &flushCounter{ResponseWriter: httptest.NewRecorder()}
 			(&Regular{}).respondHead(fw, &reqSpec{sse: true}, resp)
