@@ -71,7 +71,8 @@ bench-flow:
 bench-relay:
 	$(GO) build -o $(BIN)/ ./cmd/...
 	$(BIN)/sybench scenario relay --bin-dir $(BIN) --out-dir $(BENCH_OUT) \
-		$$([ -x .venv-peers/bin/vllm-router ] && echo --vllm-router .venv-peers/bin/vllm-router) $(SCENARIO_FLAGS)
+		$$([ -x .venv-peers/bin/vllm-router ] && echo --vllm-router .venv-peers/bin/vllm-router) \
+		$$(command -v nginx > /dev/null || [ -x /usr/sbin/nginx ] && echo --nginx) $(SCENARIO_FLAGS)
 
 KV_TOKENIZER ?= internal/tokenizer/testdata/tiny-llama.json
 # Blocks of every worker's prefix cache: 1700 holds the workload's distinct

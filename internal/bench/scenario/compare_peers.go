@@ -103,10 +103,7 @@ func peers(binDir, peersDir, policy string) []peer {
 	sameFlags := func(f fleetURLs, port, mport int, _ string) ([]string, error) {
 		return vllmRouterArgs(f, port, mport, policy), nil
 	}
-	nginxPath, _ := exec.LookPath("nginx")
-	if nginxPath == "" {
-		nginxPath = "/usr/sbin/nginx"
-	}
+	nginxPath := nginxExe()
 	return []peer{
 		{name: PeerDirect},
 		{name: PeerSwitchyard, exe: abs(filepath.Join(binDir, binRouter)), args: sameFlags},
@@ -183,6 +180,15 @@ func moriToyProxy(python, script string) peer {
 		return []string{script, "--port", strconv.Itoa(port), "--service-discovery-port", zp}, nil
 	}
 	return p
+}
+
+// nginxExe is nginx on PATH, else Debian's /usr/sbin/nginx (not on a
+// user's PATH).
+func nginxExe() string {
+	if p, err := exec.LookPath("nginx"); err == nil {
+		return p
+	}
+	return "/usr/sbin/nginx"
 }
 
 // sglangPolicy maps a policy sglang-router lacks to round_robin.

@@ -383,6 +383,7 @@ func parseRelay(args []string, o *Options, stderr io.Writer) (RelayConfig, error
 	fs.StringVar(&c.Policy, "policy", c.Policy, "switchyard --policy")
 	fs.StringVar(&c.VLLMRouter, "vllm-router", c.VLLMRouter, "vllm-router executable to measure as a third target (e.g. .venv-peers/bin/vllm-router)")
 	fs.BoolVar(&c.GoProxy, "go-proxy", c.GoProxy, "also measure Go's standard reverse proxy (sybench floor-proxy --mode stdlib, from --bin-dir): what Go's HTTP stack alone adds")
+	fs.BoolVar(&c.Nginx, "nginx", c.Nginx, "also measure nginx (one worker process, the head-to-head table's configuration): what an event loop in C adds")
 	ra := strList(c.RouterArgs)
 	fs.Var(&ra, "router-arg", "more switchyard flags, comma-separated (e.g. --router-arg=--max-migrations=0)")
 	if err := finishParse(fs, args); err != nil {

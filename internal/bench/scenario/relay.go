@@ -11,6 +11,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,6 +43,10 @@ type RelayConfig struct {
 	// stdlib, from the bin dir) as a target: what Go's HTTP stack alone
 	// adds to each event.
 	GoProxy bool
+	// Nginx adds nginx (one worker process, the head-to-head table's
+	// configuration: keep-alive upstream, no buffering) as a target: what
+	// an event loop written in C adds to each event on this machine.
+	Nginx bool
 }
 
 // TargetGoProxy names the relay scenario's standard-library proxy.
@@ -136,6 +142,13 @@ func (e *env) runRelay(ctx context.Context, c RelayConfig, rep *RelayReport) err
 		}
 		targets = append(targets, target{TargetGoProxy, gp.base, gp.proc})
 	}
+	if c.Nginx {
+		ng, err := e.startNginx(ctx, up.url)
+		if err != nil {
+			return err
+		}
+		targets = append(targets, target{PeerNginx, ng.base, ng.proc})
+	}
 	for _, conc := range c.Concurrency {
 		for k := range max(c.Repeats, 1) {
 			for _, t := range targets {
@@ -146,14 +159,13 @@ func (e *env) runRelay(ctx context.Context, c RelayConfig, rep *RelayReport) err
 					return fmt.Errorf("%s C=%d warm-up: %w", t.name, conc, err)
 				}
 				var r0 time.Duration
-				if t.router != nil {
-					r0, _ = cpuTime(t.router.Pid())
+				if t.router != nil { // its process group: nginx's worker is a child
+					r0 = groupCPU(t.router.Pid())
 				}
 				res, err := runPaced(ctx, cl, t.base, conc, n)
 				row := RelayRow{Target: t.name, Concurrency: conc, Rep: k, Streams: n}
 				if t.router != nil {
-					r1, _ := cpuTime(t.router.Pid())
-					row.RouterCPU = r1 - r0
+					row.RouterCPU = groupCPU(t.router.Pid()) - r0
 				}
 				cl.CloseIdleConnections()
 				if err != nil {
@@ -203,6 +215,28 @@ func (e *env) startGoProxy(ctx context.Context, worker string) (*router, error) 
 		return nil, err
 	}
 	return e.streamReady(ctx, TargetGoProxy, p, port)
+}
+
+// startNginx starts nginx in front of worker with the head-to-head table's
+// configuration (writeNginxConf) and waits until a stream passes through it.
+func (e *env) startNginx(ctx context.Context, worker string) (*router, error) {
+	exe := nginxExe()
+	if _, err := os.Stat(exe); err != nil {
+		return nil, fmt.Errorf("nginx: %w (run scripts/install-peers.sh)", err)
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(e.o.LogDir, "nginx-relay")
+	if err := writeNginxConf(dir, worker, port); err != nil {
+		return nil, err
+	}
+	p, err := e.g.start(PeerNginx, exe, "-p", dir, "-c", filepath.Join(dir, "nginx.conf"), "-e", filepath.Join(dir, "error.log"))
+	if err != nil {
+		return nil, err
+	}
+	return e.streamReady(ctx, PeerNginx, p, port)
 }
 
 // streamReady waits until a stream passes through the proxy p serves on
@@ -416,7 +450,8 @@ func (r *RelayReport) WriteMarkdown(w io.Writer) error {
 		"worker's clock (Unix ns) when it wrote it, then a finish event and `[DONE]`. The client (same process, same clock) takes each token "+
 		"event's delivery latency: parsed − written. **direct** = client → worker; **regular** = client → `switchyard --worker-urls <worker> --policy %s%s` → worker%s.\n",
 		c.Events, c.Interval, c.Policy, joinedArgs(c.RouterArgs), orDefault(map[bool]string{true: "; **vllm-router** = the same through vllm-router with the same flags"}[c.VLLMRouter != ""], "")+
-			orDefault(map[bool]string{true: "; **" + TargetGoProxy + "** = the same through Go's standard reverse proxy (`sybench floor-proxy --mode stdlib`: net/http's server and Transport, httputil.ReverseProxy), what Go's HTTP stack alone adds"}[c.GoProxy], ""))
+			orDefault(map[bool]string{true: "; **" + TargetGoProxy + "** = the same through Go's standard reverse proxy (`sybench floor-proxy --mode stdlib`: net/http's server and Transport, httputil.ReverseProxy), what Go's HTTP stack alone adds"}[c.GoProxy], "")+
+			orDefault(map[bool]string{true: "; **" + PeerNginx + "** = the same through nginx (one worker process, keep-alive upstream, `proxy_buffering off`), what an event loop in C adds; its CPU is its master's and worker's"}[c.Nginx], ""))
 	fmt.Fprintf(&b, "- Per point: ceil(%g × C) streams, C at a time, after one unmeasured stream per connection; %d interleaved repetitions, medians (P50 min-max in brackets). "+
 		"Router CPU: utime+stime from /proc around the measured run, over the token events it relayed (the streams' routing included).\n\n", c.Streams, max(c.Repeats, 1))
 	b.WriteString("| C | Target | Streams | Failed | Events | Delivery P50 µs | P90 µs | P99 µs | Added P50 µs | Added P99 µs | Router CPU µs / event |\n")
@@ -428,7 +463,7 @@ func (r *RelayReport) WriteMarkdown(w io.Writer) error {
 		}
 		seen = append(seen, x.Concurrency)
 		d, haveD := r.agg(TargetDirect, x.Concurrency)
-		for _, t := range []string{TargetDirect, TargetRegular, PeerVLLMRouter, TargetGoProxy} {
+		for _, t := range []string{TargetDirect, TargetRegular, PeerVLLMRouter, TargetGoProxy, PeerNginx} {
 			a, ok := r.agg(t, x.Concurrency)
 			if !ok {
 				continue

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -151,12 +152,23 @@ func TestRelayQuick(t *testing.T) {
 	o := Options{BinDir: binDir, MaxDuration: time.Minute, Out: io.Discard}
 	c := QuickRelayConfig()
 	c.Concurrency, c.Events, c.Interval, c.GoProxy = []int{4}, 10, 5*time.Millisecond, true
+	want := []string{TargetDirect, TargetRegular, TargetGoProxy}
+	if _, err := os.Stat(nginxExe()); err == nil {
+		c.Nginx = true
+		want = append(want, PeerNginx)
+	} else {
+		t.Logf("no nginx (%v): its target is not measured", err)
+	}
 	rep, err := RunRelay(context.Background(), o, c)
 	if err != nil {
 		t.Fatalf("RunRelay: %v", err)
 	}
-	if len(rep.Rows) != 3 || rep.Rows[2].Target != TargetGoProxy {
-		t.Fatalf("relay rows = %+v, want 3 (direct, regular, %s)", rep.Rows, TargetGoProxy)
+	var got []string
+	for _, r := range rep.Rows {
+		got = append(got, r.Target)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("relay targets = %v, want %v", got, want)
 	}
 	for _, r := range rep.Rows {
 		if r.Failed != 0 || r.Streams != 4 || r.Events != 4*10 || !(r.P50 > 0 && r.P50 <= r.P99) {
@@ -167,7 +179,8 @@ func TestRelayQuick(t *testing.T) {
 		}
 	}
 	var md bytes.Buffer
-	if err := rep.WriteMarkdown(&md); err != nil || !strings.Contains(md.String(), "| 4 | regular | 4 | 0 | 40 |") || !strings.Contains(md.String(), "| 4 | go-reverseproxy | 4 | 0 | 40 |") {
+	if err := rep.WriteMarkdown(&md); err != nil || !strings.Contains(md.String(), "| 4 | regular | 4 | 0 | 40 |") || !strings.Contains(md.String(), "| 4 | go-reverseproxy | 4 | 0 | 40 |") ||
+		(c.Nginx && !strings.Contains(md.String(), "| 4 | nginx | 4 | 0 | 40 |")) {
 		t.Errorf("relay markdown (%v):\n%s", err, md.String())
 	}
 	noChildren(t)
