@@ -122,7 +122,7 @@ func peers(binDir, peersDir, policy string) []peer {
 				if f.worker == "" {
 					return nil, fmt.Errorf("%w: a plain reverse proxy cannot run the two-leg PD protocol", errUnsupported)
 				}
-				return []string{"-p", dir, "-c", filepath.Join(dir, "nginx.conf"), "-e", filepath.Join(dir, "error.log")}, nil
+				return nginxArgs(dir), nil
 			},
 			prepare: func(f fleetURLs, port int, dir string) error {
 				if f.worker == "" {
@@ -189,6 +189,11 @@ func nginxExe() string {
 		return p
 	}
 	return "/usr/sbin/nginx"
+}
+
+// nginxArgs runs nginx with the configuration writeNginxConf wrote in dir.
+func nginxArgs(dir string) []string {
+	return []string{"-p", dir, "-c", filepath.Join(dir, "nginx.conf"), "-e", filepath.Join(dir, "error.log")}
 }
 
 // sglangPolicy maps a policy sglang-router lacks to round_robin.

@@ -232,7 +232,7 @@ func (e *env) startNginx(ctx context.Context, worker string) (*router, error) {
 	if err := writeNginxConf(dir, worker, port); err != nil {
 		return nil, err
 	}
-	p, err := e.g.start(PeerNginx, exe, "-p", dir, "-c", filepath.Join(dir, "nginx.conf"), "-e", filepath.Join(dir, "error.log"))
+	p, err := e.g.start(PeerNginx, exe, nginxArgs(dir)...)
 	if err != nil {
 		return nil, err
 	}
