@@ -7,8 +7,9 @@
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # start_fleet MODE SIM_BIN_DIR starts the workers of MODE (regular: one
-# unified vllm-sim; pd: a NIXL prefill and decode) and sets fleet to the
-# router flags that name them.
+# unified vllm-sim; pd: a NIXL prefill and decode; moriio: a MoRI-IO WRITE
+# prefill and decode that register with the router over ZMQ, so one router
+# per fleet) and sets fleet to the router flags that name them.
 start_fleet() {
   local mode=$1 bin=$2
   case $mode in
@@ -21,7 +22,14 @@ start_fleet() {
     "$bin/vllm-sim" --role prefill --kv-connector nixl --profile-preset zero --port "$pp" > "$dir/p.log" 2>&1 & pids+=($!)
     "$bin/vllm-sim" --role decode --kv-connector nixl --profile-preset zero --port "$dp" > "$dir/d.log" 2>&1 & pids+=($!)
     fleet=(--vllm-pd-disaggregation --kv-connector nixl --prefill "http://127.0.0.1:$pp" --decode "http://127.0.0.1:$dp") ;;
-  *) echo "mode must be regular or pd" >&2; return 2 ;;
+  moriio)
+    local zp role; zp=$(freeport)
+    for role in prefill decode; do
+      "$bin/vllm-sim" --role "$role" --kv-connector moriio --transfer-mode WRITE --proxy-address "127.0.0.1:$zp" \
+        --heartbeat-interval 1s --profile-preset zero --port 0 > "$dir/$role.log" 2>&1 & pids+=($!)
+    done
+    fleet=(--vllm-pd-disaggregation --kv-connector moriio --vllm-discovery-address "127.0.0.1:$zp") ;;
+  *) echo "mode must be regular, pd or moriio" >&2; return 2 ;;
   esac
 }
 
