@@ -61,9 +61,22 @@ type H1Transport struct {
 // buffers were much of the router's memory (docs/BENCHMARKS.md, section 3).
 const h1ReadBuffer = 4 << 10
 
-// h1ReadBufs holds the read buffers, each in a bufio.Reader that serves as
-// its carrier (see h1Conn.attach).
-var h1ReadBufs = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, h1ReadBuffer) }}
+// h1BurstBuffer is a connection's read buffer while its worker sends
+// faster than the connection is read: a read that fills the free space of
+// the h1ReadBuffer (a decode bursting its token events, or a router behind
+// on a busy machine) moves the connection's buffer to this size for the
+// reads that follow, and a read smaller than h1ReadBuffer moves it back
+// (h1Conn.resize). One read then takes a hundred-token burst that took
+// eight; a paced stream (an event or a few per read) never leaves the
+// small buffer. Only event streams move, and only while burstAllowed.
+const h1BurstBuffer = 32 << 10
+
+// h1ReadBufs and h1BurstBufs hold the read buffers, each in a
+// bufio.Reader that serves as its carrier (see h1Conn.attach).
+var (
+	h1ReadBufs  = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, h1ReadBuffer) }}
+	h1BurstBufs = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, h1BurstBuffer) }}
+)
 
 // h1InlineBody: bodies up to this size are written with the headers in one
 // write.
@@ -105,9 +118,20 @@ type h1Conn struct {
 	// nothing is buffered and the connection waits: a detached br is the
 	// zero Reader and must not be read from. Only the goroutine reading the
 	// connection attaches and detaches.
-	br        *bufio.Reader
-	spare     *bufio.Reader // while attached: the carrier the buffer came in
-	attached  bool
+	br       *bufio.Reader
+	spare    *bufio.Reader // while attached: the carrier the buffer came in
+	attached bool
+	// burst: the attached buffer is h1BurstBuffer's (else h1ReadBuffer's).
+	// filled and lastN describe br's last read from the connection: it
+	// filled the space it was given, and how much it read (resize).
+	burst  bool
+	filled bool
+	lastN  int
+	// readErr: a read from the connection failed, and br may hold the
+	// error for its next read (resize leaves such a buffer alone). carry
+	// is what resize moves from one buffer to the other, read back at once.
+	readErr   bool
+	carry     []byte
 	addr      string
 	idleSince time.Time
 
@@ -149,7 +173,7 @@ func (c *h1Conn) attach() {
 	if c.attached {
 		return
 	}
-	r := h1ReadBufs.Get().(*bufio.Reader)
+	r := c.bufs().Get().(*bufio.Reader)
 	*c.br = *r
 	*r = bufio.Reader{}
 	c.spare = r
@@ -160,6 +184,11 @@ func (c *h1Conn) attach() {
 // Read is br's source: nc, or the descriptor itself without blocking
 // inside waitReadable's callback (where nc's own read lock is held).
 func (c *h1Conn) Read(p []byte) (int, error) {
+	if len(c.carry) > 0 { // resize's
+		n := copy(p, c.carry)
+		c.carry = c.carry[n:]
+		return n, nil
+	}
 	if c.raw {
 		for {
 			n, err := syscall.Read(c.rawFD, p)
@@ -171,6 +200,7 @@ func (c *h1Conn) Read(p []byte) (int, error) {
 			case n == 0 && len(p) > 0:
 				return 0, io.EOF
 			}
+			c.filled, c.lastN = n > 0 && n == len(p), n
 			return n, nil
 		}
 	}
@@ -178,7 +208,10 @@ func (c *h1Conn) Read(p []byte) (int, error) {
 		c.rawErr = nil
 		return 0, err
 	}
-	return c.nc.Read(p)
+	n, err := c.nc.Read(p)
+	c.filled, c.lastN = n > 0 && n == len(p), n
+	c.readErr = c.readErr || err != nil
+	return n, err
 }
 
 // detach gives br's buffer back to the pool when nothing is buffered in it
@@ -193,7 +226,58 @@ func (c *h1Conn) detach() {
 	*c.br = bufio.Reader{}
 	c.spare = nil
 	c.attached = false
-	h1ReadBufs.Put(r)
+	c.bufs().Put(r)
+	c.burst = false // the next response starts small
+}
+
+// bufs is the pool of the buffer size the connection reads with.
+func (c *h1Conn) bufs() *sync.Pool {
+	if c.burst {
+		return &h1BurstBufs
+	}
+	return &h1ReadBufs
+}
+
+// resize moves an attached read buffer to h1BurstBuffer after a read that
+// filled the space it was given, and back to h1ReadBuffer after a read
+// smaller than that, with what it holds. A body's reader calls it between
+// two reads, when nothing points into the buffer.
+func (c *h1Conn) resize() {
+	if !c.attached || c.rc == nil || c.readErr || c.burst == c.wantBurst() {
+		return
+	}
+	k := c.br.Buffered()
+	if c.burst && k > h1ReadBuffer {
+		return // more than the small buffer holds
+	}
+	if k > 0 {
+		c.carry, _ = c.br.Peek(k) // in the old buffer, kept out of its pool until read back
+	}
+	pool, old := c.bufs(), c.spare
+	*old = *c.br
+	old.Reset(nil)
+	*c.br = bufio.Reader{}
+	c.attached = false
+	c.burst = !c.burst
+	c.attach()
+	if k > 0 {
+		_, _ = c.br.Peek(k) // Read gives back the carry, and only the carry
+		c.carry = nil
+	}
+	pool.Put(old)
+}
+
+// wantBurst is the buffer size the last read asks for: the burst size
+// after a full read, the small one after a read that fit it easily, and
+// the current one otherwise.
+func (c *h1Conn) wantBurst() bool {
+	switch {
+	case c.filled:
+		return c.burst || burstAllowed()
+	case c.lastN < h1ReadBuffer:
+		return false
+	}
+	return c.burst
 }
 
 // waitReadable waits, without holding a read buffer, until the worker has
@@ -511,6 +595,7 @@ func (x *exchange) receiveOnce() (*http.Response, error) {
 	keep := !resp.Close && !req.Close && !strings.EqualFold(headerValue(req.Header, "Connection"), "close")
 	b := &x.body // one allocation with the exchange
 	b.t, b.c, b.rc, b.stop, b.keep = x.t, c, resp.Body, &x.stop, keep
+	b.stream = resp.TransferEncoding != nil // chunked: an event stream
 	if resp.Body == http.NoBody || resp.ContentLength == 0 {
 		b.finish(true)
 		resp.Body = http.NoBody
@@ -741,6 +826,9 @@ type h1Body struct {
 	// without a read buffer (a decode's first token can be seconds away,
 	// behind the worker's queue and the KV transfer).
 	started bool
+	// stream: the body is chunked (an event stream): its reads may move
+	// the connection's buffer between sizes (h1Conn.resize).
+	stream bool
 }
 
 func (b *h1Body) Read(p []byte) (int, error) {
@@ -753,6 +841,8 @@ func (b *h1Body) Read(p []byte) (int, error) {
 	if !b.started {
 		b.started = true
 		b.c.waitReadable()
+	} else if b.stream {
+		b.c.resize()
 	}
 	n, err := b.rc.Read(p)
 	switch {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -985,3 +986,136 @@ type flushCounter struct {
 }
 
 func (f *flushCounter) FlushError() error { f.flushes++; return nil }
+
+// TestH1BurstBuffer: an event stream that arrives faster than it is read
+// moves its connection to the burst buffer (one read takes what four
+// small ones did), carrying what the small buffer held across the move;
+// a read that fits the small buffer moves it back; while more than
+// burstStreams streams are open it stays small. The bytes are the
+// worker's either way.
+func TestH1BurstBuffer(t *testing.T) {
+	var burst, want strings.Builder
+	for i := range 150 { // about 40 KiB of events: no boundary falls on 4 KiB
+		ev := fmt.Sprintf("data: {\"choices\":[{\"text\":\" token %d %s\"}]}\n\n", i, strings.Repeat("y", 200+i%37))
+		burst.WriteString(sseChunk(ev))
+		want.WriteString(ev)
+	}
+	const tail = "data: [DONE]\n\n"
+	for _, tc := range []struct {
+		name  string
+		open  int64 // streams counted open besides this one
+		grows bool
+		size  int // the largest read buffer the connection had
+	}{
+		{"grows", 0, true, h1BurstBuffer},
+		{"too many open streams", burstStreams, false, h1ReadBuffer},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			openStreams.Add(tc.open + 1) // as Relay counts this stream
+			defer openStreams.Add(-tc.open - 1)
+			checked, end := make(chan struct{}), make(chan struct{})
+			resp := servedResponse(t, func(c net.Conn, checked <-chan struct{}) {
+				io.WriteString(c, sseHead+burst.String())
+				<-checked
+				io.WriteString(c, sseChunk(tail))
+				<-end
+				io.WriteString(c, "0\r\n\r\n")
+			}, checked)
+			closeChecked, closeEnd := sync.OnceFunc(func() { close(checked) }), sync.OnceFunc(func() { close(end) })
+			t.Cleanup(func() { closeChecked(); closeEnd() }) // before the worker's: a failure ends it too
+			b := resp.Body.(*h1Body)
+			got := make([]byte, 0, want.Len()+len(tail))
+			p := make([]byte, burstBufSize)
+			size, grew := 0, false
+			for len(got) < want.Len() {
+				n, err := b.Read(p)
+				if err != nil {
+					t.Fatalf("after %d bytes: %v", len(got), err)
+				}
+				got, size, grew = append(got, p[:n]...), max(size, b.c.br.Size()), grew || b.c.burst
+			}
+			if string(got) != want.String() {
+				t.Fatalf("the burst arrived altered (%d bytes, want %d)", len(got), want.Len())
+			}
+			if grew != tc.grows || size != tc.size {
+				t.Fatalf("burst buffer taken %v (want %v), read buffer up to %d bytes (want %d)", grew, tc.grows, size, tc.size)
+			}
+			closeChecked()
+			if n, err := io.ReadFull(b, p[:len(tail)]); err != nil || string(p[:n]) != tail {
+				t.Fatalf("after the burst: %q %v", p[:n], err)
+			}
+			b.c.resize() // as the next Read does
+			if b.c.burst || !b.c.attached {
+				t.Fatalf("after a small read: burst buffer %v, attached %v", b.c.burst, b.c.attached)
+			}
+			closeEnd()
+			if rest, err := io.ReadAll(b); err != nil || len(rest) != 0 {
+				t.Fatalf("the end: %q %v", rest, err)
+			}
+		})
+	}
+}
+
+// TestH1BurstBufferRandom: events of random sizes, written in random
+// groups with pauses, read with random buffer sizes, arrive byte for byte
+// while the connection's buffer moves between sizes (and carries what it
+// holds across each move).
+func TestH1BurstBufferRandom(t *testing.T) {
+	openStreams.Add(1)
+	defer openStreams.Add(-1)
+	for seed := range int64(12) {
+		rng, wrng := rand.New(rand.NewPCG(uint64(seed), 16)), rand.New(rand.NewPCG(uint64(seed), 17)) // the reader's, the worker's
+		var writes []string
+		var want strings.Builder
+		for range 40 {
+			var w strings.Builder
+			for range 1 + rng.IntN(30) {
+				ev := "data: " + strings.Repeat(string(rune('a'+rng.IntN(26))), 1+rng.IntN(3000)) + "\n\n"
+				w.WriteString(sseChunk(ev))
+				want.WriteString(ev)
+			}
+			writes = append(writes, w.String())
+		}
+		resp := servedResponse(t, func(c net.Conn, _ <-chan struct{}) {
+			io.WriteString(c, sseHead)
+			for _, w := range writes {
+				io.WriteString(c, w)
+				if wrng.IntN(3) == 0 {
+					time.Sleep(time.Duration(wrng.IntN(300)) * time.Microsecond)
+				}
+			}
+			io.WriteString(c, "0\r\n\r\n")
+		}, nil)
+		var got []byte
+		sizes := map[int]bool{}
+		for {
+			p := make([]byte, 1+rng.IntN(40<<10))
+			n, err := resp.Body.Read(p)
+			got = append(got, p[:n]...)
+			if err == nil {
+				sizes[resp.Body.(*h1Body).c.br.Size()] = true
+			}
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("seed %d: after %d bytes: %v", seed, len(got), err)
+			}
+		}
+		if string(got) != want.String() {
+			t.Fatalf("seed %d: %d bytes arrived, want %d, first difference at %d", seed, len(got), want.Len(), firstDiff(got, want.String()))
+		}
+		if !sizes[h1BurstBuffer] {
+			t.Fatalf("seed %d: the burst buffer was never taken (%v)", seed, sizes)
+		}
+	}
+}
+
+func firstDiff(a []byte, b string) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}

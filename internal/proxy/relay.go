@@ -60,9 +60,11 @@ func Relay(ctx context.Context, w http.ResponseWriter, body io.Reader, o RelayOp
 	pool := &bufPool
 	if o.Stream {
 		pool = &streamBufPool
+		openStreams.Add(1)
+		defer openStreams.Add(-1)
 	}
 	bp := pool.get()
-	defer pool.put(bp)
+	defer func() { pool.put(bp) }()
 	buf := *bp
 	fl, _ := w.(interface{ FlushError() error }) // FlushNext, without its frame
 	res := RelayResult{DownstreamOK: true, AtEventBoundary: true}
@@ -109,6 +111,11 @@ func Relay(ctx context.Context, w http.ResponseWriter, body io.Reader, o RelayOp
 				if o.OnFirstByte != nil {
 					o.OnFirstByte()
 				}
+			}
+			if next := streamPool(pool, n); next != pool { // nothing points into buf now
+				pool.put(bp)
+				pool, bp = next, next.get()
+				buf = *bp
 			}
 		}
 		if err == nil {
@@ -188,16 +195,50 @@ func WriteSSEError(w http.ResponseWriter, res RelayResult, status int, message s
 // bufSize is the read size of a non-streaming body; a bigger buffer only
 // helps large bodies. streamBufSize is an event stream's: vLLM's token
 // events are a few hundred bytes, and 4096 open streams hold 4096 buffers.
+// burstBufSize is an event stream's while its worker sends faster than
+// the stream is relayed (see streamPool).
 const (
 	bufSize       = 16 << 10
 	streamBufSize = 4 << 10
+	burstBufSize  = h1BurstBuffer
 )
 
-// bufPool and streamBufPool bound the retained relay buffers (1024 each).
+// openStreams counts the event streams being relayed. A stream moves to
+// the burst buffers (relay's and connection's, 64 KiB together) only
+// while at most burstStreams are open, which bounds what bursts add to the
+// router's memory (about 16 MiB) however many streams are open: thousands
+// of open streams keep the small buffers.
+var openStreams atomic.Int64
+
+const burstStreams = 256
+
+// burstAllowed reports whether a stream may move to the burst buffers.
+func burstAllowed() bool { return openStreams.Load() <= burstStreams }
+
+// bufPool, streamBufPool and burstBufPool bound the retained relay
+// buffers.
 var (
 	bufPool       = relayPool{c: make(chan *[]byte, 1024), size: bufSize}
 	streamBufPool = relayPool{c: make(chan *[]byte, 1024), size: streamBufSize}
+	burstBufPool  = relayPool{c: make(chan *[]byte, 256), size: burstBufSize}
 )
+
+// streamPool is the pool of an event stream's next read buffer after a
+// read of n bytes from one of pool's: a read that filled the small buffer
+// (a worker bursting its events, or a relay behind on a busy machine) moves
+// the stream to the burst size, so that one read and one client write
+// carry what took eight; a read smaller than the small buffer moves it
+// back. A paced stream (an event or a few per read) never leaves the small
+// buffer. Other bodies keep their pool.
+func streamPool(pool *relayPool, n int) *relayPool {
+	switch {
+	case pool == &streamBufPool && n == streamBufSize && burstAllowed():
+		return &burstBufPool
+	case pool == &burstBufPool && n < streamBufSize:
+		return &streamBufPool
+	}
+	return pool
+}
 
 type relayPool struct {
 	c    chan *[]byte

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -58,27 +59,57 @@ func TestRelayCopiesInOrderAndFlushes(t *testing.T) {
 	}
 }
 
-// TestRelayBufferSizes: a stream is read in 4 KiB pieces, any other body
-// in 16 KiB ones; either way a body larger than the buffer arrives whole.
+// TestRelayBufferSizes: a stream is read in 4 KiB pieces until one fills
+// its buffer, then in burst-sized ones (32 KiB) until one fits the small
+// buffer again, unless more than burstStreams streams are open; any other
+// body is read in 16 KiB pieces. A body larger than the buffer arrives
+// whole either way.
 func TestRelayBufferSizes(t *testing.T) {
-	event := "data: " + strings.Repeat("x", 20<<10) + "\n\n"
+	big := "data: " + strings.Repeat("x", 40<<10) + "\n\n"
+	small := "data: y\n\n"
 	for _, tc := range []struct {
+		name   string
 		stream bool
-		max    int
-	}{{true, streamBufSize}, {false, bufSize}} {
-		rec := httptest.NewRecorder()
-		largest := 0
-		res := Relay(context.Background(), rec, strings.NewReader(event), RelayOptions{
-			Stream:  tc.stream,
-			Observe: func(b []byte) { largest = max(largest, len(b)) },
+		open   int64 // streams counted open besides this one
+		chunks []string
+		reads  []int
+	}{
+		{"stream", true, 0, []string{big, small, big}, []int{4096, 32768, 4104, 9, 4096, 32768, 4104}},
+		{"stream, too many open", true, burstStreams, []string{big}, []int{4096, 4096, 4096, 4096, 4096, 4096, 4096, 4096, 4096, 4096, 8}},
+		{"other body", false, 0, []string{big}, []int{16384, 16384, 8200}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			openStreams.Add(tc.open)
+			defer openStreams.Add(-tc.open)
+			rec := httptest.NewRecorder()
+			var reads []int
+			res := Relay(context.Background(), rec, &pieceReader{pieces: slices.Clone(tc.chunks)}, RelayOptions{
+				Stream:  tc.stream,
+				Observe: func(b []byte) { reads = append(reads, len(b)) },
+			})
+			if rec.Body.String() != strings.Join(tc.chunks, "") || res.UpstreamErr != nil || !res.AtEventBoundary {
+				t.Fatalf("%d bytes relayed, %+v", rec.Body.Len(), res)
+			}
+			if !slices.Equal(reads, tc.reads) {
+				t.Fatalf("reads %v, want %v", reads, tc.reads)
+			}
 		})
-		if rec.Body.String() != event || res.UpstreamErr != nil || !res.AtEventBoundary {
-			t.Fatalf("stream %v: %d of %d bytes relayed, %+v", tc.stream, rec.Body.Len(), len(event), res)
-		}
-		if largest != tc.max {
-			t.Fatalf("stream %v: largest read %d, want %d", tc.stream, largest, tc.max)
-		}
 	}
+}
+
+// pieceReader returns each piece in as many reads as the caller's buffer
+// needs, never two pieces in one read.
+type pieceReader struct{ pieces []string }
+
+func (r *pieceReader) Read(p []byte) (int, error) {
+	if len(r.pieces) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.pieces[0])
+	if r.pieces[0] = r.pieces[0][n:]; r.pieces[0] == "" {
+		r.pieces = r.pieces[1:]
+	}
+	return n, nil
 }
 
 func TestRelayEventBoundary(t *testing.T) {
