@@ -220,14 +220,20 @@ func (c *h1Conn) detach() {
 	if !c.attached || c.rc == nil || c.br.Buffered() > 0 {
 		return
 	}
+	c.bufs().Put(c.takeBuffer())
+	c.burst = false // the next response starts small
+}
+
+// takeBuffer detaches br's buffer, whatever it holds, and returns it in
+// its carrier, for the caller to give back to its pool.
+func (c *h1Conn) takeBuffer() *bufio.Reader {
 	r := c.spare
 	*r = *c.br
 	r.Reset(nil)
 	*c.br = bufio.Reader{}
 	c.spare = nil
 	c.attached = false
-	c.bufs().Put(r)
-	c.burst = false // the next response starts small
+	return r
 }
 
 // bufs is the pool of the buffer size the connection reads with.
@@ -253,11 +259,7 @@ func (c *h1Conn) resize() {
 	if k > 0 {
 		c.carry, _ = c.br.Peek(k) // in the old buffer, kept out of its pool until read back
 	}
-	pool, old := c.bufs(), c.spare
-	*old = *c.br
-	old.Reset(nil)
-	*c.br = bufio.Reader{}
-	c.attached = false
+	pool, old := c.bufs(), c.takeBuffer()
 	c.burst = !c.burst
 	c.attach()
 	if k > 0 {
