@@ -17,6 +17,7 @@
 set -euo pipefail
 mode=$1; secs=$2; reps=$3; conns=$4; shift 4
 [ $# -gt 0 ] || { echo "usage: $0 regular|pd SECONDS REPEATS CONNS LABEL=BIN_DIR[:ENV=V...] ..." >&2; exit 2; }
+case $mode in regular | pd) ;; *) echo "mode must be regular or pd: the routers share one fleet" >&2; exit 2 ;; esac
 dir=$(mktemp -d); pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"' EXIT
 . "$(dirname "$0")/lib/bench.sh"
