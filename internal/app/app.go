@@ -412,13 +412,68 @@ func (a *app) newPolicy(name string) (policy.Policy, error) {
 	return p, nil
 }
 
+// buildServer builds the HTTP server, the mode's dispatchers and the
+// workers' health checker from the flags.
 func (a *app) buildServer(ctx context.Context) error {
 	cfg := a.cfg
-	retry := cfg.EffectiveRetry()
 	a.panic = &worker.Panic{Disabled: !cfg.PanicRouting, Logger: a.log,
 		OnPick: func(r worker.Role) { a.m.PanicRouted.WithLabelValues(r.String()).Inc() }}
 	a.migm = migrate.NewMetrics(a.m.Registry)
-	ropts := proxy.RegularOptions{
+	ropts := a.regularOptions()
+	sopts := a.serverOptions()
+	if cfg.FlowControl {
+		fc, err := flowConfig(cfg)
+		if err != nil {
+			return err
+		}
+		sopts.Flow = fc
+	}
+	var err error
+	switch cfg.Mode() {
+	case config.ModeIGW:
+		err = a.buildIGW(&sopts, ropts)
+	case config.ModeOpenAI:
+		err = a.buildOpenAI(&sopts, ropts)
+	case config.ModeVLLMPD:
+		err = a.buildPD(&sopts, ropts)
+	default:
+		err = a.buildRegular(&sopts, ropts)
+	}
+	if err != nil {
+		return err
+	}
+	if cfg.ServiceDiscovery {
+		if err := a.buildKube(&sopts); err != nil {
+			return err
+		}
+	}
+	a.health = a.newHealthChecker()
+	if a.kvs != nil {
+		sopts.Sections = map[string]func() any{"kv_aware": a.kvStatus}
+	}
+	given := sopts.LoRAChanged
+	sopts.LoRAChanged = func(name string, models []string) {
+		if given != nil {
+			given(name, models)
+		}
+		if len(models) > 0 {
+			a.noteLoRA(name)
+		}
+	}
+	srv, err := server.New(sopts)
+	if err != nil {
+		return err
+	}
+	a.srv = srv
+	return nil
+}
+
+// regularOptions are the regular dispatcher's options from the flags (its
+// Role and Policy are the mode's to set).
+func (a *app) regularOptions() proxy.RegularOptions {
+	cfg := a.cfg
+	retry := cfg.EffectiveRetry()
+	return proxy.RegularOptions{
 		MaxMigrations:     cfg.MaxMigrations,
 		MigrationMetrics:  a.migm,
 		Panic:             a.panic,
@@ -439,7 +494,13 @@ func (a *app) buildServer(ctx context.Context) error {
 		Metrics:           a.m,
 		Logger:            a.log,
 	}
-	sopts := server.Options{
+}
+
+// serverOptions are the HTTP server's options from the flags (its mode,
+// dispatchers and the mode's extras are the mode's to set).
+func (a *app) serverOptions() server.Options {
+	cfg := a.cfg
+	return server.Options{
 		Registry:                   a.reg,
 		Upstream:                   a.client,
 		AddWorker:                  a.adminAdd,
@@ -467,94 +528,93 @@ func (a *app) buildServer(ctx context.Context) error {
 		APIKey:                     cfg.APIKey,
 		ForwardClientAuthorization: cfg.ForwardClientAuthorization,
 	}
-	if cfg.FlowControl {
-		fc, err := flowConfig(cfg)
-		if err != nil {
-			return err
-		}
-		sopts.Flow = fc
-	}
+}
 
-	if cfg.Mode() == config.ModeIGW {
-		if err := a.buildIGW(&sopts, ropts); err != nil {
-			return err
-		}
-	} else if cfg.Mode() == config.ModeOpenAI {
-		b, err := upstream.New(upstream.Options{
-			Worker:            a.upstream,
-			Client:            a.proxyClient(),
-			APIKey:            cfg.APIKey,
-			ForwardClientAuth: cfg.ForwardClientAuthorization,
-			Retry:             ropts.Retry,
-			RequestTimeout:    cfg.RequestTimeout(),
-			StreamIdleTimeout: cfg.StreamIdleTimeout(),
-			Metrics:           a.m,
-			Logger:            a.log,
-		})
-		if err != nil {
-			return err
-		}
-		sopts.Mode = server.ModeRegular
-		sopts.Generate = b
-		sopts.Policies = map[string]string{"backend": config.BackendOpenAI}
-	} else if cfg.Mode() == config.ModeVLLMPD {
-		pp, err := a.newPolicy(cfg.EffectivePrefillPolicy())
-		if err != nil {
-			return fmt.Errorf("--prefill-policy: %w", err)
-		}
-		dp, err := a.newPolicy(cfg.EffectiveDecodePolicy())
-		if err != nil {
-			return fmt.Errorf("--decode-policy: %w", err)
-		}
-		eng, err := pd.New(a.pdOptions(pp, dp))
-		if err != nil {
-			return err
-		}
-		a.engine = eng
-		a.closers = append(a.closers, eng.Close)
-		// Non-generation endpoints (tokenize, embeddings, unknown paths)
-		// go to prefill workers, which serve plain requests like any vLLM.
-		ropts.Role = worker.RolePrefill
-		ropts.Policy = pp
-		pass := proxy.NewRegular(ropts)
-		sopts.Mode = server.ModePD
-		sopts.Generate = eng
-		sopts.Passthrough = http.HandlerFunc(pass.ServePassthrough)
-		sopts.Ready = eng.Ready
-		sopts.PDStatus = func() any { return eng.Status() }
-		sopts.Profile = eng.ServeProfile
-		sopts.Policies = map[string]string{"policy": cfg.Policy, "prefill": cfg.EffectivePrefillPolicy(), "decode": cfg.EffectiveDecodePolicy()}
-		if cfg.VLLMDiscoveryAddress != "" {
-			if err := a.buildZMQ(&sopts, nil); err != nil {
-				return err
-			}
-		}
-	} else {
-		p, err := a.newPolicy(cfg.Policy)
-		if err != nil {
-			return fmt.Errorf("--policy: %w", err)
-		}
-		ropts.Role = worker.RoleRegular
-		ropts.Policy = p
-		if sopts.Flow != nil {
-			if st := admission.NewSteer(sopts.Flow.Saturation); st != nil {
-				ropts.Steer = st // the prefill rules (regular mode only)
-			}
-		}
-		reg := proxy.NewRegular(ropts)
-		sopts.Mode = server.ModeRegular
-		sopts.Generate = reg
-		sopts.Passthrough = http.HandlerFunc(reg.ServePassthrough)
-		sopts.Policies = map[string]string{"policy": cfg.Policy}
+// buildOpenAI sets the server up for --backend openai: one upstream.
+func (a *app) buildOpenAI(sopts *server.Options, ropts proxy.RegularOptions) error {
+	cfg := a.cfg
+	b, err := upstream.New(upstream.Options{
+		Worker:            a.upstream,
+		Client:            a.proxyClient(),
+		APIKey:            cfg.APIKey,
+		ForwardClientAuth: cfg.ForwardClientAuthorization,
+		Retry:             ropts.Retry,
+		RequestTimeout:    cfg.RequestTimeout(),
+		StreamIdleTimeout: cfg.StreamIdleTimeout(),
+		Metrics:           a.m,
+		Logger:            a.log,
+	})
+	if err != nil {
+		return err
 	}
+	sopts.Mode = server.ModeRegular
+	sopts.Generate = b
+	sopts.Policies = map[string]string{"backend": config.BackendOpenAI}
+	return nil
+}
 
-	if cfg.ServiceDiscovery {
-		if err := a.buildKube(&sopts); err != nil {
-			return err
+// buildPD sets the server up for --vllm-pd-disaggregation: the PD engine
+// for generation, prefill workers for the other routes, and ZMQ discovery
+// when it is on.
+func (a *app) buildPD(sopts *server.Options, ropts proxy.RegularOptions) error {
+	cfg := a.cfg
+	pp, err := a.newPolicy(cfg.EffectivePrefillPolicy())
+	if err != nil {
+		return fmt.Errorf("--prefill-policy: %w", err)
+	}
+	dp, err := a.newPolicy(cfg.EffectiveDecodePolicy())
+	if err != nil {
+		return fmt.Errorf("--decode-policy: %w", err)
+	}
+	eng, err := pd.New(a.pdOptions(pp, dp))
+	if err != nil {
+		return err
+	}
+	a.engine = eng
+	a.closers = append(a.closers, eng.Close)
+	// Non-generation endpoints (tokenize, embeddings, unknown paths)
+	// go to prefill workers, which serve plain requests like any vLLM.
+	ropts.Role = worker.RolePrefill
+	ropts.Policy = pp
+	pass := proxy.NewRegular(ropts)
+	sopts.Mode = server.ModePD
+	sopts.Generate = eng
+	sopts.Passthrough = http.HandlerFunc(pass.ServePassthrough)
+	sopts.Ready = eng.Ready
+	sopts.PDStatus = func() any { return eng.Status() }
+	sopts.Profile = eng.ServeProfile
+	sopts.Policies = map[string]string{"policy": cfg.Policy, "prefill": cfg.EffectivePrefillPolicy(), "decode": cfg.EffectiveDecodePolicy()}
+	if cfg.VLLMDiscoveryAddress != "" {
+		return a.buildZMQ(sopts, nil)
+	}
+	return nil
+}
+
+// buildRegular sets the server up for regular mode: one policy over the
+// workers, with flow control's prefill rules when they are on.
+func (a *app) buildRegular(sopts *server.Options, ropts proxy.RegularOptions) error {
+	p, err := a.newPolicy(a.cfg.Policy)
+	if err != nil {
+		return fmt.Errorf("--policy: %w", err)
+	}
+	ropts.Role = worker.RoleRegular
+	ropts.Policy = p
+	if sopts.Flow != nil {
+		if st := admission.NewSteer(sopts.Flow.Saturation); st != nil {
+			ropts.Steer = st // the prefill rules (regular mode only)
 		}
 	}
+	reg := proxy.NewRegular(ropts)
+	sopts.Mode = server.ModeRegular
+	sopts.Generate = reg
+	sopts.Passthrough = http.HandlerFunc(reg.ServePassthrough)
+	sopts.Policies = map[string]string{"policy": a.cfg.Policy}
+	return nil
+}
 
-	a.health = health.NewChecker(health.Options{
+// newHealthChecker is the workers' health checker from the flags.
+func (a *app) newHealthChecker() *health.Checker {
+	return health.NewChecker(health.Options{
 		Registry:         a.reg,
 		Client:           a.client,
 		Interval:         a.cfg.HealthCheckInterval(),
@@ -572,24 +632,6 @@ func (a *app) buildServer(ctx context.Context) error {
 		WhileHealthy:         a.followAdapters,
 		HoldNew:              a.holdForLoRA,
 	})
-	if a.kvs != nil {
-		sopts.Sections = map[string]func() any{"kv_aware": a.kvStatus}
-	}
-	given := sopts.LoRAChanged
-	sopts.LoRAChanged = func(name string, models []string) {
-		if given != nil {
-			given(name, models)
-		}
-		if len(models) > 0 {
-			a.noteLoRA(name)
-		}
-	}
-	srv, err := server.New(sopts)
-	if err != nil {
-		return err
-	}
-	a.srv = srv
-	return nil
 }
 
 // startTracing starts OpenTelemetry tracing when --enable-trace is set; the

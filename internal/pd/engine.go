@@ -177,53 +177,13 @@ var _ proxy.Dispatcher = (*Engine)(nil)
 // New validates o and returns an engine. With the Mooncake connector it
 // starts background bootstrap queries; call Close to stop them.
 func New(o Options) (*Engine, error) {
-	if o.Registry == nil {
-		return nil, errors.New("pd: Options.Registry is required")
-	}
-	if o.PrefillPolicy == nil || o.DecodePolicy == nil {
-		return nil, errors.New("pd: Options.PrefillPolicy and Options.DecodePolicy are required")
-	}
-	switch o.OutputLength {
-	case "":
-		o.OutputLength = OutputExact
-	case OutputExact, OutputToyProxy:
-	default:
-		return nil, fmt.Errorf("pd: unknown output length policy %q (want exact or toy-proxy)", o.OutputLength)
+	if err := o.normalize(); err != nil {
+		return nil, err
 	}
 	var own *proxy.H1Transport
 	if o.Client == nil {
 		own = proxy.NewH1Transport(proxy.TransportOptions{})
 		o.Client = &http.Client{Transport: own}
-	}
-	if o.MaxFailovers < 0 {
-		o.MaxFailovers = 0
-	}
-	if o.ProfileTimeout <= 0 {
-		o.ProfileTimeout = 10 * time.Second
-	}
-	if o.MooncakeBootstrapPort <= 0 {
-		o.MooncakeBootstrapPort = 8998
-	}
-	if o.BootstrapBackoff <= 0 {
-		o.BootstrapBackoff = time.Second
-	}
-	if o.BootstrapMaxBackoff <= 0 {
-		o.BootstrapMaxBackoff = 10 * time.Second
-	}
-	if o.BootstrapMaxBackoff < o.BootstrapBackoff {
-		o.BootstrapMaxBackoff = o.BootstrapBackoff
-	}
-	if o.BootstrapRefresh <= 0 {
-		o.BootstrapRefresh = 60 * time.Second
-	}
-	if o.BootstrapTimeout <= 0 {
-		o.BootstrapTimeout = 5 * time.Second
-	}
-	if o.Now == nil {
-		o.Now = time.Now
-	}
-	if o.NewID == nil {
-		o.NewID = randomUUID
 	}
 	log := o.Logger
 	if log == nil {
@@ -240,17 +200,6 @@ func New(o Options) (*Engine, error) {
 	}
 	e.pairs = newPairHealth(o.PairFailureThreshold, o.PairCooldown, probeTTL, o.Now)
 	e.down = map[*worker.Worker]chan struct{}{}
-	if o.Warmup {
-		e.warm = newWarmer(e)
-	}
-	e.unsub = o.Registry.Subscribe(func(c worker.Change) {
-		for _, w := range c.Removed {
-			e.markDown(w)
-		}
-		if e.warm != nil {
-			e.warm.changed(c)
-		}
-	})
 	for _, h := range o.HashHeaders {
 		e.hash = append(e.hash, http.CanonicalHeaderKey(strings.TrimSpace(h)))
 	}
@@ -262,6 +211,10 @@ func New(o Options) (*Engine, error) {
 		return nil, err
 	}
 	e.conn = conn
+	if o.Warmup {
+		e.warm = newWarmer(e)
+	}
+	e.unsub = o.Registry.Subscribe(e.registryChanged)
 	if e.boot != nil {
 		e.boot.start()
 	}
@@ -269,6 +222,62 @@ func New(o Options) (*Engine, error) {
 		e.warm.start()
 	}
 	return e, nil
+}
+
+// normalize checks the options New requires and fills in the defaults
+// (the Client's aside: New owns the transport it makes).
+func (o *Options) normalize() error {
+	if o.Registry == nil {
+		return errors.New("pd: Options.Registry is required")
+	}
+	if o.PrefillPolicy == nil || o.DecodePolicy == nil {
+		return errors.New("pd: Options.PrefillPolicy and Options.DecodePolicy are required")
+	}
+	switch o.OutputLength {
+	case "":
+		o.OutputLength = OutputExact
+	case OutputExact, OutputToyProxy:
+	default:
+		return fmt.Errorf("pd: unknown output length policy %q (want exact or toy-proxy)", o.OutputLength)
+	}
+	o.MaxFailovers = max(o.MaxFailovers, 0)
+	if o.ProfileTimeout <= 0 {
+		o.ProfileTimeout = 10 * time.Second
+	}
+	if o.MooncakeBootstrapPort <= 0 {
+		o.MooncakeBootstrapPort = 8998
+	}
+	if o.BootstrapBackoff <= 0 {
+		o.BootstrapBackoff = time.Second
+	}
+	if o.BootstrapMaxBackoff <= 0 {
+		o.BootstrapMaxBackoff = 10 * time.Second
+	}
+	o.BootstrapMaxBackoff = max(o.BootstrapMaxBackoff, o.BootstrapBackoff)
+	if o.BootstrapRefresh <= 0 {
+		o.BootstrapRefresh = 60 * time.Second
+	}
+	if o.BootstrapTimeout <= 0 {
+		o.BootstrapTimeout = 5 * time.Second
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.NewID == nil {
+		o.NewID = randomUUID
+	}
+	return nil
+}
+
+// registryChanged follows the registry: the watchers of a removed worker
+// are woken, and the warmer hears of every change.
+func (e *Engine) registryChanged(c worker.Change) {
+	for _, w := range c.Removed {
+		e.markDown(w)
+	}
+	if e.warm != nil {
+		e.warm.changed(c)
+	}
 }
 
 // Connector returns the engine's KV connector.

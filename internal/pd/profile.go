@@ -126,17 +126,7 @@ func (e *Engine) ServeProfile(w http.ResponseWriter, r *http.Request, action str
 	if r.Body != nil {
 		body, _ = io.ReadAll(io.LimitReader(r.Body, 1<<20))
 	}
-	snap := e.o.Registry.Snapshot()
-	seen := map[string]bool{}
-	var urls []string
-	for _, ws := range [][]*worker.Worker{snap.Prefill, snap.Decode} {
-		for _, wk := range ws {
-			if !seen[wk.URL] {
-				seen[wk.URL] = true
-				urls = append(urls, wk.URL)
-			}
-		}
-	}
+	urls := profileTargets(e.o.Registry.Snapshot())
 	if len(urls) == 0 {
 		openai.WriteError(w, http.StatusServiceUnavailable, "no prefill or decode workers registered")
 		return
@@ -153,42 +143,64 @@ func (e *Engine) ServeProfile(w http.ResponseWriter, r *http.Request, action str
 	results := make([]profileResult, len(urls))
 	var wg sync.WaitGroup
 	for i, u := range urls {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			res := profileResult{Worker: u}
-			var rd io.Reader
-			if len(body) > 0 {
-				rd = bytes.NewReader(body)
-			}
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, u+"/"+action, rd)
-			if err != nil {
-				res.Error = err.Error()
-				results[i] = res
-				return
-			}
-			if len(body) > 0 {
-				req.Header.Set("Content-Type", "application/json")
-			}
-			if auth != "" {
-				req.Header.Set("Authorization", auth)
-			}
-			resp, err := e.o.Client.Do(req)
-			if err != nil {
-				res.Error = unwrapURL(err).Error()
-				results[i] = res
-				return
-			}
-			res.body, _ = io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-			resp.Body.Close()
-			res.Status, res.header = resp.StatusCode, resp.Header
-			if resp.StatusCode/100 != 2 {
-				res.Error = fmt.Sprintf("HTTP %d: %s", resp.StatusCode, snippet(res.body))
-			}
-			results[i] = res
-		}()
+		wg.Go(func() { results[i] = e.profileOne(ctx, u, action, body, auth) })
 	}
 	wg.Wait()
+	writeProfileAnswer(w, results)
+}
+
+// profileTargets are the prefill and decode workers' base URLs, once
+// each, in registry order.
+func profileTargets(snap *worker.Snapshot) []string {
+	seen := map[string]bool{}
+	var urls []string
+	for _, ws := range [][]*worker.Worker{snap.Prefill, snap.Decode} {
+		for _, wk := range ws {
+			if !seen[wk.URL] {
+				seen[wk.URL] = true
+				urls = append(urls, wk.URL)
+			}
+		}
+	}
+	return urls
+}
+
+// profileOne posts action (with body, when there is one) to the worker at
+// u.
+func (e *Engine) profileOne(ctx context.Context, u, action string, body []byte, auth string) profileResult {
+	res := profileResult{Worker: u}
+	var rd io.Reader
+	if len(body) > 0 {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u+"/"+action, rd)
+	if err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	if len(body) > 0 {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	resp, err := e.o.Client.Do(req)
+	if err != nil {
+		res.Error = unwrapURL(err).Error()
+		return res
+	}
+	res.body, _ = io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	res.Status, res.header = resp.StatusCode, resp.Header
+	if resp.StatusCode/100 != 2 {
+		res.Error = fmt.Sprintf("HTTP %d: %s", resp.StatusCode, snippet(res.body))
+	}
+	return res
+}
+
+// writeProfileAnswer answers with the first successful JSON response,
+// else the aggregate of every result (200 when one succeeded, else 502).
+func writeProfileAnswer(w http.ResponseWriter, results []profileResult) {
 	okAny := false
 	for _, res := range results {
 		if res.Error != "" {

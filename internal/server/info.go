@@ -198,29 +198,54 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 	}
 	only := modelList{Object: "list", Data: append([]json.RawMessage{}, extra...)}
 	snap := s.reg.Snapshot()
-	if len(snap.All) == 0 {
-		if len(extra) > 0 {
-			writeJSON(w, http.StatusOK, only)
-			return
-		}
-		s.writeError(w, r, http.StatusServiceUnavailable, "no_available_workers", "No workers available")
-		return
+	var urls []string
+	noWorkers := "No workers available"
+	if len(snap.All) > 0 {
+		urls = instanceURLs(snap, true, s.infoRoles()...)
+		noWorkers = "No healthy workers available"
 	}
-	urls := instanceURLs(snap, true, s.infoRoles()...)
 	if len(urls) == 0 {
 		if len(extra) > 0 {
 			writeJSON(w, http.StatusOK, only)
 			return
 		}
-		s.writeError(w, r, http.StatusServiceUnavailable, "no_available_workers", "No healthy workers available")
+		s.writeError(w, r, http.StatusServiceUnavailable, "no_available_workers", noWorkers)
 		return
 	}
-	type answer struct {
-		list   modelList
-		status int
-		err    error
+	m := mergeModels(urls, s.fetchModelLists(r, urls), extra)
+	if m.answered > 0 {
+		if len(m.errs) > 0 {
+			s.log.Warn("/v1/models: some workers did not answer", "request_id", RequestID(r.Context()), "errors", m.errs)
+		}
+		writeJSON(w, http.StatusOK, m.list)
+		return
 	}
-	answers := make([]answer, len(urls))
+	switch {
+	case r.Context().Err() != nil:
+		stateFrom(r.Context()).logOnly = 499
+	case len(extra) > 0:
+		s.log.Warn("/v1/models: no worker answered; listing the upstream models only", "request_id", RequestID(r.Context()), "errors", m.errs)
+		writeJSON(w, http.StatusOK, only)
+	default:
+		status := http.StatusBadGateway
+		if m.failStatus >= 400 && m.failStatus < 500 {
+			status = m.failStatus
+		}
+		s.writeError(w, r, status, "upstream_error", "No worker answered /v1/models: "+strings.Join(m.errs, "; "))
+	}
+}
+
+// modelAnswer is one worker's answer to GET /v1/models.
+type modelAnswer struct {
+	list   modelList
+	status int
+	err    error
+}
+
+// fetchModelLists asks every url for its /v1/models, fanOutParallel at a
+// time, within UpstreamTimeout; answers are in urls' order.
+func (s *Server) fetchModelLists(r *http.Request, urls []string) []modelAnswer {
+	answers := make([]modelAnswer, len(urls))
 	ctx, cancel := context.WithTimeout(r.Context(), s.o.UpstreamTimeout)
 	defer cancel()
 	sem := make(chan struct{}, fanOutParallel)
@@ -234,56 +259,46 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 		})
 	}
 	wg.Wait()
+	return answers
+}
 
-	out := modelList{Object: "list", Data: []json.RawMessage{}}
+// mergedModels is the union of the workers' lists and how they answered.
+type mergedModels struct {
+	list       modelList
+	answered   int      // workers that answered 200
+	failStatus int      // the first HTTP error status a worker answered
+	errs       []string // "url: error" per worker that did not answer
+}
+
+// mergeModels unions the answers (deduplicated by id, first seen wins)
+// and appends extra. The extras come last, but their ids win: a worker
+// listing an upstream model's id does not serve it.
+func mergeModels(urls []string, answers []modelAnswer, extra []json.RawMessage) mergedModels {
+	m := mergedModels{list: modelList{Object: "list", Data: []json.RawMessage{}}}
 	seen := map[string]bool{}
-	answered, failStatus := 0, 0
-	var errs []string
-	// The extras are appended last, but their ids win: a worker listing an
-	// upstream model's id does not serve it.
-	for _, m := range extra {
-		seen[modelID(m)] = true
+	for _, e := range extra {
+		seen[modelID(e)] = true
 	}
 	for i, a := range answers {
 		if a.err != nil {
-			errs = append(errs, urls[i]+": "+a.err.Error())
-			if a.status >= 400 && failStatus == 0 {
-				failStatus = a.status
+			m.errs = append(m.errs, urls[i]+": "+a.err.Error())
+			if a.status >= 400 && m.failStatus == 0 {
+				m.failStatus = a.status
 			}
 			continue
 		}
-		answered++
-		for _, m := range a.list.Data {
-			id := modelID(m)
+		m.answered++
+		for _, e := range a.list.Data {
+			id := modelID(e)
 			if id == "" || seen[id] {
 				continue
 			}
 			seen[id] = true
-			out.Data = append(out.Data, m)
+			m.list.Data = append(m.list.Data, e)
 		}
 	}
-	out.Data = append(out.Data, extra...)
-	if answered == 0 {
-		if r.Context().Err() != nil {
-			stateFrom(r.Context()).logOnly = 499
-			return
-		}
-		if len(extra) > 0 {
-			s.log.Warn("/v1/models: no worker answered; listing the upstream models only", "request_id", RequestID(r.Context()), "errors", errs)
-			writeJSON(w, http.StatusOK, only)
-			return
-		}
-		status := http.StatusBadGateway
-		if failStatus >= 400 && failStatus < 500 {
-			status = failStatus
-		}
-		s.writeError(w, r, status, "upstream_error", "No worker answered /v1/models: "+strings.Join(errs, "; "))
-		return
-	}
-	if len(errs) > 0 {
-		s.log.Warn("/v1/models: some workers did not answer", "request_id", RequestID(r.Context()), "errors", errs)
-	}
-	writeJSON(w, http.StatusOK, out)
+	m.list.Data = append(m.list.Data, extra...)
+	return m
 }
 
 // modelID is a /v1/models entry's id ("" when it has none).

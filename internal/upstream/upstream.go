@@ -151,102 +151,159 @@ func (b *Backend) Dispatch(w http.ResponseWriter, r *http.Request, c *proxy.Call
 			c.Route+" is a vLLM route: an OpenAI-compatible upstream (--backend openai) does not serve it")
 		return
 	}
-	body := c.Body
-	if strippedRoutes[c.Route] {
-		var removed []string
-		body, removed = Strip(c.Obj)
-		if len(removed) > 0 {
-			b.log.Debug("removed vLLM-only fields for the OpenAI upstream", "route", c.Route, "fields", removed)
-		}
+	d := &dispatch{Backend: b, w: w, r: r, c: c, body: b.upstreamBody(c), rec: c.Receipt}
+	var cancel context.CancelFunc
+	d.ctx, cancel = b.deadline(r.Context(), c)
+	defer cancel()
+	if d.rec == nil {
+		d.rec = &proxy.Receipt{}
 	}
-	ctx := r.Context()
-	if b.o.RequestTimeout > 0 {
-		start := c.Start
-		if start.IsZero() {
-			start = time.Now()
-		}
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, start.Add(b.o.RequestTimeout))
-		defer cancel()
-	}
-	rec := c.Receipt
-	if rec == nil {
-		rec = &proxy.Receipt{}
-	}
-	wk := b.o.Worker
-	rec.Mode, rec.Policy, rec.Worker, rec.Reason = "openai", "single_upstream", wk.Key(), "--backend openai"
-	hdr := b.header(r.Header, c.Stream)
-
+	d.rec.Mode, d.rec.Policy, d.rec.Worker, d.rec.Reason = "openai", "single_upstream", b.o.Worker.Key(), "--backend openai"
+	d.hdr = b.header(r.Header, c.Stream)
 	for attempt := 1; ; attempt++ {
-		rec.Attempts = attempt
-		done, ok := wk.Breaker().Start()
-		if !ok {
-			b.writeError(w, c, http.StatusServiceUnavailable, "circuit_open",
-				fmt.Sprintf("OpenAI upstream %s: circuit breaker open after repeated failures", wk.URL))
-			return
-		}
-		release := wk.Acquire()
-		resp, actx, acancel, err := b.roundTrip(ctx, c, hdr, body, attempt)
-		if err == nil && !retryable(resp.StatusCode) {
-			b.relay(actx, w, c, resp, done)
-			acancel()
-			release()
-			return
-		}
-		// A failure before any byte reached the client.
-		var status int
-		var errBody []byte
-		var errHeader http.Header
-		if err != nil {
-			if ctx.Err() != nil {
-				err = ctx.Err()
-			}
-			done(errors.Is(err, context.Canceled)) // a client that left says nothing about the upstream
-		} else {
-			status, errHeader = resp.StatusCode, resp.Header
-			errBody = drain(resp)
-			done(status < 500)
-		}
-		acancel()
-		release()
-		if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
-			b.count(c, "client_canceled")
-			return
-		}
-		delay, again := b.retryDelay(ctx, attempt)
-		if err != nil && !(proxy.IsDialError(err) || errors.Is(err, proxy.ErrHeaderTimeout) || isTimeout(err)) || ctx.Err() != nil {
-			again = false
-		}
-		if !again {
-			if err != nil {
-				st := proxy.StatusFor(err)
-				if st == proxy.StatusClientClosed {
-					st = http.StatusGatewayTimeout
-				}
-				b.writeError(w, c, st, "upstream_error", fmt.Sprintf("OpenAI upstream %s failed after %d attempt(s): %v", wk.URL, attempt, err))
-				return
-			}
-			b.relayFailure(w, c, status, errHeader, errBody)
-			return
-		}
-		rec.Failovers = append(rec.Failovers, fmt.Sprintf("%s attempt %d: %s", wk.Key(), attempt, failureText(err, status)))
-		if b.m != nil {
-			b.m.Retries.WithLabelValues(c.Route).Inc()
-			b.m.RetryBackoff.WithLabelValues(strconv.Itoa(attempt + 1)).Observe(delay.Seconds())
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			if r.Context().Err() != nil {
-				b.count(c, "client_canceled")
-				return
-			}
-			b.writeError(w, c, http.StatusGatewayTimeout, "timeout", fmt.Sprintf("OpenAI upstream %s: request deadline passed while retrying (%s)", wk.URL, failureText(err, status)))
+		d.rec.Attempts = attempt
+		f, answered := d.try(attempt)
+		if answered || !d.retry(f, attempt) {
 			return
 		}
 	}
+}
+
+// dispatch is one client request on its way to the upstream: what its
+// attempts share.
+type dispatch struct {
+	*Backend
+	w    http.ResponseWriter
+	r    *http.Request
+	c    *proxy.Call
+	ctx  context.Context // r's, bounded by RequestTimeout
+	rec  *proxy.Receipt
+	hdr  http.Header
+	body []byte
+}
+
+// failure is an attempt that failed before any byte reached the client: a
+// transport error, or a retryable status with its drained answer.
+type failure struct {
+	err    error
+	status int
+	header http.Header
+	body   []byte
+}
+
+// upstreamBody is the body to send: the client's, without VLLMOnlyFields
+// on the routes that strip them.
+func (b *Backend) upstreamBody(c *proxy.Call) []byte {
+	if !strippedRoutes[c.Route] {
+		return c.Body
+	}
+	body, removed := Strip(c.Obj)
+	if len(removed) > 0 {
+		b.log.Debug("removed vLLM-only fields for the OpenAI upstream", "route", c.Route, "fields", removed)
+	}
+	return body
+}
+
+// deadline bounds ctx by RequestTimeout from the request's start.
+func (b *Backend) deadline(ctx context.Context, c *proxy.Call) (context.Context, context.CancelFunc) {
+	if b.o.RequestTimeout <= 0 {
+		return ctx, func() {}
+	}
+	start := c.Start
+	if start.IsZero() {
+		start = time.Now()
+	}
+	return context.WithDeadline(ctx, start.Add(b.o.RequestTimeout))
+}
+
+// try makes one attempt behind the upstream's breaker. It reports true
+// when the client has its answer (the upstream's, relayed, or the open
+// breaker's refusal), else what failed.
+func (d *dispatch) try(attempt int) (failure, bool) {
+	wk := d.o.Worker
+	done, ok := wk.Breaker().Start()
+	if !ok {
+		d.writeError(d.w, d.c, http.StatusServiceUnavailable, "circuit_open",
+			fmt.Sprintf("OpenAI upstream %s: circuit breaker open after repeated failures", wk.URL))
+		return failure{}, true
+	}
+	release := wk.Acquire()
+	defer release()
+	resp, actx, acancel, err := d.roundTrip(d.ctx, d.c, d.hdr, d.body, attempt)
+	defer acancel()
+	if err == nil && !retryable(resp.StatusCode) {
+		d.relay(actx, d.w, d.c, resp, done)
+		return failure{}, true
+	}
+	if err != nil {
+		if d.ctx.Err() != nil {
+			err = d.ctx.Err()
+		}
+		done(errors.Is(err, context.Canceled)) // a client that left says nothing about the upstream
+		return failure{err: err}, false
+	}
+	f := failure{status: resp.StatusCode, header: resp.Header, body: drain(resp)}
+	done(f.status < 500)
+	return f, false
+}
+
+// retry follows failed attempt number attempt: true after the backoff
+// when another attempt may go, else false with the client answered (or
+// gone).
+func (d *dispatch) retry(f failure, attempt int) bool {
+	if errors.Is(f.err, context.Canceled) && d.r.Context().Err() != nil {
+		d.count(d.c, "client_canceled")
+		return false
+	}
+	delay, again := d.retryDelay(d.ctx, attempt)
+	if f.err != nil && !(proxy.IsDialError(f.err) || errors.Is(f.err, proxy.ErrHeaderTimeout) || isTimeout(f.err)) || d.ctx.Err() != nil {
+		again = false
+	}
+	if !again {
+		d.giveUp(f, attempt)
+		return false
+	}
+	wk := d.o.Worker
+	d.rec.Failovers = append(d.rec.Failovers, fmt.Sprintf("%s attempt %d: %s", wk.Key(), attempt, failureText(f.err, f.status)))
+	if d.m != nil {
+		d.m.Retries.WithLabelValues(d.c.Route).Inc()
+		d.m.RetryBackoff.WithLabelValues(strconv.Itoa(attempt + 1)).Observe(delay.Seconds())
+	}
+	return d.backoff(f, delay)
+}
+
+// giveUp answers the client with the last failure: a transport error as
+// the router's error, an upstream status as the upstream gave it.
+func (d *dispatch) giveUp(f failure, attempt int) {
+	if f.err == nil {
+		d.relayFailure(d.w, d.c, f.status, f.header, f.body)
+		return
+	}
+	st := proxy.StatusFor(f.err)
+	if st == proxy.StatusClientClosed {
+		st = http.StatusGatewayTimeout
+	}
+	d.writeError(d.w, d.c, st, "upstream_error",
+		fmt.Sprintf("OpenAI upstream %s failed after %d attempt(s): %v", d.o.Worker.URL, attempt, f.err))
+}
+
+// backoff waits delay before the next attempt: false when the client left
+// or the request's deadline passed first (the client is then answered).
+func (d *dispatch) backoff(f failure, delay time.Duration) bool {
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-d.ctx.Done():
+	}
+	if d.r.Context().Err() != nil {
+		d.count(d.c, "client_canceled")
+		return false
+	}
+	d.writeError(d.w, d.c, http.StatusGatewayTimeout, "timeout",
+		fmt.Sprintf("OpenAI upstream %s: request deadline passed while retrying (%s)", d.o.Worker.URL, failureText(f.err, f.status)))
+	return false
 }
 
 func failureText(err error, status int) string {

@@ -149,6 +149,46 @@ var klogOnce sync.Once
 
 // New validates opts and builds the informers. It starts nothing: Run does.
 func New(opts Options) (*Source, error) {
+	errs := opts.normalize()
+	sels, serrs := opts.roleSelectors()
+	errs = append(errs, serrs...)
+	selectors := make([]labels.Selector, 0, len(sels))
+	for _, rs := range sels {
+		sel, err := labels.ValidatedSelectorFromSet(rs.set)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", rs.flag, err))
+		}
+		selectors = append(selectors, sel)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("kubernetes discovery: %w", err)
+	}
+
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	} else {
+		klogOnce.Do(func() { routeKlog(opts.Logger) })
+	}
+	s := &Source{
+		opts: opts, log: log,
+		pods: map[string]*podState{},
+		kick: make(chan struct{}, 1),
+	}
+	for i, rs := range sels {
+		if err := s.addWatcher(i, rs.role, selectors[i]); err != nil {
+			return nil, fmt.Errorf("kubernetes discovery: %w", err)
+		}
+	}
+	if (opts.PD || opts.Models) && len(opts.PrefillSelector) > 0 && maps.Equal(opts.PrefillSelector, opts.DecodeSelector) {
+		log.Warn("kubernetes discovery: the prefill and decode selectors are equal; every selected pod is a prefill")
+	}
+	return s, nil
+}
+
+// normalize fills in the defaults and reports what is missing or out of
+// range (the selectors aside).
+func (opts *Options) normalize() []error {
 	var errs []error
 	if opts.Clientset == nil {
 		errs = append(errs, errors.New("a Kubernetes clientset is required"))
@@ -178,13 +218,21 @@ func New(opts Options) (*Source, error) {
 	if opts.SyncTimeout <= 0 {
 		opts.SyncTimeout = DefaultSyncTimeout
 	}
+	return errs
+}
 
-	type roleSel struct {
-		role worker.Role
-		flag string
-		set  map[string]string
-	}
+// roleSel is one role's label selector and the flag that set it.
+type roleSel struct {
+	role worker.Role
+	flag string
+	set  map[string]string
+}
+
+// roleSelectors are the selectors the mode watches, one informer each,
+// and what the mode's selectors lack or must not have.
+func (opts *Options) roleSelectors() ([]roleSel, []error) {
 	var sels []roleSel
+	var errs []error
 	switch {
 	case opts.Models:
 		if len(opts.Selector) == 0 && len(opts.PrefillSelector) == 0 && len(opts.DecodeSelector) == 0 {
@@ -221,50 +269,27 @@ func New(opts Options) (*Source, error) {
 		}
 		sels = append(sels, roleSel{worker.RoleRegular, "selector", opts.Selector})
 	}
-	var selectors []labels.Selector
-	for _, rs := range sels {
-		sel, err := labels.ValidatedSelectorFromSet(rs.set)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", rs.flag, err))
-		}
-		selectors = append(selectors, sel)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("kubernetes discovery: %w", err)
-	}
+	return sels, errs
+}
 
-	log := opts.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	} else {
-		klogOnce.Do(func() { routeKlog(opts.Logger) })
+// addWatcher builds watcher i: a pod informer for role's selector.
+func (s *Source) addWatcher(i int, role worker.Role, selector labels.Selector) error {
+	sel := selector.String()
+	// A shared pod informer per selector (not a SharedInformerFactory:
+	// the factory links every API group's informers into the binary).
+	inf := coreinformers.NewFilteredPodInformer(s.opts.Clientset, s.opts.Namespace, s.opts.Resync, cache.Indexers{},
+		func(o *metav1.ListOptions) { o.LabelSelector = sel })
+	w := &watcher{idx: i, role: role, selector: selector, informer: inf}
+	if err := errors.Join(
+		inf.SetTransform(slimPod),
+		inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+			s.watchError(w, err)
+		}),
+	); err != nil {
+		return err
 	}
-	s := &Source{
-		opts: opts, log: log,
-		pods: map[string]*podState{},
-		kick: make(chan struct{}, 1),
-	}
-	for i, rs := range sels {
-		sel := selectors[i].String()
-		// A shared pod informer per selector (not a SharedInformerFactory:
-		// the factory links every API group's informers into the binary).
-		inf := coreinformers.NewFilteredPodInformer(opts.Clientset, opts.Namespace, opts.Resync, cache.Indexers{},
-			func(o *metav1.ListOptions) { o.LabelSelector = sel })
-		w := &watcher{idx: i, role: rs.role, selector: selectors[i], informer: inf}
-		if err := errors.Join(
-			inf.SetTransform(slimPod),
-			inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
-				s.watchError(w, err)
-			}),
-		); err != nil {
-			return nil, fmt.Errorf("kubernetes discovery: %w", err)
-		}
-		s.watchers = append(s.watchers, w)
-	}
-	if (opts.PD || opts.Models) && len(opts.PrefillSelector) > 0 && maps.Equal(opts.PrefillSelector, opts.DecodeSelector) {
-		log.Warn("kubernetes discovery: the prefill and decode selectors are equal; every selected pod is a prefill")
-	}
-	return s, nil
+	s.watchers = append(s.watchers, w)
+	return nil
 }
 
 // Run starts the informers, waits (bounded by SyncTimeout) for the initial

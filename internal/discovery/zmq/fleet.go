@@ -87,17 +87,7 @@ func (f *fleet) observe(r Registration, identity string, now time.Time) (outcome
 
 	e := f.byKey[r.HTTPAddress]
 	if e != nil && e.reg == r && f.inRegistry(e) {
-		// The steady state: a heartbeat. Refresh only; the Workers (and their
-		// load, health and breaker state) stay.
-		e.lastSeen = now
-		e.identity = identity
-		for _, w := range e.workers {
-			w.Touch(now)
-		}
-		f.countRegistration(r)
-		if f.log.Enabled(context.Background(), slog.LevelDebug) {
-			f.log.Debug("zmq discovery: heartbeat", "http_address", r.HTTPAddress, "role", r.Role.String())
-		}
+		f.heartbeat(e, identity, now)
 		return outRefreshed, ""
 	}
 	if e == nil {
@@ -108,35 +98,63 @@ func (f *fleet) observe(r Registration, identity string, now time.Time) (outcome
 			return outDropped, ReasonConflict
 		}
 	}
+	held, note := f.gate(e, r)
+	ws := f.upsertWorkers(r, held, note, now)
+	out := f.retire(e, r, held, identity)
+	f.install(e, r, ws, held, identity, now)
+	return out, ""
+}
 
-	held, note := false, ""
-	if f.gated {
-		live := f.routableIn(f.mode)
-		if e != nil && !e.held && e.reg.TransferMode == f.mode {
-			live-- // the entry being replaced no longer counts
-		}
-		if f.mode != "" && live > 0 && r.TransferMode != f.mode {
-			held, note = true, heldNote(r.TransferMode, f.mode)
-		}
+// heartbeat is the steady state: the instance registers as before. Only
+// its times refresh; the Workers (and their load, health and breaker
+// state) stay.
+func (f *fleet) heartbeat(e *instance, identity string, now time.Time) {
+	e.lastSeen = now
+	e.identity = identity
+	for _, w := range e.workers {
+		w.Touch(now)
 	}
-	if !held && f.gated && f.mode != r.TransferMode {
-		// This registration sets the fleet mode (the first one, or the last
-		// instance of the old mode re-registering in the new one). Switch
-		// before publishing it, so a routable worker never disagrees with
-		// FleetMode; the entry being replaced stops routing first.
+	f.countRegistration(e.reg)
+	if f.log.Enabled(context.Background(), slog.LevelDebug) {
+		f.log.Debug("zmq discovery: heartbeat", "http_address", e.reg.HTTPAddress, "role", e.reg.Role.String())
+	}
+}
+
+// gate decides whether r is held aside (its transfer mode differs from a
+// live fleet's; note says why) and, when r instead sets the fleet mode
+// (the first registration, or the last instance of the old mode
+// re-registering in the new one), switches the mode before r is
+// published, so a routable worker never disagrees with FleetMode. e is the
+// entry r replaces, if any.
+func (f *fleet) gate(e *instance, r Registration) (held bool, note string) {
+	if !f.gated {
+		return false, ""
+	}
+	live := f.routableIn(f.mode)
+	if e != nil && !e.held && e.reg.TransferMode == f.mode {
+		live-- // the entry being replaced no longer counts
+	}
+	if f.mode != "" && live > 0 && r.TransferMode != f.mode {
+		return true, heldNote(r.TransferMode, f.mode)
+	}
+	if f.mode != r.TransferMode {
 		why := "first registration"
 		if f.mode != "" {
 			why = "the last " + f.mode + " instance re-registered as " + r.TransferMode
 		}
-		if e != nil {
+		if e != nil { // the entry being replaced stops routing first
 			for _, w := range e.workers {
 				w.SetRoutable(false)
 			}
 		}
 		f.switchMode(r.TransferMode, why)
 	}
-	specs := specsFor(r)
-	ws, _ := f.reg.UpsertWith(r.HTTPAddress, specs, now, func(w *worker.Worker) {
+	return false, ""
+}
+
+// upsertWorkers puts r's workers in the registry, routable unless held.
+func (f *fleet) upsertWorkers(r Registration, held bool, note string, now time.Time) []*worker.Worker {
+	ws, _ := f.reg.UpsertWith(r.HTTPAddress, specsFor(r), now, func(w *worker.Worker) {
 		if held {
 			w.SetRoutable(false)
 			w.SetNote(note)
@@ -146,16 +164,21 @@ func (f *fleet) observe(r Registration, identity string, now time.Time) (outcome
 		w.SetRoutable(!held)
 		w.SetNote(note)
 	}
+	return ws
+}
 
-	out := outAdded
-	if e != nil && e.reg == r {
+// retire uncounts the entry e that r replaces (if any), logs the change
+// and returns its outcome.
+func (f *fleet) retire(e *instance, r Registration, held bool, identity string) outcome {
+	switch {
+	case e != nil && e.reg == r:
 		// Removed from the registry behind discovery's back (the admin API)
 		// while it keeps registering: discovery is the source of truth.
 		f.uncount(e)
 		f.log.Info("zmq discovery: instance re-added: it was removed from the registry but keeps registering",
 			"http_address", r.HTTPAddress, "role", r.Role.String(), "held", held)
-	} else if e != nil {
-		out = outReplaced
+		return outAdded
+	case e != nil:
 		f.uncount(e)
 		f.log.Info("zmq discovery: instance replaced",
 			"http_address", r.HTTPAddress, "role", r.Role.String(),
@@ -165,12 +188,19 @@ func (f *fleet) observe(r Registration, identity string, now time.Time) (outcome
 		if f.m != nil {
 			f.m.DiscoveryRemoved.WithLabelValues("replaced").Inc()
 		}
-	} else {
+		return outReplaced
+	default:
 		f.log.Info("zmq discovery: instance registered",
 			"http_address", r.HTTPAddress, "role", r.Role.String(), "zmq_address", r.ZMQAddress,
 			"dp_size", r.DPSize, "tp_size", r.TPSize, "transfer_mode", r.TransferMode,
 			"format", r.Format, "held", held, "identity", identity)
+		return outAdded
 	}
+}
+
+// install records r as the instance at its address (keeping e's first
+// sighting), counts it, and publishes the fleet.
+func (f *fleet) install(e *instance, r Registration, ws []*worker.Worker, held bool, identity string, now time.Time) {
 	f.nextSeq++
 	first := now
 	if e != nil {
@@ -192,7 +222,6 @@ func (f *fleet) observe(r Registration, identity string, now time.Time) (outcome
 	f.countRegistration(r)
 	f.reconcileLocked()
 	f.publishLocked()
-	return out, ""
 }
 
 // expire removes every instance not seen for ttl and returns how many.

@@ -367,79 +367,97 @@ func (c *guardConn) Read(p []byte) (int, error) {
 // should see of it (nothing, for a swallowed PING).
 func (c *guardConn) next() error {
 	if c.greetLeft > 0 {
-		var greet [zmtpGreetingLen]byte
-		if _, err := io.ReadFull(c.br, greet[:]); err != nil {
-			return err
-		}
-		// Signature 0xFF ... 0x7F, version 3.x, mechanism NULL. go-zeromq
-		// abandons (without closing) a connection whose greeting it rejects,
-		// so reject here and hand it a canonical greeting.
-		if greet[0] != 0xFF || greet[9] != 0x7F || greet[10] < 3 {
-			return c.handshakeErr("greeting", errors.New("not a ZMTP 3 greeting"))
-		}
-		if mech := string(bytes.TrimRight(greet[12:32], "\x00")); mech != "NULL" {
-			return c.handshakeErr("greeting", fmt.Errorf("security mechanism %q (only NULL is supported)", clip(mech)))
-		}
-		if greet[32] > 1 {
-			return c.handshakeErr("greeting", errors.New("bad as-server flag"))
-		}
-		clear(greet[33:]) // filler
-		c.greetLeft = 0
-		c.awaitOK = true
-		c.queue(outGreeting, greet[:])
-		return nil
+		return c.greeting()
 	}
-
-	flags, err := c.br.ReadByte()
+	flags, size, hl, err := c.frameHeader()
 	if err != nil {
 		return err
 	}
+	if flags&zmtp.FlagCommand != 0 {
+		return c.command(flags, size, hl)
+	}
+	return c.dataFrame(flags, size, hl)
+}
+
+// greeting checks the peer's ZMTP greeting and queues a canonical one.
+func (c *guardConn) greeting() error {
+	var greet [zmtpGreetingLen]byte
+	if _, err := io.ReadFull(c.br, greet[:]); err != nil {
+		return err
+	}
+	// Signature 0xFF ... 0x7F, version 3.x, mechanism NULL. go-zeromq
+	// abandons (without closing) a connection whose greeting it rejects,
+	// so reject here and hand it a canonical greeting.
+	if greet[0] != 0xFF || greet[9] != 0x7F || greet[10] < 3 {
+		return c.handshakeErr("greeting", errors.New("not a ZMTP 3 greeting"))
+	}
+	if mech := string(bytes.TrimRight(greet[12:32], "\x00")); mech != "NULL" {
+		return c.handshakeErr("greeting", fmt.Errorf("security mechanism %q (only NULL is supported)", clip(mech)))
+	}
+	if greet[32] > 1 {
+		return c.handshakeErr("greeting", errors.New("bad as-server flag"))
+	}
+	clear(greet[33:]) // filler
+	c.greetLeft = 0
+	c.awaitOK = true
+	c.queue(outGreeting, greet[:])
+	return nil
+}
+
+// frameHeader reads a frame's flags and size into c.hdr and returns them
+// with the header's length.
+func (c *guardConn) frameHeader() (flags byte, size uint64, hl int, err error) {
+	if flags, err = c.br.ReadByte(); err != nil {
+		return 0, 0, 0, err
+	}
 	if flags&^(zmtp.FlagMore|zmtp.FlagLong|zmtp.FlagCommand) != 0 {
-		return c.violation(ReasonDecode, fmt.Sprintf("ZMTP frame flags 0x%02x", flags))
+		return 0, 0, 0, c.violation(ReasonDecode, fmt.Sprintf("ZMTP frame flags 0x%02x", flags))
 	}
 	c.hdr[0] = flags
-	hl := 2
-	var size uint64
 	if flags&zmtp.FlagLong != 0 {
 		if _, err := io.ReadFull(c.br, c.hdr[1:9]); err != nil {
-			return err
+			return 0, 0, 0, err
 		}
-		size = binary.BigEndian.Uint64(c.hdr[1:9])
-		hl = 9
-	} else {
-		if c.hdr[1], err = c.br.ReadByte(); err != nil {
-			return err
-		}
-		size = uint64(c.hdr[1])
+		return flags, binary.BigEndian.Uint64(c.hdr[1:9]), 9, nil
 	}
-
-	if flags&zmtp.FlagCommand != 0 {
-		if flags&zmtp.FlagMore != 0 {
-			return c.violation(ReasonDecode, "multipart ZMTP command")
-		}
-		if size > uint64(c.g.maxMsg) {
-			return c.violation(ReasonOversized, fmt.Sprintf("ZMTP command of %d bytes", size))
-		}
-		body := make([]byte, size)
-		if _, err := io.ReadFull(c.br, body); err != nil {
-			return err
-		}
-		switch {
-		case c.awaitOK:
-			ready, err := canonicalReady(body)
-			if err != nil {
-				return c.handshakeErr("READY", err)
-			}
-			c.awaitOK = false
-			c.queue(outReady, zmtp.AppendFrameHeader(c.hdr[:0:len(c.hdr)], zmtp.FlagCommand, len(ready)), ready)
-		case zmtp.IsCommand(body, "PING"):
-			return c.pong(body)
-		default:
-			c.queue(outLast, c.hdr[:hl], body) // go-zeromq delivers a CmdMsg; the listener drops it
-		}
-		return nil
+	if c.hdr[1], err = c.br.ReadByte(); err != nil {
+		return 0, 0, 0, err
 	}
+	return flags, uint64(c.hdr[1]), 2, nil
+}
 
+// command reads a command frame whole: the peer's READY is answered with
+// a canonical one, a PING with a PONG, and any other command passes on.
+func (c *guardConn) command(flags byte, size uint64, hl int) error {
+	if flags&zmtp.FlagMore != 0 {
+		return c.violation(ReasonDecode, "multipart ZMTP command")
+	}
+	if size > uint64(c.g.maxMsg) {
+		return c.violation(ReasonOversized, fmt.Sprintf("ZMTP command of %d bytes", size))
+	}
+	body := make([]byte, size)
+	if _, err := io.ReadFull(c.br, body); err != nil {
+		return err
+	}
+	switch {
+	case c.awaitOK:
+		ready, err := canonicalReady(body)
+		if err != nil {
+			return c.handshakeErr("READY", err)
+		}
+		c.awaitOK = false
+		c.queue(outReady, zmtp.AppendFrameHeader(c.hdr[:0:len(c.hdr)], zmtp.FlagCommand, len(ready)), ready)
+	case zmtp.IsCommand(body, "PING"):
+		return c.pong(body)
+	default:
+		c.queue(outLast, c.hdr[:hl], body) // go-zeromq delivers a CmdMsg; the listener drops it
+	}
+	return nil
+}
+
+// dataFrame checks a message frame against the size and frame limits and
+// queues its header; its body follows (bodyLeft).
+func (c *guardConn) dataFrame(flags byte, size uint64, hl int) error {
 	if c.awaitOK {
 		return c.handshakeErr("READY", errors.New("data frame before READY"))
 	}
